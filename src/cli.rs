@@ -1,0 +1,160 @@
+//! The command line: `serve`, `validate`, and what each does with its result.
+//!
+//! Exit codes: 0 success; 1 an invalid config (validate) or a failed start
+//! (serve); 2 bad arguments (clap's own).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::config::validate::Severity;
+use crate::server::Gateway;
+use crate::snapshot::{CompileOptions, LiveState, Snapshot};
+
+/// switchyard: a sidecar LLM gateway with failover along declared degradation chains.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the OpenAI Chat Completions API, routing by routes.yaml (reloaded on change).
+    Serve {
+        /// The routes file.
+        #[arg(long, short, default_value = "routes.yaml")]
+        config: PathBuf,
+        /// Listen address; overrides the file's `listen:` (default 127.0.0.1:8080).
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Log format on stderr.
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
+    },
+    /// Check routes files: prints `PATH:LINE:COLUMN: message` per problem, exit 1 if any is invalid.
+    Validate {
+        /// Files to check.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Treat warnings (e.g. an unset api_key_env) as errors.
+        #[arg(long)]
+        strict: bool,
+    },
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Sets up tracing to stderr. `RUST_LOG` overrides the default `info` level.
+pub fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Runs `validate`: every file, every problem, one line each.
+#[must_use]
+pub fn validate(paths: &[PathBuf], strict: bool) -> ExitCode {
+    let mut ok = true;
+    for path in paths {
+        let shown = path.display().to_string();
+        let result = crate::config::load(path).and_then(|(parsed, text)| {
+            Snapshot::compile(
+                &parsed,
+                &text,
+                &LiveState::default(),
+                CompileOptions { strict },
+            )
+        });
+        match result {
+            Ok((snapshot, warnings)) => {
+                for w in &warnings {
+                    println!("{}", w.render(&shown));
+                }
+                println!(
+                    "{shown}: ok ({} tasks, {} targets, config hash {:016x})",
+                    snapshot.tasks.len(),
+                    snapshot.targets.len(),
+                    snapshot.hash
+                );
+            }
+            Err(diags) => {
+                ok = false;
+                let errors = diags
+                    .iter()
+                    .filter(|d| d.severity == Severity::Error)
+                    .count();
+                for d in &diags {
+                    println!("{}", d.render(&shown));
+                }
+                eprintln!("{shown}: invalid ({errors} errors)");
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Runs `serve` until SIGTERM or Ctrl-C.
+pub async fn serve(config: PathBuf, listen: Option<SocketAddr>) -> ExitCode {
+    let gateway = match Gateway::bind(&config, listen, CompileOptions::default()).await {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Ok(addr) = gateway.local_addr() {
+        tracing::info!(%addr, config = %config.display(), "switchyard listening");
+    }
+    match gateway.run(shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+    tracing::info!("shutdown signal received");
+}

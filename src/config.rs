@@ -1,0 +1,393 @@
+//! Raw `routes.yaml` types, exactly as written, and parsing them with locations.
+//!
+//! This is the first of the two configuration phases: serde structs with
+//! `deny_unknown_fields` that accept any well-formed file. Values that need a
+//! semantic check (durations, URLs, regexes, references between sections) stay
+//! strings here; [`crate::snapshot::Snapshot::compile`] turns them into typed,
+//! resolved values and reports every problem at once through [`validate`].
+
+pub mod locate;
+pub mod validate;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use locate::LocationIndex;
+use validate::Diagnostic;
+
+/// The whole file, version 1. Every key is documented in README.md.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Format version; must be `1`. Required.
+    pub version: Option<u64>,
+    /// Address the gateway listens on, e.g. `127.0.0.1:8080`.
+    pub listen: Option<String>,
+    /// Upstream accounts by name: URL, key, timeouts, retry policy.
+    #[serde(default)]
+    pub providers: BTreeMap<String, RawProvider>,
+    /// Targets by name: one upstream model at one provider.
+    #[serde(default)]
+    pub targets: BTreeMap<String, RawTarget>,
+    /// Task types by name: aliases, degradation chain, budget.
+    #[serde(default)]
+    pub tasks: BTreeMap<String, RawTask>,
+    /// Task used when a request names neither a known task nor alias.
+    pub default_task: Option<String>,
+    /// Error-class rules tried in order before the built-in default table.
+    #[serde(default)]
+    pub error_classes: Vec<RawRule>,
+    /// Health thresholds and circuit breaker timing.
+    #[serde(default)]
+    pub health: RawHealth,
+}
+
+/// One upstream account.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProvider {
+    /// Wire protocol; `openai` (the default) is the only one supported so far.
+    pub protocol: Option<String>,
+    /// Base URL; requests go to `{base_url}/chat/completions`.
+    pub base_url: String,
+    /// Environment variable holding the API key (sent as `Authorization: Bearer`).
+    pub api_key_env: Option<String>,
+    /// File holding the API key (e.g. a mounted Kubernetes Secret); re-read on reload.
+    pub api_key_file: Option<String>,
+    /// Extra headers sent with every upstream request.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Per-attempt timeout (humantime, e.g. `30s`); default 30 s.
+    pub timeout: Option<String>,
+    /// TCP (and TLS) connect timeout; default 2 s.
+    pub connect_timeout: Option<String>,
+    /// Longest silence between two stream chunks after the first; default 30 s.
+    pub idle_timeout: Option<String>,
+    /// Same-target retry policy for errors classed `retry`.
+    pub retry: Option<RawRetry>,
+    /// Error-class rules for this provider, tried before the top-level ones.
+    #[serde(default)]
+    pub error_classes: Vec<RawRule>,
+}
+
+/// Same-target retry policy.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRetry {
+    /// Retries after the first attempt (default 1).
+    pub max: Option<u32>,
+    /// Base of the exponential backoff with full jitter (default 200ms).
+    pub backoff: Option<String>,
+}
+
+/// One model at one provider.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTarget {
+    /// Name of a provider in `providers`.
+    pub provider: String,
+    /// The upstream's own model name, written into the forwarded request.
+    pub model: String,
+    /// Free capability tags; `tools`, `json_mode`, `vision`, `streaming` mean something to routing.
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    /// Context window in tokens; used by the context-window fallback.
+    pub max_context: Option<u64>,
+}
+
+/// A task type: what a request asks for, and where it may go.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTask {
+    /// Public model names that select this task (besides its own name).
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    /// Degradation chain: target names, tried in order.
+    #[serde(default)]
+    pub chain: Vec<String>,
+    /// Time and failover budget of one request.
+    pub budget: Option<RawBudget>,
+}
+
+/// Time and failover budget of one request of a task.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBudget {
+    /// End-to-end deadline from the request's arrival (default 30 s).
+    pub total_timeout: Option<String>,
+    /// Most switches to another target in one request (default: chain length - 1).
+    pub max_failovers: Option<u32>,
+    /// Streams: longest wait for the first content chunk from one target (default: none).
+    pub first_token_timeout: Option<String>,
+}
+
+/// One error-class rule: when every given test in `match` holds, take `action`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRule {
+    /// The tests; all given ones must hold. An empty match matches everything.
+    #[serde(rename = "match", default)]
+    pub matches: RawMatch,
+    /// `retry`, `failover` or `return`.
+    pub action: String,
+    /// Whether the outcome counts against the target's health (default true).
+    pub health: Option<bool>,
+    /// Skip the target for this long (`retry_after` = the upstream's `Retry-After`).
+    pub cooldown: Option<String>,
+}
+
+/// The tests of an error-class rule.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMatch {
+    /// Status codes or classes: `503`, `"5xx"`, or a list of them.
+    pub status: Option<serde_yaml::Value>,
+    /// Network error kinds: `connect`, `reset`, `timeout`, `tls`, `dns`, `protocol`.
+    pub network: Option<Vec<String>>,
+    /// Regex over the response body (error bodies and small 200 bodies).
+    pub body: Option<String>,
+    /// A response header and a regex over its value.
+    pub header: Option<RawHeaderMatch>,
+}
+
+/// A header test of an error-class rule.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHeaderMatch {
+    /// Header name, case-insensitive.
+    pub name: String,
+    /// Regex over the header's value; absent means "header present".
+    pub regex: Option<String>,
+}
+
+/// Health thresholds and breaker timing (see the state machine in README.md).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealth {
+    /// Consecutive counted failures before HEALTHY -> DEGRADED (default 3).
+    pub degraded_after: Option<u32>,
+    /// Consecutive counted failures before -> DOWN, breaker open (default 5).
+    pub down_after: Option<u32>,
+    /// How long a DOWN target is skipped before one half-open trial (default 20s, ±20 % jitter).
+    pub open_for: Option<String>,
+    /// What to do when every target of a chain is DOWN: `trial` (default) or `fail`.
+    pub all_down: Option<String>,
+}
+
+/// A parsed file: its raw form plus the index that locates any path in it.
+#[derive(Debug)]
+pub struct Parsed {
+    /// The raw configuration.
+    pub raw: RawConfig,
+    /// Locations of every key and value, for semantic diagnostics.
+    pub index: LocationIndex,
+}
+
+/// Reads and parses `path`.
+///
+/// # Errors
+/// Every syntax, type and unknown-key problem found, each with line and column.
+/// Unreadable files give one diagnostic at 1:1.
+pub fn load(path: &Path) -> Result<(Parsed, String), Vec<Diagnostic>> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        vec![Diagnostic::error(
+            "",
+            1,
+            1,
+            format!("cannot read file: {e}"),
+        )]
+    })?;
+    let parsed = parse(&text)?;
+    Ok((parsed, text))
+}
+
+/// Parses the text of a `routes.yaml`.
+///
+/// # Errors
+/// As [`load`]: syntax errors (one, where the parser stopped), then type and
+/// unknown-key errors for every section entry that has one.
+pub fn parse(text: &str) -> Result<Parsed, Vec<Diagnostic>> {
+    let index = LocationIndex::build(text).map_err(|d| vec![d])?;
+    if let Some(dup) = index.duplicates().first() {
+        return Err(vec![dup.clone()]);
+    }
+    match serde_yaml::from_str::<RawConfig>(text) {
+        Ok(raw) => Ok(Parsed { raw, index }),
+        Err(first) => {
+            // serde stops at the first problem; sweep each section entry on its own
+            // so the user sees every problem in one pass.
+            let mut diags = sweep(text, &index);
+            if diags.is_empty() {
+                let (line, column) = first.location().map_or((1, 1), |l| (l.line(), l.column()));
+                diags.push(Diagnostic::error(
+                    "",
+                    line,
+                    column,
+                    strip_location(&first.to_string()),
+                ));
+            }
+            Err(diags)
+        }
+    }
+}
+
+/// Deserializes each top-level key (and each entry of the named-map sections)
+/// separately, collecting every error with its location.
+fn sweep(text: &str, index: &LocationIndex) -> Vec<Diagnostic> {
+    let mut diags = Vec::new();
+    let value: serde_yaml::Value = match serde_yaml::from_str(text) {
+        Ok(v) => v,
+        Err(e) => {
+            let (line, column) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
+            return vec![Diagnostic::error(
+                "",
+                line,
+                column,
+                strip_location(&e.to_string()),
+            )];
+        }
+    };
+    let serde_yaml::Value::Mapping(top) = value else {
+        return vec![Diagnostic::error(
+            "",
+            1,
+            1,
+            "the file must be a mapping of keys (version, providers, targets, tasks, ...)",
+        )];
+    };
+    for (key, value) in top {
+        let Some(key) = key.as_str() else {
+            diags.push(Diagnostic::error(
+                "",
+                1,
+                1,
+                "top-level keys must be strings",
+            ));
+            continue;
+        };
+        match key {
+            "providers" => sweep_map::<RawProvider>(key, value, index, &mut diags),
+            "targets" => sweep_map::<RawTarget>(key, value, index, &mut diags),
+            "tasks" => sweep_map::<RawTask>(key, value, index, &mut diags),
+            "version" => check::<Option<u64>>(key, value, index, &mut diags),
+            "listen" | "default_task" => check::<Option<String>>(key, value, index, &mut diags),
+            "error_classes" => check::<Vec<RawRule>>(key, value, index, &mut diags),
+            "health" => check::<RawHealth>(key, value, index, &mut diags),
+            other => {
+                let (line, column) = index.key_or_value(other);
+                diags.push(Diagnostic::error(
+                    other,
+                    line,
+                    column,
+                    format!("unknown key `{other}`, expected one of version, listen, providers, targets, tasks, default_task, error_classes, health"),
+                ));
+            }
+        }
+    }
+    diags.sort_by_key(|d| (d.line, d.column));
+    diags
+}
+
+fn sweep_map<T: DeserializeOwned>(
+    section: &str,
+    value: serde_yaml::Value,
+    index: &LocationIndex,
+    diags: &mut Vec<Diagnostic>,
+) {
+    match value {
+        serde_yaml::Value::Mapping(entries) => {
+            for (name, entry) in entries {
+                let name = name
+                    .as_str()
+                    .map_or_else(|| format!("{name:?}"), str::to_owned);
+                check::<T>(&format!("{section}.{name}"), entry, index, diags);
+            }
+        }
+        serde_yaml::Value::Null => {}
+        other => check::<std::collections::BTreeMap<String, T>>(section, other, index, diags),
+    }
+}
+
+/// Deserializes `value` as `T`; on failure records one diagnostic located at the
+/// deepest path serde reached (the offending key itself for unknown keys).
+fn check<T: DeserializeOwned>(
+    base: &str,
+    value: serde_yaml::Value,
+    index: &LocationIndex,
+    diags: &mut Vec<Diagnostic>,
+) {
+    let Err(err) = serde_path_to_error::deserialize::<_, T>(value) else {
+        return;
+    };
+    let mut path = base.to_owned();
+    for segment in err.path().iter() {
+        match segment {
+            serde_path_to_error::Segment::Seq { index } => path.push_str(&format!("[{index}]")),
+            serde_path_to_error::Segment::Map { key } => {
+                path.push('.');
+                path.push_str(key);
+            }
+            serde_path_to_error::Segment::Enum { .. } | serde_path_to_error::Segment::Unknown => {}
+        }
+    }
+    let message = strip_location(&err.inner().to_string());
+    // For an unknown key serde names it in backticks; point at that key if we can.
+    let unknown_key = message
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split('`').next())
+        .map(|field| format!("{path}.{field}"));
+    let (line, column) = match &unknown_key {
+        Some(key_path) if index.contains(key_path) => index.key_or_value(key_path),
+        _ => index.key_or_value(&path),
+    };
+    diags.push(Diagnostic::error(
+        unknown_key.as_deref().unwrap_or(&path),
+        line,
+        column,
+        message,
+    ));
+}
+
+/// serde_yaml appends " at line L column C" to its messages; we print locations ourselves.
+fn strip_location(message: &str) -> String {
+    match message.find(" at line ") {
+        Some(i) => message[..i].to_owned(),
+        None => message.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_unknown_key_is_reported_with_its_location() {
+        let text = "version: 1\nproviders:\n  a:\n    base_url: http://x\n    colour: red\ntargets:\n  t: { provider: a, model: m, flavour: 1 }\ntasks: {}\n";
+        let diags = parse(text).unwrap_err();
+        assert_eq!(diags.len(), 2, "{diags:?}");
+        assert_eq!((diags[0].line, diags[0].column), (5, 5));
+        assert!(diags[0].message.contains("colour"));
+        assert_eq!(diags[1].line, 7);
+        assert!(diags[1].message.contains("flavour"));
+    }
+
+    #[test]
+    fn syntax_error_has_a_location() {
+        let diags = parse("version: 1\nproviders: [\n").unwrap_err();
+        assert_eq!(diags.len(), 1);
+        assert!(diags[0].line >= 2, "{diags:?}");
+    }
+
+    #[test]
+    fn wrong_type_is_located() {
+        let text =
+            "version: 1\ntasks:\n  a:\n    chain: [x]\n    budget: { max_failovers: lots }\n";
+        let diags = parse(text).unwrap_err();
+        assert_eq!(diags.len(), 1, "{diags:?}");
+        assert_eq!(diags[0].line, 5);
+        assert_eq!(diags[0].path, "tasks.a.budget.max_failovers");
+    }
+}

@@ -1,0 +1,195 @@
+//! Where every key and value of a YAML document is: dotted paths to line:column.
+//!
+//! serde_yaml reports locations only for the first type error, so semantic
+//! checks look paths such as `tasks.agent.chain[1]` up here instead.
+
+use std::collections::HashMap;
+
+use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+use yaml_rust2::scanner::Marker;
+
+use super::validate::Diagnostic;
+
+/// Maps paths (`providers.a.base_url`, `tasks.t.chain[0]`) to 1-based
+/// (line, column) of the key and of the value.
+#[derive(Debug, Default)]
+pub struct LocationIndex {
+    keys: HashMap<String, (usize, usize)>,
+    values: HashMap<String, (usize, usize)>,
+    duplicates: Vec<Diagnostic>,
+}
+
+impl LocationIndex {
+    /// Indexes `text`.
+    ///
+    /// # Errors
+    /// A YAML syntax error, located where the scanner stopped.
+    pub fn build(text: &str) -> Result<Self, Diagnostic> {
+        let mut builder = Builder::default();
+        Parser::new_from_str(text)
+            .load(&mut builder, false)
+            .map_err(|e| {
+                let m = e.marker();
+                Diagnostic::error(
+                    "",
+                    m.line(),
+                    m.col() + 1,
+                    format!("YAML syntax error: {}", e.info()),
+                )
+            })?;
+        Ok(builder.index)
+    }
+
+    /// Location of the value at `path`, else of its key, else of the nearest
+    /// ancestor that exists, else 1:1.
+    #[must_use]
+    pub fn value_or_key(&self, path: &str) -> (usize, usize) {
+        self.lookup(path, true)
+    }
+
+    /// Location of the key at `path` (for unknown or duplicate keys), else as
+    /// [`Self::value_or_key`].
+    #[must_use]
+    pub fn key_or_value(&self, path: &str) -> (usize, usize) {
+        self.lookup(path, false)
+    }
+
+    /// Whether `path` exists in the document.
+    #[must_use]
+    pub fn contains(&self, path: &str) -> bool {
+        self.keys.contains_key(path) || self.values.contains_key(path)
+    }
+
+    /// Keys written twice in one mapping (YAML forbids it; serde would keep the last).
+    #[must_use]
+    pub fn duplicates(&self) -> &[Diagnostic] {
+        &self.duplicates
+    }
+
+    fn lookup(&self, path: &str, value_first: bool) -> (usize, usize) {
+        let mut path = path;
+        loop {
+            let (first, second) = if value_first {
+                (&self.values, &self.keys)
+            } else {
+                (&self.keys, &self.values)
+            };
+            if let Some(loc) = first.get(path).or_else(|| second.get(path)) {
+                return *loc;
+            }
+            match path.rfind(['.', '[']) {
+                Some(i) => path = &path[..i],
+                None => return (1, 1),
+            }
+        }
+    }
+}
+
+enum Frame {
+    Map { path: String, key: Option<String> },
+    Seq { path: String, next: usize },
+}
+
+#[derive(Default)]
+struct Builder {
+    index: LocationIndex,
+    stack: Vec<Frame>,
+}
+
+impl Builder {
+    /// The path of the node that starts now, as a child of the top frame.
+    fn child_path(&mut self) -> Option<String> {
+        match self.stack.last_mut() {
+            None => Some(String::new()),
+            Some(Frame::Map { path, key }) => key.take().map(|k| join(path, &k)),
+            Some(Frame::Seq { path, next }) => {
+                let p = format!("{path}[{next}]");
+                *next += 1;
+                Some(p)
+            }
+        }
+    }
+
+    fn expecting_key(&self) -> bool {
+        matches!(self.stack.last(), Some(Frame::Map { key: None, .. }))
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn loc(mark: Marker) -> (usize, usize) {
+    (mark.line(), mark.col() + 1)
+}
+
+impl MarkedEventReceiver for Builder {
+    fn on_event(&mut self, ev: Event, mark: Marker) {
+        match ev {
+            Event::Scalar(text, ..) if self.expecting_key() => {
+                let Some(Frame::Map { path, key }) = self.stack.last_mut() else {
+                    return;
+                };
+                let full = join(path, &text);
+                if self.index.keys.insert(full.clone(), loc(mark)).is_some() {
+                    let (line, column) = loc(mark);
+                    self.index.duplicates.push(Diagnostic::error(
+                        &full,
+                        line,
+                        column,
+                        format!("duplicate key `{text}`"),
+                    ));
+                }
+                *key = Some(text);
+            }
+            Event::Scalar(..) | Event::Alias(_) => {
+                if let Some(p) = self.child_path() {
+                    self.index.values.insert(p, loc(mark));
+                }
+            }
+            Event::MappingStart(..) | Event::SequenceStart(..) => {
+                // A complex (non-scalar) key gets no path; its contents are not indexed.
+                let path = if self.expecting_key() {
+                    "?".to_owned()
+                } else {
+                    self.child_path().unwrap_or_default()
+                };
+                self.index.values.entry(path.clone()).or_insert(loc(mark));
+                self.stack.push(if matches!(ev, Event::MappingStart(..)) {
+                    Frame::Map { path, key: None }
+                } else {
+                    Frame::Seq { path, next: 0 }
+                });
+            }
+            Event::MappingEnd | Event::SequenceEnd => {
+                self.stack.pop();
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_resolve_to_one_based_locations() {
+        let idx = LocationIndex::build("a:\n  b: 1\n  c: [x, y]\n").unwrap();
+        assert_eq!(idx.key_or_value("a.b"), (2, 3));
+        assert_eq!(idx.value_or_key("a.b"), (2, 6));
+        assert_eq!(idx.value_or_key("a.c[1]"), (3, 10));
+        assert_eq!(idx.value_or_key("a.nope"), idx.value_or_key("a"));
+    }
+
+    #[test]
+    fn duplicate_keys_are_reported() {
+        let idx = LocationIndex::build("a: 1\nb: 2\na: 3\n").unwrap();
+        assert_eq!(idx.duplicates().len(), 1);
+        assert_eq!(idx.duplicates()[0].line, 3);
+    }
+}

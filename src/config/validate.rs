@@ -1,0 +1,226 @@
+//! Semantic checks of a raw config: diagnostics with locations, and the
+//! value checkers (durations, URLs, regexes, headers) that collect them.
+//!
+//! Compilation ([`crate::snapshot::Snapshot::compile`]) calls these checkers
+//! for every value, so one pass reports every problem in the file, each with
+//! the dotted path and line:column where it stands.
+
+use std::fmt;
+use std::time::Duration;
+
+use http::header::{HeaderName, HeaderValue};
+use http::Uri;
+use regex::Regex;
+
+use super::locate::LocationIndex;
+
+/// How bad a diagnostic is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    /// The file is rejected.
+    Error,
+    /// The file is accepted (rejected under `--strict`).
+    Warning,
+}
+
+/// One problem in a config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// Error or warning.
+    pub severity: Severity,
+    /// Dotted path of the offending key, e.g. `tasks.agent.chain[1]`; empty for the whole file.
+    pub path: String,
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column.
+    pub column: usize,
+    /// What is wrong, in words.
+    pub message: String,
+}
+
+impl Diagnostic {
+    /// An error at `line:column`.
+    #[must_use]
+    pub fn error(path: &str, line: usize, column: usize, message: impl Into<String>) -> Self {
+        Self {
+            severity: Severity::Error,
+            path: path.to_owned(),
+            line,
+            column,
+            message: message.into(),
+        }
+    }
+
+    /// Formats as `FILE:LINE:COLUMN: error: message (at path)`, the form `validate` prints.
+    #[must_use]
+    pub fn render(&self, file: &str) -> String {
+        format!("{file}:{self}")
+    }
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sev = match self.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        write!(f, "{}:{}: {sev}: {}", self.line, self.column, self.message)?;
+        if !self.path.is_empty() {
+            write!(f, " (at {})", self.path)?;
+        }
+        Ok(())
+    }
+}
+
+/// Collects diagnostics while a config is compiled.
+pub struct Checks<'a> {
+    index: &'a LocationIndex,
+    /// Everything found so far, in the order found.
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl<'a> Checks<'a> {
+    /// A collector that locates paths with `index`.
+    #[must_use]
+    pub fn new(index: &'a LocationIndex) -> Self {
+        Self {
+            index,
+            diagnostics: Vec::new(),
+        }
+    }
+
+    /// Records an error at the value of `path`.
+    pub fn error(&mut self, path: &str, message: impl Into<String>) {
+        let (line, column) = self.index.value_or_key(path);
+        self.diagnostics
+            .push(Diagnostic::error(path, line, column, message));
+    }
+
+    /// Records a warning at the value of `path`.
+    pub fn warn(&mut self, path: &str, message: impl Into<String>) {
+        let (line, column) = self.index.value_or_key(path);
+        let mut d = Diagnostic::error(path, line, column, message);
+        d.severity = Severity::Warning;
+        self.diagnostics.push(d);
+    }
+
+    /// Whether any error (not warning) was recorded.
+    #[must_use]
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics
+            .iter()
+            .any(|d| d.severity == Severity::Error)
+    }
+
+    /// A humantime duration (`250ms`, `30s`, `1m 30s`), or `default` when absent.
+    pub fn duration(&mut self, path: &str, value: Option<&str>, default: Duration) -> Duration {
+        match value {
+            None => default,
+            Some(text) => match humantime::parse_duration(text) {
+                Ok(d) if !d.is_zero() => d,
+                Ok(_) => {
+                    self.error(path, "duration must be greater than zero");
+                    default
+                }
+                Err(e) => {
+                    self.error(
+                        path,
+                        format!("bad duration `{text}`: {e} (e.g. `500ms`, `30s`, `2m`)"),
+                    );
+                    default
+                }
+            },
+        }
+    }
+
+    /// An absolute `http://` or `https://` URL with a host.
+    pub fn url(&mut self, path: &str, text: &str) -> Option<Uri> {
+        match text.parse::<Uri>() {
+            Ok(uri)
+                if matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some() =>
+            {
+                Some(uri)
+            }
+            Ok(_) => {
+                self.error(
+                    path,
+                    format!("bad URL `{text}`: must be absolute http:// or https:// with a host"),
+                );
+                None
+            }
+            Err(e) => {
+                self.error(path, format!("bad URL `{text}`: {e}"));
+                None
+            }
+        }
+    }
+
+    /// A regular expression (Rust `regex` syntax).
+    pub fn regex(&mut self, path: &str, text: &str) -> Option<Regex> {
+        match Regex::new(text) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                self.error(path, format!("bad regex: {}", one_line(&e.to_string())));
+                None
+            }
+        }
+    }
+
+    /// An HTTP header name.
+    pub fn header_name(&mut self, path: &str, text: &str) -> Option<HeaderName> {
+        match HeaderName::from_bytes(text.as_bytes()) {
+            Ok(n) => Some(n),
+            Err(_) => {
+                self.error(path, format!("bad header name `{text}`"));
+                None
+            }
+        }
+    }
+
+    /// An HTTP header value (visible ASCII and spaces).
+    pub fn header_value(&mut self, path: &str, text: &str) -> Option<HeaderValue> {
+        match HeaderValue::from_str(text) {
+            Ok(v) => Some(v),
+            Err(_) => {
+                self.error(
+                    path,
+                    "bad header value: only visible ASCII and spaces are allowed",
+                );
+                None
+            }
+        }
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checks_collect_every_problem() {
+        let idx = LocationIndex::build("a: 1\nb: 2\n").unwrap();
+        let mut c = Checks::new(&idx);
+        c.duration("a", Some("soon"), Duration::from_secs(1));
+        c.url("b", "ftp://x");
+        c.regex("b", "(");
+        assert_eq!(c.diagnostics.len(), 3);
+        assert_eq!(c.diagnostics[0].line, 1);
+        assert_eq!(c.diagnostics[1].line, 2);
+        assert!(c.has_errors());
+    }
+
+    #[test]
+    fn zero_duration_is_rejected() {
+        let idx = LocationIndex::default();
+        let mut c = Checks::new(&idx);
+        assert_eq!(
+            c.duration("x", Some("0s"), Duration::from_secs(3)),
+            Duration::from_secs(3)
+        );
+        assert!(c.has_errors());
+    }
+}

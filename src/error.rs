@@ -1,0 +1,122 @@
+//! The errors switchyard answers with itself, each carrying its classification:
+//! HTTP status, who failed, and the OpenAI-format body.
+//!
+//! Upstream error bodies are never copied into these messages; only the
+//! upstream status is named, so no key, URL or vendor text can leak.
+
+use bytes::Bytes;
+use http::StatusCode;
+
+/// Who caused an error, for logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Culprit {
+    /// The client's request was unacceptable.
+    Downstream,
+    /// Every upstream failed, or the budget ran out waiting for them.
+    Upstream,
+    /// switchyard itself.
+    Internal,
+}
+
+/// An error response made by switchyard (not relayed from an upstream).
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The body is not a JSON object, or a field has the wrong type. 400.
+    #[error("invalid request: {0}")]
+    BadRequest(String),
+    /// No task by that name, alias or `x-task-type`, and no default task. 404.
+    #[error("unknown model or task `{0}`")]
+    UnknownModel(String),
+    /// No such endpoint. 404.
+    #[error("no route for {0}")]
+    NotFound(String),
+    /// Wrong method for the endpoint. 405.
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// Request body over the limit. 413.
+    #[error("request body larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    /// Every candidate failed. 502. `last_status` is the last upstream status, if any.
+    #[error("all targets failed{}", last_status.map(|s| format!("; last upstream status {s}")).unwrap_or_default())]
+    AllTargetsFailed {
+        /// The last upstream HTTP status seen.
+        last_status: Option<u16>,
+    },
+    /// Every target is DOWN or cooling down and `health.all_down` is `fail`. 503.
+    #[error("no target available: all are down or cooling down")]
+    NoTargetAvailable,
+    /// `total_timeout` passed before an answer. 504.
+    #[error("the task's total_timeout of {0:?} was exhausted")]
+    DeadlineExceeded(std::time::Duration),
+}
+
+impl GatewayError {
+    /// HTTP status of the response.
+    #[must_use]
+    pub fn status(&self) -> StatusCode {
+        match self {
+            GatewayError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            GatewayError::UnknownModel(_) | GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
+            GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            GatewayError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::AllTargetsFailed { .. } => StatusCode::BAD_GATEWAY,
+            GatewayError::NoTargetAvailable => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// Who failed.
+    #[must_use]
+    pub fn culprit(&self) -> Culprit {
+        match self {
+            GatewayError::BadRequest(_)
+            | GatewayError::UnknownModel(_)
+            | GatewayError::NotFound(_)
+            | GatewayError::MethodNotAllowed
+            | GatewayError::PayloadTooLarge(_) => Culprit::Downstream,
+            GatewayError::AllTargetsFailed { .. }
+            | GatewayError::NoTargetAvailable
+            | GatewayError::DeadlineExceeded(_) => Culprit::Upstream,
+        }
+    }
+
+    /// OpenAI `error.type`.
+    #[must_use]
+    pub fn error_type(&self) -> &'static str {
+        match self.culprit() {
+            Culprit::Downstream => "invalid_request_error",
+            Culprit::Upstream => "upstream_error",
+            Culprit::Internal => "server_error",
+        }
+    }
+
+    /// OpenAI `error.code`; also the `reason` metric label.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            GatewayError::BadRequest(_) => "invalid_request",
+            GatewayError::UnknownModel(_) => "model_not_found",
+            GatewayError::NotFound(_) => "not_found",
+            GatewayError::MethodNotAllowed => "method_not_allowed",
+            GatewayError::PayloadTooLarge(_) => "payload_too_large",
+            GatewayError::AllTargetsFailed { .. } => "all_targets_failed",
+            GatewayError::NoTargetAvailable => "no_target_available",
+            GatewayError::DeadlineExceeded(_) => "deadline_exceeded",
+        }
+    }
+
+    /// The OpenAI-format body: `{"error": {"message", "type", "code"}}`.
+    #[must_use]
+    pub fn body(&self) -> Bytes {
+        error_body(&self.to_string(), self.error_type(), self.code())
+    }
+}
+
+/// An OpenAI-format error body.
+#[must_use]
+pub fn error_body(message: &str, error_type: &str, code: &str) -> Bytes {
+    let v = serde_json::json!({
+        "error": { "message": message, "type": error_type, "code": code, "param": null }
+    });
+    Bytes::from(v.to_string())
+}

@@ -1,0 +1,511 @@
+//! Per-target health: one small state machine that is both the three health
+//! states (HEALTHY / DEGRADED / DOWN) and the circuit breaker (closed / open /
+//! half-open), plus the cooldown a 429 asks for.
+//!
+//! ```text
+//!            degraded_after fails             down_after fails
+//!  HEALTHY ───────────────────▶ DEGRADED ─────────────────────▶ DOWN (open)
+//!     ▲  ◀──────── success ────────┘                              │ open_for ±20 %
+//!     │                                                           ▼
+//!     └────────────── trial succeeds ─────────────────── one half-open trial
+//!                                        trial fails ──▶ DOWN, timer restarted
+//! ```
+//!
+//! State is keyed by target identity (provider base URL + upstream model) in a
+//! [`Registry`] that outlives config snapshots, so a reload keeps it. Every
+//! method takes `now` so tests drive time by hand.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Health thresholds and timing, from `health:` in routes.yaml.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HealthConfig {
+    /// Consecutive counted failures before DEGRADED (default 3).
+    pub degraded_after: u32,
+    /// Consecutive counted failures before DOWN (default 5).
+    pub down_after: u32,
+    /// How long DOWN lasts before a half-open trial (default 20 s, ±20 % jitter).
+    pub open_for: Duration,
+    /// Whether a chain whose targets are all DOWN still tries one (default true).
+    pub all_down_trial: bool,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            degraded_after: 3,
+            down_after: 5,
+            open_for: Duration::from_secs(20),
+            all_down_trial: true,
+        }
+    }
+}
+
+/// The three states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Serving normally.
+    Healthy,
+    /// Serving, ranked after healthy peers.
+    Degraded,
+    /// Breaker open: no traffic but one half-open trial after `open_for`.
+    Down,
+}
+
+impl State {
+    /// Lower-case name for logs, metrics and the admin endpoint.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Healthy => "healthy",
+            State::Degraded => "degraded",
+            State::Down => "down",
+        }
+    }
+
+    /// The value of the `switchyard_target_health` gauge.
+    #[must_use]
+    pub fn gauge(self) -> f64 {
+        match self {
+            State::Healthy => 0.0,
+            State::Degraded => 1.0,
+            State::Down => 2.0,
+        }
+    }
+}
+
+/// Why a target may not be tried now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unavailable {
+    /// Breaker open (or its half-open trial is taken).
+    Down,
+    /// Cooling down after a 429 or a rule's `cooldown`.
+    CoolingDown,
+}
+
+impl Unavailable {
+    /// Metric/log label.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unavailable::Down => "down",
+            Unavailable::CoolingDown => "cooldown",
+        }
+    }
+}
+
+/// A state change, returned so the caller can log it and count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    /// Before.
+    pub from: State,
+    /// After.
+    pub to: State,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: State,
+    consecutive_failures: u32,
+    reopen_at: Option<Instant>,
+    trial_in_flight: bool,
+    cooldown_until: Option<Instant>,
+    last_failure: Option<Instant>,
+    last_change: Instant,
+    last_class: Option<String>,
+}
+
+/// Health of one target. Cheap to share; every update takes a short lock.
+#[derive(Debug)]
+pub struct TargetHealth {
+    inner: Mutex<Inner>,
+}
+
+/// Permission to send one attempt. A half-open trial permit that is dropped
+/// without a result (the client hung up) frees the trial slot again.
+#[derive(Debug)]
+pub struct Permit {
+    health: Arc<TargetHealth>,
+    trial: bool,
+}
+
+impl Permit {
+    /// Whether this attempt is the half-open trial.
+    #[must_use]
+    pub fn is_trial(&self) -> bool {
+        self.trial
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if self.trial {
+            self.health.lock().trial_in_flight = false;
+        }
+    }
+}
+
+/// A read-only view for the admin endpoint.
+#[derive(Debug, Clone)]
+pub struct HealthView {
+    /// Current state.
+    pub state: State,
+    /// Counted failures since the last success.
+    pub consecutive_failures: u32,
+    /// Rule that classified the last failure.
+    pub last_class: Option<String>,
+    /// Time since the last state change.
+    pub since_change: Duration,
+    /// Time until a half-open trial is allowed (DOWN only).
+    pub next_trial_in: Option<Duration>,
+    /// Time left of a cooldown.
+    pub cooldown_left: Option<Duration>,
+}
+
+impl TargetHealth {
+    /// A healthy target.
+    #[must_use]
+    pub fn new(now: Instant) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                state: State::Healthy,
+                consecutive_failures: 0,
+                reopen_at: None,
+                trial_in_flight: false,
+                cooldown_until: None,
+                last_failure: None,
+                last_change: now,
+                last_class: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // The lock guards plain counters; a panic elsewhere cannot leave them torn.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Current state.
+    #[must_use]
+    pub fn state(&self) -> State {
+        self.lock().state
+    }
+
+    /// When this target last failed (for choosing a trial when all are DOWN).
+    #[must_use]
+    pub fn last_failure(&self) -> Option<Instant> {
+        self.lock().last_failure
+    }
+
+    /// Asks to send one attempt now. DOWN targets admit one half-open trial at a
+    /// time once `reopen_at` has passed; cooling-down targets admit nothing.
+    ///
+    /// # Errors
+    /// Why the target may not be tried now.
+    pub fn admit(self: &Arc<Self>, now: Instant) -> Result<Permit, Unavailable> {
+        let mut inner = self.lock();
+        if inner.cooldown_until.is_some_and(|t| now < t) {
+            return Err(Unavailable::CoolingDown);
+        }
+        match inner.state {
+            State::Healthy | State::Degraded => Ok(Permit {
+                health: Arc::clone(self),
+                trial: false,
+            }),
+            State::Down => {
+                if inner.trial_in_flight || inner.reopen_at.is_some_and(|t| now < t) {
+                    return Err(Unavailable::Down);
+                }
+                inner.trial_in_flight = true;
+                Ok(Permit {
+                    health: Arc::clone(self),
+                    trial: true,
+                })
+            }
+        }
+    }
+
+    /// Forces a trial even though the breaker is open: used when every target of
+    /// a chain is DOWN and `health.all_down` is `trial`.
+    #[must_use]
+    pub fn force_trial(self: &Arc<Self>) -> Permit {
+        let mut inner = self.lock();
+        let trial = inner.state == State::Down && !inner.trial_in_flight;
+        if trial {
+            inner.trial_in_flight = true;
+        }
+        Permit {
+            health: Arc::clone(self),
+            trial,
+        }
+    }
+
+    /// Records a success: the count resets and the target is HEALTHY.
+    pub fn record_success(&self, mut permit: Permit, now: Instant) -> Option<Transition> {
+        let mut inner = self.lock();
+        if std::mem::take(&mut permit.trial) {
+            inner.trial_in_flight = false;
+        }
+        inner.consecutive_failures = 0;
+        inner.reopen_at = None;
+        change(&mut inner, State::Healthy, now)
+    }
+
+    /// Records a failed attempt. `counted` is the error class's `health` flag;
+    /// `cooldown` is how long to skip the target. `jitter` is in `[-1.0, 1.0]`
+    /// and spreads the reopen time by ±20 % of `open_for`.
+    pub fn record_failure(
+        &self,
+        mut permit: Permit,
+        now: Instant,
+        failure: &Failure<'_>,
+        cfg: &HealthConfig,
+    ) -> Option<Transition> {
+        let mut inner = self.lock();
+        let was_trial = std::mem::take(&mut permit.trial);
+        if was_trial {
+            inner.trial_in_flight = false;
+        }
+        if let Some(cd) = failure.cooldown {
+            let until = now + cd;
+            inner.cooldown_until = Some(inner.cooldown_until.map_or(until, |t| t.max(until)));
+        }
+        if !failure.counted {
+            return None;
+        }
+        inner.last_failure = Some(now);
+        inner.last_class = Some(failure.class.to_owned());
+        inner.consecutive_failures = inner.consecutive_failures.saturating_add(1);
+        let n = inner.consecutive_failures;
+        let to = if was_trial || n >= cfg.down_after {
+            State::Down
+        } else if n >= cfg.degraded_after {
+            State::Degraded
+        } else {
+            inner.state
+        };
+        if to == State::Down && (was_trial || inner.state != State::Down) {
+            let spread = cfg.open_for.as_secs_f64() * 0.2 * failure.jitter.clamp(-1.0, 1.0);
+            let open = Duration::from_secs_f64((cfg.open_for.as_secs_f64() + spread).max(0.0));
+            inner.reopen_at = Some(now + open);
+        }
+        change(&mut inner, to, now)
+    }
+
+    /// A snapshot for the admin endpoint.
+    #[must_use]
+    pub fn view(&self, now: Instant) -> HealthView {
+        let inner = self.lock();
+        HealthView {
+            state: inner.state,
+            consecutive_failures: inner.consecutive_failures,
+            last_class: inner.last_class.clone(),
+            since_change: now.saturating_duration_since(inner.last_change),
+            next_trial_in: match inner.state {
+                State::Down => inner.reopen_at.map(|t| t.saturating_duration_since(now)),
+                _ => None,
+            },
+            cooldown_left: inner.cooldown_until.filter(|t| *t > now).map(|t| t - now),
+        }
+    }
+}
+
+/// One counted or uncounted failure, as the error-class table decided it.
+#[derive(Debug, Clone, Copy)]
+pub struct Failure<'a> {
+    /// Counts against health.
+    pub counted: bool,
+    /// Skip the target for this long.
+    pub cooldown: Option<Duration>,
+    /// Name of the rule, kept as the "last error class".
+    pub class: &'a str,
+    /// In `[-1.0, 1.0]`: where in the ±20 % band the reopen time falls.
+    pub jitter: f64,
+}
+
+fn change(inner: &mut Inner, to: State, now: Instant) -> Option<Transition> {
+    if inner.state == to {
+        return None;
+    }
+    let from = inner.state;
+    inner.state = to;
+    inner.last_change = now;
+    Some(Transition { from, to })
+}
+
+/// Where a target's health lives across reloads: keyed by identity.
+#[derive(Debug, Default)]
+pub struct Registry {
+    by_identity: Mutex<HashMap<(String, String), Arc<TargetHealth>>>,
+}
+
+impl Registry {
+    /// The health of the target at `base_url` serving `model`, created HEALTHY
+    /// the first time that identity is seen.
+    pub fn get(&self, base_url: &str, model: &str) -> Arc<TargetHealth> {
+        let mut map = self
+            .by_identity
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(
+            map.entry((base_url.to_owned(), model.to_owned()))
+                .or_insert_with(|| Arc::new(TargetHealth::new(Instant::now()))),
+        )
+    }
+
+    /// Forgets identities no snapshot uses any more (only the registry holds them).
+    pub fn prune(&self) {
+        let mut map = self
+            .by_identity
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        map.retain(|_, h| Arc::strong_count(h) > 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fail(class: &str) -> Failure<'_> {
+        Failure {
+            counted: true,
+            cooldown: None,
+            class,
+            jitter: 0.0,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn thresholds_then_trial_then_recovery() {
+        let cfg = HealthConfig::default();
+        let h = Arc::new(TargetHealth::new(Instant::now()));
+        let mut transitions = Vec::new();
+        for _ in 0..5 {
+            let p = h.admit(Instant::now()).unwrap();
+            transitions.extend(h.record_failure(p, Instant::now(), &fail("x"), &cfg));
+        }
+        assert_eq!(
+            transitions,
+            vec![
+                Transition {
+                    from: State::Healthy,
+                    to: State::Degraded
+                },
+                Transition {
+                    from: State::Degraded,
+                    to: State::Down
+                },
+            ]
+        );
+        assert_eq!(h.admit(Instant::now()).unwrap_err(), Unavailable::Down);
+        tokio::time::advance(Duration::from_secs(20)).await;
+        let trial = h.admit(Instant::now()).unwrap();
+        assert!(trial.is_trial());
+        assert_eq!(
+            h.admit(Instant::now()).unwrap_err(),
+            Unavailable::Down,
+            "single flight"
+        );
+        let t = h.record_success(trial, Instant::now());
+        assert_eq!(
+            t,
+            Some(Transition {
+                from: State::Down,
+                to: State::Healthy
+            })
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_trial_restarts_the_timer_and_dropped_trial_frees_the_slot() {
+        let cfg = HealthConfig {
+            down_after: 1,
+            ..HealthConfig::default()
+        };
+        let h = Arc::new(TargetHealth::new(Instant::now()));
+        let p = h.admit(Instant::now()).unwrap();
+        h.record_failure(p, Instant::now(), &fail("x"), &cfg);
+        tokio::time::advance(Duration::from_secs(21)).await;
+        drop(h.admit(Instant::now()).unwrap());
+        let trial = h.admit(Instant::now()).unwrap();
+        assert!(trial.is_trial());
+        h.record_failure(trial, Instant::now(), &fail("x"), &cfg);
+        tokio::time::advance(Duration::from_secs(19)).await;
+        assert!(h.admit(Instant::now()).is_err());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(h.admit(Instant::now()).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn jitter_stays_within_twenty_percent() {
+        let cfg = HealthConfig {
+            down_after: 1,
+            ..HealthConfig::default()
+        };
+        for jitter in [-1.0, -0.5, 0.0, 0.7, 1.0, 5.0] {
+            let h = Arc::new(TargetHealth::new(Instant::now()));
+            let p = h.admit(Instant::now()).unwrap();
+            let f = Failure {
+                jitter,
+                ..fail("x")
+            };
+            h.record_failure(p, Instant::now(), &f, &cfg);
+            let wait = h.view(Instant::now()).next_trial_in.unwrap();
+            assert!(
+                wait >= Duration::from_secs(16) && wait <= Duration::from_secs(24),
+                "{wait:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn uncounted_failures_only_cool_down() {
+        let cfg = HealthConfig::default();
+        let h = Arc::new(TargetHealth::new(Instant::now()));
+        for _ in 0..10 {
+            if let Ok(p) = h.admit(Instant::now()) {
+                let f = Failure {
+                    counted: false,
+                    cooldown: Some(Duration::from_secs(2)),
+                    ..fail("429")
+                };
+                h.record_failure(p, Instant::now(), &f, &cfg);
+            }
+        }
+        assert_eq!(h.state(), State::Healthy);
+        assert_eq!(
+            h.admit(Instant::now()).unwrap_err(),
+            Unavailable::CoolingDown
+        );
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(h.admit(Instant::now()).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn single_flight_trial_under_concurrency() {
+        let cfg = HealthConfig {
+            down_after: 1,
+            ..HealthConfig::default()
+        };
+        let h = Arc::new(TargetHealth::new(Instant::now()));
+        let p = h.admit(Instant::now()).unwrap();
+        h.record_failure(p, Instant::now(), &fail("x"), &cfg);
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let mut tasks = Vec::new();
+        for _ in 0..100 {
+            let h = Arc::clone(&h);
+            tasks.push(tokio::spawn(async move { h.admit(Instant::now()).ok() }));
+        }
+        let mut held = Vec::new();
+        for t in tasks {
+            held.extend(t.await.unwrap());
+        }
+        assert_eq!(held.len(), 1);
+        assert!(held[0].is_trial());
+    }
+}

@@ -1,0 +1,31 @@
+//! The `switchyard` binary: parse the command line, set up logging, dispatch.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use switchyard::cli::{self, Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Validate { paths, strict } => cli::validate(&paths, strict),
+        Command::Serve {
+            config,
+            listen,
+            log_format,
+        } => {
+            cli::init_tracing(log_format);
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            runtime.block_on(cli::serve(config, listen))
+        }
+    }
+}

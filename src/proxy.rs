@@ -1,0 +1,910 @@
+//! The per-request pipeline of `POST /v1/chat/completions`, as one function
+//! ([`chat_completions`]) whose steps are:
+//!
+//! 1. **Parse** the body as a JSON object (400 if it is not); read `model` and `stream`.
+//! 2. **Route** to a task by `x-task-type`, else `model` (name or alias), else
+//!    `default_task` (404 if none).
+//! 3. **Walk the degradation chain** in order. A target that is DOWN or cooling
+//!    down is skipped without a network call; after a context-window error only
+//!    larger `max_context` targets qualify.
+//! 4. **Attempt** (inner loop): send, classify the outcome with the provider's
+//!    error table; `retry` tries the same target again (exponential backoff,
+//!    full jitter, never past the deadline) up to `retry.max` times; `failover`
+//!    moves on (at most `max_failovers` times); `return` hands the upstream's
+//!    client error back as is. Every attempt gets at most the time left of
+//!    `total_timeout`; when it runs out the client gets 504 at once.
+//! 5. **Streams** are held until the commit point (the first chunk with content),
+//!    so any failure before it fails over invisibly. After it, bytes are relayed
+//!    as they arrive; a break ends the stream with an error event and
+//!    `data: [DONE]` and is never replayed.
+//! 6. If every target of the chain was skipped, the least recently failed one
+//!    gets a trial (`health.all_down: trial`), else 503.
+//! 7. **Respond** with `x-switchyard-*` headers; errors in OpenAI format.
+//!
+//! The client hanging up drops this future, which drops the upstream request
+//! (closing its connection) and counts as `client_cancelled`, against no target.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CACHE_CONTROL, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use serde_json::{Map, Value};
+use tokio::sync::mpsc;
+use tokio::time::{timeout_at, Instant};
+use tracing::{debug, info, warn};
+
+use crate::classify::{Action, Decision, NetworkKind, Outcome};
+use crate::error::{error_body, GatewayError};
+use crate::health::{Failure, Permit, Transition};
+use crate::metrics as m;
+use crate::server::{channel_body, full_body, Body};
+use crate::snapshot::{Snapshot, Target, Task};
+use crate::sse::{self, Chunk};
+use crate::upstream;
+
+/// Events held before the commit point, at most; past this the stream commits anyway.
+const HOLD_MAX_EVENTS: usize = 64;
+/// Bytes held before the commit point, at most.
+const HOLD_MAX_BYTES: usize = 256 * 1024;
+/// Longest backoff between two retries of one target.
+const BACKOFF_CAP: Duration = Duration::from_secs(10);
+
+/// Response header: the target that served the answer.
+pub const H_TARGET: &str = "x-switchyard-target";
+/// Response header: its provider.
+pub const H_PROVIDER: &str = "x-switchyard-provider";
+/// Response header: upstream calls made for this request.
+pub const H_ATTEMPTS: &str = "x-switchyard-attempts";
+/// Response header: switches to another target.
+pub const H_FAILOVERS: &str = "x-switchyard-failovers";
+/// Response header: `true` when the serving target is not the chain's first.
+pub const H_DEGRADED: &str = "x-switchyard-degraded";
+/// Request/response header: the request id (taken from the client or generated).
+pub const H_REQUEST_ID: &str = "x-request-id";
+/// Request header: choose a task by name.
+pub const H_TASK_TYPE: &str = "x-task-type";
+
+/// Handles one chat completion request against `snapshot`.
+pub async fn chat_completions(
+    snapshot: Arc<Snapshot>,
+    headers: &HeaderMap,
+    body: Bytes,
+    request_id: HeaderValue,
+    arrival: Instant,
+) -> Response<Body> {
+    // 1. Parse.
+    let mut request: Map<String, Value> = match serde_json::from_slice(&body) {
+        Ok(map) => map,
+        Err(e) => {
+            return plain_error(
+                &GatewayError::BadRequest(format!("body is not a JSON object: {e}")),
+                &request_id,
+            );
+        }
+    };
+    let model = match request.get("model") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => {
+            return plain_error(
+                &GatewayError::BadRequest("`model` must be a string".into()),
+                &request_id,
+            );
+        }
+    };
+    let stream = match request.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return plain_error(
+                &GatewayError::BadRequest("`stream` must be a boolean".into()),
+                &request_id,
+            );
+        }
+    };
+
+    // 2. Route.
+    let task_header = headers.get(H_TASK_TYPE).and_then(|v| v.to_str().ok());
+    let Some(task) = snapshot.route(task_header, model.as_deref()).cloned() else {
+        let asked = task_header.or(model.as_deref()).unwrap_or("(none)");
+        let e = GatewayError::UnknownModel(asked.chars().take(128).collect());
+        metrics::counter!(m::REQUESTS, "task" => "unknown", "target" => "none", "status" => "404")
+            .increment(1);
+        return plain_error(&e, &request_id);
+    };
+
+    let mut run = Run {
+        snapshot: &snapshot,
+        task: &task,
+        request: &mut request,
+        stream,
+        request_id: &request_id,
+        arrival,
+        deadline: arrival + task.budget.total_timeout,
+        attempts: 0,
+        failovers: 0,
+        last_status: None,
+        deadline_hit: false,
+    };
+    let mut guard = CancelGuard {
+        task: &task.name,
+        armed: true,
+    };
+    let response = run.walk_chain().await;
+    guard.armed = false;
+    let status = response.status();
+    metrics::histogram!(m::REQUEST_DURATION, "task" => task.name.clone())
+        .record(arrival.elapsed().as_secs_f64());
+    let target = response
+        .headers()
+        .get(H_TARGET)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none")
+        .to_owned();
+    metrics::counter!(m::REQUESTS, "task" => task.name.clone(), "target" => target, "status" => status.as_str().to_owned())
+        .increment(1);
+    response
+}
+
+/// Counts a request whose future was dropped (the client hung up) before it finished.
+struct CancelGuard<'a> {
+    task: &'a str,
+    armed: bool,
+}
+
+impl Drop for CancelGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            info!(task = self.task, "client cancelled the request");
+            metrics::counter!(m::CLIENT_CANCELLED, "task" => self.task.to_owned()).increment(1);
+        }
+    }
+}
+
+/// How one attempt ended.
+enum AttemptEnd {
+    /// An answer to give the client (non-stream body, or a committed stream).
+    Success(Response<Body>),
+    /// A failure the error table classified.
+    Failed {
+        decision: Decision,
+        label: String,
+        status: Option<u16>,
+        /// The upstream's answer, kept for `return`.
+        answer: Option<(StatusCode, Bytes)>,
+        /// To record the verdict with.
+        permit: Permit,
+    },
+    /// `total_timeout` ran out during the attempt.
+    Deadline,
+}
+
+/// How trying one target (with its retries) ended.
+enum TargetEnd {
+    Served(Response<Body>),
+    Deadline,
+    /// Give up on this target; `context_window` restricts the next ones.
+    Exhausted {
+        context_window: bool,
+        reason: String,
+    },
+}
+
+/// The state of one request's walk along the chain.
+struct Run<'a> {
+    snapshot: &'a Snapshot,
+    task: &'a Arc<Task>,
+    request: &'a mut Map<String, Value>,
+    stream: bool,
+    request_id: &'a HeaderValue,
+    arrival: Instant,
+    deadline: Instant,
+    attempts: u32,
+    failovers: u32,
+    last_status: Option<u16>,
+    deadline_hit: bool,
+}
+
+impl Run<'_> {
+    /// Step 3 and 6: the outer (failover) loop.
+    async fn walk_chain(&mut self) -> Response<Body> {
+        let task = Arc::clone(self.task);
+        let mut min_context: Option<u64> = None;
+        let mut previous: Option<(&Arc<Target>, String)> = None;
+        let mut skipped_for_health = false;
+        for target in &task.chain {
+            if let Some(min) = min_context {
+                if target.max_context.unwrap_or(0) <= min {
+                    skip(target, "context_window");
+                    continue;
+                }
+            }
+            let permit = match target.health.admit(Instant::now()) {
+                Ok(p) => p,
+                Err(why) => {
+                    skipped_for_health = true;
+                    skip(target, why.as_str());
+                    continue;
+                }
+            };
+            if let Some((from, reason)) = &previous {
+                if self.failovers >= task.budget.max_failovers {
+                    debug!(task = %task.name, "max_failovers reached");
+                    break;
+                }
+                self.failovers += 1;
+                info!(task = %task.name, from = %from.name, to = %target.name, reason = %reason, "failover");
+                metrics::counter!(m::FAILOVERS, "task" => task.name.clone(), "from" => from.name.clone(),
+                    "to" => target.name.clone(), "reason" => reason.clone())
+                .increment(1);
+            }
+            match self.try_target(target, permit).await {
+                TargetEnd::Served(resp) => return resp,
+                TargetEnd::Deadline => {
+                    self.deadline_hit = true;
+                    break;
+                }
+                TargetEnd::Exhausted {
+                    context_window,
+                    reason,
+                } => {
+                    if context_window {
+                        min_context = Some(target.max_context.unwrap_or(0));
+                    }
+                    previous = Some((target, reason));
+                }
+            }
+        }
+
+        if self.attempts == 0 && skipped_for_health && !self.deadline_hit {
+            if !self.snapshot.health.all_down_trial {
+                return self.error(&GatewayError::NoTargetAvailable);
+            }
+            // Every candidate is DOWN or cooling down: rather than fail without
+            // trying, give the least recently failed one a trial.
+            let trial = task
+                .chain
+                .iter()
+                .filter(|t| min_context.is_none_or(|min| t.max_context.unwrap_or(0) > min))
+                .min_by_key(|t| t.health.last_failure());
+            if let Some(target) = trial {
+                info!(task = %task.name, target = %target.name, "all targets unavailable; trying the least recently failed");
+                let permit = target.health.force_trial();
+                match self.try_target(target, permit).await {
+                    TargetEnd::Served(resp) => return resp,
+                    TargetEnd::Deadline => self.deadline_hit = true,
+                    TargetEnd::Exhausted { .. } => {}
+                }
+            }
+        }
+        if self.deadline_hit || Instant::now() >= self.deadline {
+            return self.error(&GatewayError::DeadlineExceeded(
+                self.task.budget.total_timeout,
+            ));
+        }
+        self.error(&GatewayError::AllTargetsFailed {
+            last_status: self.last_status,
+        })
+    }
+
+    /// Step 4: the inner (retry) loop on one target.
+    async fn try_target(&mut self, target: &Arc<Target>, permit: Permit) -> TargetEnd {
+        let provider = &target.provider;
+        self.request
+            .insert("model".to_owned(), Value::String(target.model.clone()));
+        let body = match serde_json::to_vec(&*self.request) {
+            Ok(b) => Bytes::from(b),
+            Err(_) => {
+                return TargetEnd::Exhausted {
+                    context_window: false,
+                    reason: "internal".to_owned(),
+                }
+            }
+        };
+        let mut permit = Some(permit);
+        let mut reason = String::from("unknown");
+        let mut context_window = false;
+        for retry in 0..=provider.retry.max {
+            if retry > 0 {
+                let backoff = full_jitter(provider.retry.backoff, retry);
+                if Instant::now() + backoff >= self.deadline {
+                    debug!(target = %target.name, "retry backoff would overrun the deadline; failing over");
+                    break;
+                }
+                tokio::time::sleep(backoff).await;
+                permit = target.health.admit(Instant::now()).ok();
+            }
+            let Some(p) = permit.take() else { break };
+            self.attempts += 1;
+            match self.attempt(target, body.clone(), p).await {
+                AttemptEnd::Success(resp) => return TargetEnd::Served(self.decorate(resp, target)),
+                AttemptEnd::Deadline => return TargetEnd::Deadline,
+                AttemptEnd::Failed {
+                    decision,
+                    label,
+                    status,
+                    answer,
+                    permit: p,
+                } => {
+                    self.last_status = status.or(self.last_status);
+                    info!(target = %target.name, attempt = self.attempts, outcome = %label,
+                        rule = %decision.rule, action = ?decision.action, "upstream attempt failed");
+                    metrics::counter!(m::UPSTREAM_ATTEMPTS, "target" => target.name.clone(), "outcome" => label.clone())
+                        .increment(1);
+                    let failure = Failure {
+                        counted: decision.health,
+                        cooldown: decision.cooldown,
+                        class: &decision.rule,
+                        jitter: rand::random::<f64>() * 2.0 - 1.0,
+                    };
+                    if let Some(t) = target.health.record_failure(
+                        p,
+                        Instant::now(),
+                        &failure,
+                        &self.snapshot.health,
+                    ) {
+                        log_transition(target, t);
+                    }
+                    reason = label;
+                    context_window = decision.context_window;
+                    match decision.action {
+                        Action::Return => {
+                            let (status, bytes) =
+                                answer.unwrap_or((StatusCode::BAD_GATEWAY, Bytes::new()));
+                            return TargetEnd::Served(
+                                self.decorate(returned_error(status, &bytes), target),
+                            );
+                        }
+                        Action::Failover => break,
+                        Action::Retry => {}
+                    }
+                }
+            }
+        }
+        TargetEnd::Exhausted {
+            context_window,
+            reason,
+        }
+    }
+
+    /// One upstream call. A success records itself (a stream: at its end);
+    /// a failure hands the permit back to record the verdict with.
+    async fn attempt(&self, target: &Arc<Target>, body: Bytes, permit: Permit) -> AttemptEnd {
+        let provider = &target.provider;
+        let started = Instant::now();
+        let attempt_deadline = self.deadline.min(started + provider.timeout);
+        let first_deadline = match (self.stream, self.task.budget.first_token_timeout) {
+            (true, Some(ftt)) => attempt_deadline.min(started + ftt),
+            _ => attempt_deadline,
+        };
+        let timed_out = |at: Instant, permit| {
+            if at >= self.deadline {
+                AttemptEnd::Deadline
+            } else {
+                network_failure(target, NetworkKind::Timeout, permit)
+            }
+        };
+
+        let mut req = Request::builder()
+            .method(Method::POST)
+            .uri(provider.chat_url.clone())
+            .body(Full::new(body));
+        let req = match req.as_mut() {
+            Ok(r) => {
+                *r.headers_mut() = provider.headers.clone();
+                let h = r.headers_mut();
+                h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                h.insert(
+                    HeaderName::from_static(H_REQUEST_ID),
+                    self.request_id.clone(),
+                );
+                if self.stream {
+                    h.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+                }
+                req
+            }
+            Err(_) => req,
+        };
+        let Ok(req) = req else {
+            return network_failure(target, NetworkKind::Protocol, permit);
+        };
+
+        let response = match timeout_at(first_deadline, provider.client.request(req)).await {
+            Err(_) => return timed_out(first_deadline, permit),
+            Ok(Err(e)) => {
+                let kind = upstream::request_error_kind(&e, provider.host_is_name);
+                return network_failure(target, kind, permit);
+            }
+            Ok(Ok(r)) => r,
+        };
+
+        let is_sse = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if self.stream && response.status().is_success() && is_sse {
+            return self
+                .stream_attempt(target, response, permit, first_deadline, started)
+                .await;
+        }
+
+        // Non-streaming (or an error status, which is never wrapped in a stream).
+        let (parts, incoming) = response.into_parts();
+        let bytes = match timeout_at(attempt_deadline, incoming.collect()).await {
+            Err(_) => return timed_out(attempt_deadline, permit),
+            Ok(Err(e)) => return network_failure(target, upstream::body_error_kind(&e), permit),
+            Ok(Ok(c)) => c.to_bytes(),
+        };
+        let status = parts.status.as_u16();
+        let classified_status = if parts.status.is_success() {
+            in_band_error(&bytes).map_or(status, |code| code.unwrap_or(502))
+        } else {
+            status
+        };
+        let outcome = Outcome::Response {
+            status: classified_status,
+            headers: &parts.headers,
+            body: &bytes,
+        };
+        match provider.errors.classify(&outcome) {
+            None => {
+                if let Some(t) = target.health.record_success(permit, Instant::now()) {
+                    log_transition(target, t);
+                }
+                attempt_ok(target);
+                let mut resp = Response::new(full_body(bytes));
+                *resp.status_mut() = parts.status;
+                copy_content_type(&parts.headers, resp.headers_mut());
+                AttemptEnd::Success(resp)
+            }
+            Some(decision) => AttemptEnd::Failed {
+                label: if classified_status == status {
+                    m::status_class(status).to_owned()
+                } else {
+                    "in_band_error".to_owned()
+                },
+                decision,
+                status: Some(status),
+                answer: Some((parts.status, bytes)),
+                permit,
+            },
+        }
+    }
+
+    /// Step 5: read a stream up to its commit point; then hand it to a relay task.
+    async fn stream_attempt(
+        &self,
+        target: &Arc<Target>,
+        response: Response<Incoming>,
+        permit: Permit,
+        first_deadline: Instant,
+        started: Instant,
+    ) -> AttemptEnd {
+        let (parts, mut incoming) = response.into_parts();
+        let mut parser = sse::Parser::default();
+        let mut held = BytesMut::new();
+        let mut held_events = 0usize;
+        let mut finished = false;
+        let mut done = false;
+        let mut eof = false;
+        let committed = 'read: loop {
+            let frame = match timeout_at(first_deadline, incoming.frame()).await {
+                Err(_) if first_deadline >= self.deadline => return AttemptEnd::Deadline,
+                Err(_) => return network_failure(target, NetworkKind::Timeout, permit),
+                Ok(None) => {
+                    eof = true;
+                    None
+                }
+                Ok(Some(Err(e))) => {
+                    return network_failure(target, upstream::body_error_kind(&e), permit)
+                }
+                Ok(Some(Ok(frame))) => frame.into_data().ok(),
+            };
+            if let Some(data) = frame {
+                parser.push(&data);
+            }
+            while let Some(event) = parser.next_event(eof) {
+                match sse::classify_event(&event) {
+                    Chunk::Empty | Chunk::NoContent { finished: false } => {}
+                    Chunk::NoContent { finished: true } => finished = true,
+                    Chunk::Content { finished: f } => {
+                        finished |= f;
+                        held.extend_from_slice(&event.raw);
+                        break 'read true;
+                    }
+                    Chunk::Done => done = true,
+                    Chunk::Error { code } => {
+                        let data = event.data.unwrap_or_default();
+                        let outcome = Outcome::Response {
+                            status: code.unwrap_or(502),
+                            headers: &parts.headers,
+                            body: data.as_bytes(),
+                        };
+                        let decision =
+                            target
+                                .provider
+                                .errors
+                                .classify(&outcome)
+                                .unwrap_or_else(|| Decision {
+                                    action: Action::Failover,
+                                    health: true,
+                                    cooldown: None,
+                                    context_window: false,
+                                    rule: "default:stream_error".to_owned(),
+                                });
+                        return AttemptEnd::Failed {
+                            decision,
+                            label: "stream_error".to_owned(),
+                            status: code,
+                            answer: None,
+                            permit,
+                        };
+                    }
+                    Chunk::Malformed => {
+                        return network_failure(target, NetworkKind::Protocol, permit)
+                    }
+                }
+                held.extend_from_slice(&event.raw);
+                held_events += 1;
+                if done
+                    || finished
+                    || held_events >= HOLD_MAX_EVENTS
+                    || held.len() >= HOLD_MAX_BYTES
+                {
+                    break 'read true;
+                }
+            }
+            if eof {
+                break false;
+            }
+        };
+        if !committed {
+            // The stream ended before any content, finish_reason or [DONE].
+            return network_failure(target, NetworkKind::Reset, permit);
+        }
+
+        metrics::histogram!(m::TIME_TO_FIRST_TOKEN, "task" => self.task.name.clone(), "target" => target.name.clone())
+            .record(self.arrival.elapsed().as_secs_f64());
+        debug!(target = %target.name, ttft_ms = started.elapsed().as_millis() as u64, "stream committed");
+        let (tx, body) = channel_body();
+        let relay = Relay {
+            tx,
+            target: Arc::clone(target),
+            task: self.task.name.clone(),
+            parser,
+            incoming,
+            finished,
+            done,
+            eof,
+            deadline: self.deadline,
+            health: self.snapshot.health,
+        };
+        tokio::spawn(relay.run(held.freeze(), permit));
+        let mut resp = Response::new(body);
+        copy_content_type(&parts.headers, resp.headers_mut());
+        resp.headers_mut()
+            .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        AttemptEnd::Success(resp)
+    }
+
+    fn decorate(&self, mut resp: Response<Body>, target: &Target) -> Response<Body> {
+        let degraded = self
+            .task
+            .chain
+            .first()
+            .is_none_or(|first| !std::ptr::eq(Arc::as_ptr(first), target));
+        let h = resp.headers_mut();
+        if let Ok(v) = HeaderValue::from_str(&target.name) {
+            h.insert(H_TARGET, v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&target.provider.name) {
+            h.insert(H_PROVIDER, v);
+        }
+        h.insert(
+            H_DEGRADED,
+            HeaderValue::from_static(if degraded { "true" } else { "false" }),
+        );
+        self.counters(h);
+        resp
+    }
+
+    fn counters(&self, h: &mut HeaderMap) {
+        h.insert(H_ATTEMPTS, HeaderValue::from(self.attempts));
+        h.insert(H_FAILOVERS, HeaderValue::from(self.failovers));
+        h.insert(H_REQUEST_ID, self.request_id.clone());
+    }
+
+    fn error(&self, e: &GatewayError) -> Response<Body> {
+        warn!(task = %self.task.name, attempts = self.attempts, code = e.code(), "{e}");
+        let mut resp = plain_error(e, self.request_id);
+        self.counters(resp.headers_mut());
+        resp
+    }
+}
+
+/// Streams after the commit point: relays events as they arrive and decides
+/// the end-of-stream verdict for health and metrics.
+struct Relay {
+    tx: mpsc::Sender<Bytes>,
+    target: Arc<Target>,
+    task: String,
+    parser: sse::Parser,
+    incoming: Incoming,
+    finished: bool,
+    done: bool,
+    eof: bool,
+    deadline: Instant,
+    health: crate::health::HealthConfig,
+}
+
+/// How a committed stream ended.
+enum Verdict {
+    Complete,
+    Interrupted(&'static str),
+    ClientGone,
+}
+
+impl Relay {
+    async fn run(mut self, held: Bytes, permit: Permit) {
+        let verdict = self.relay(held).await;
+        let target = Arc::clone(&self.target);
+        match verdict {
+            Verdict::Complete => {
+                attempt_ok(&target);
+                if let Some(t) = target.health.record_success(permit, Instant::now()) {
+                    log_transition(&target, t);
+                }
+            }
+            Verdict::Interrupted(reason) => {
+                warn!(target = %target.name, reason, "stream interrupted after the commit point");
+                metrics::counter!(m::STREAM_INTERRUPTS, "target" => target.name.clone(), "reason" => reason).increment(1);
+                metrics::counter!(m::UPSTREAM_ATTEMPTS, "target" => target.name.clone(), "outcome" => "stream_interrupted")
+                    .increment(1);
+                let _ = self.tx.send(sse::interrupt_events(reason)).await;
+                let failure = Failure {
+                    counted: true,
+                    cooldown: None,
+                    class: "stream_interrupted",
+                    jitter: rand::random::<f64>() * 2.0 - 1.0,
+                };
+                if let Some(t) =
+                    target
+                        .health
+                        .record_failure(permit, Instant::now(), &failure, &self.health)
+                {
+                    log_transition(&target, t);
+                }
+            }
+            Verdict::ClientGone => {
+                info!(task = %self.task, target = %target.name, "client hung up mid-stream");
+                metrics::counter!(m::CLIENT_CANCELLED, "task" => self.task.clone()).increment(1);
+                drop(permit);
+            }
+        }
+    }
+
+    async fn send(&self, bytes: Bytes) -> bool {
+        bytes.is_empty() || self.tx.send(bytes).await.is_ok()
+    }
+
+    async fn relay(&mut self, held: Bytes) -> Verdict {
+        if !self.send(held).await {
+            return Verdict::ClientGone;
+        }
+        loop {
+            while let Some(event) = self.parser.next_event(self.eof) {
+                if self.done {
+                    break;
+                }
+                match sse::classify_event(&event) {
+                    Chunk::Malformed => {
+                        debug!(target = %self.target.name, "dropping malformed event");
+                        metrics::counter!(m::STREAM_MALFORMED, "target" => self.target.name.clone()).increment(1);
+                        continue;
+                    }
+                    Chunk::Error { .. } => return Verdict::Interrupted("upstream_error"),
+                    Chunk::Done => self.done = true,
+                    Chunk::Content { finished } | Chunk::NoContent { finished } => {
+                        self.finished |= finished
+                    }
+                    Chunk::Empty => {}
+                }
+                let mut raw = event.raw;
+                if self.eof
+                    && !raw.ends_with(b"\n\n")
+                    && !raw.ends_with(b"\r\n\r\n")
+                    && event.data.is_some()
+                {
+                    // The upstream's last event lacked its blank line; close it for the client.
+                    let mut fixed = BytesMut::from(&raw[..]);
+                    fixed.extend_from_slice(b"\n\n");
+                    raw = fixed.freeze();
+                }
+                if !self.send(raw).await {
+                    return Verdict::ClientGone;
+                }
+            }
+            if self.done {
+                return Verdict::Complete;
+            }
+            if self.eof {
+                if self.finished {
+                    // Ended cleanly without the sentinel: add it, never wait for it.
+                    return if self.send(Bytes::from_static(sse::DONE)).await {
+                        Verdict::Complete
+                    } else {
+                        Verdict::ClientGone
+                    };
+                }
+                return Verdict::Interrupted("truncated");
+            }
+            let idle_deadline = self
+                .deadline
+                .min(Instant::now() + self.target.provider.idle_timeout);
+            let frame = tokio::select! {
+                () = self.tx.closed() => return Verdict::ClientGone,
+                f = timeout_at(idle_deadline, self.incoming.frame()) => f,
+            };
+            match frame {
+                Err(_) if idle_deadline >= self.deadline => {
+                    return Verdict::Interrupted("deadline")
+                }
+                Err(_) => return Verdict::Interrupted("idle_timeout"),
+                Ok(None) => self.eof = true,
+                Ok(Some(Err(_))) => return Verdict::Interrupted("reset"),
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.parser.push(&data);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn network_failure(target: &Target, kind: NetworkKind, permit: Permit) -> AttemptEnd {
+    let decision = target
+        .provider
+        .errors
+        .classify(&Outcome::Network(kind))
+        .unwrap_or_else(|| Decision {
+            action: Action::Failover,
+            health: true,
+            cooldown: None,
+            context_window: false,
+            rule: "default:unmatched".to_owned(),
+        });
+    AttemptEnd::Failed {
+        decision,
+        label: kind.as_str().to_owned(),
+        status: None,
+        answer: None,
+        permit,
+    }
+}
+
+fn attempt_ok(target: &Target) {
+    metrics::counter!(m::UPSTREAM_ATTEMPTS, "target" => target.name.clone(), "outcome" => "success").increment(1);
+}
+
+fn skip(target: &Target, reason: &'static str) {
+    debug!(target = %target.name, reason, "target skipped without a call");
+    metrics::counter!(m::SKIPPED, "target" => target.name.clone(), "reason" => reason).increment(1);
+}
+
+fn log_transition(target: &Target, t: Transition) {
+    info!(target = %target.name, from = t.from.as_str(), to = t.to.as_str(), "target health changed");
+    metrics::gauge!(m::TARGET_HEALTH, "target" => target.name.clone()).set(t.to.gauge());
+    metrics::counter!(m::BREAKER_TRANSITIONS, "target" => target.name.clone(),
+        "from" => t.from.as_str(), "to" => t.to.as_str())
+    .increment(1);
+}
+
+/// Exponential backoff with full jitter: uniform in `[0, base * 2^(n-1)]`, capped.
+fn full_jitter(base: Duration, retry: u32) -> Duration {
+    let exp = base
+        .saturating_mul(1u32 << (retry - 1).min(16))
+        .min(BACKOFF_CAP);
+    exp.mul_f64(rand::random::<f64>())
+}
+
+/// For a 2xx JSON body that is really an error (`{"error": ...}` without
+/// `choices`): `Some(code)` with its numeric code, if any.
+fn in_band_error(body: &[u8]) -> Option<Option<u16>> {
+    #[derive(serde::Deserialize)]
+    struct Probe<'a> {
+        #[serde(borrow)]
+        error: Option<&'a serde_json::value::RawValue>,
+        choices: Option<serde::de::IgnoredAny>,
+    }
+    let first = body.iter().find(|b| !b.is_ascii_whitespace())?;
+    if *first != b'{' {
+        return None;
+    }
+    let probe: Probe<'_> = serde_json::from_slice(body).ok()?;
+    match (probe.error, probe.choices) {
+        (Some(e), None) if e.get() != "null" => Some(sse::error_code(e.get())),
+        _ => None,
+    }
+}
+
+fn copy_content_type(from: &HeaderMap, to: &mut HeaderMap) {
+    let ct = from
+        .get(CONTENT_TYPE)
+        .cloned()
+        .unwrap_or_else(|| HeaderValue::from_static("application/json"));
+    to.insert(CONTENT_TYPE, ct);
+}
+
+/// An upstream client error returned as is when it is an OpenAI-format JSON
+/// error; anything else (HTML, text) is replaced, never copied raw.
+fn returned_error(status: StatusCode, body: &Bytes) -> Response<Body> {
+    let is_openai_error = serde_json::from_slice::<Map<String, Value>>(body)
+        .is_ok_and(|m| m.get("error").is_some_and(Value::is_object));
+    let bytes = if is_openai_error {
+        body.clone()
+    } else {
+        let reason = status.canonical_reason().unwrap_or("error");
+        error_body(
+            &format!(
+                "the upstream rejected the request: {} {reason}",
+                status.as_u16()
+            ),
+            "invalid_request_error",
+            "upstream_rejected",
+        )
+    };
+    let mut resp = Response::new(full_body(bytes));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// An OpenAI-format error response made by switchyard.
+#[must_use]
+pub fn plain_error(e: &GatewayError, request_id: &HeaderValue) -> Response<Body> {
+    let mut resp = Response::new(full_body(e.body()));
+    *resp.status_mut() = e.status();
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut()
+        .insert(HeaderName::from_static(H_REQUEST_ID), request_id.clone());
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_band_errors_are_recognised() {
+        assert_eq!(
+            in_band_error(br#"{"error":{"message":"quota","code":429}}"#),
+            Some(Some(429))
+        );
+        assert_eq!(
+            in_band_error(br#"{"error":{"message":"balance exhausted"}}"#),
+            Some(None)
+        );
+        assert_eq!(in_band_error(br#"{"choices":[],"error":null}"#), None);
+        assert_eq!(
+            in_band_error(br#"{"choices":[{"message":{"content":"{\"error\":1}"}}]}"#),
+            None
+        );
+        assert_eq!(in_band_error(b"[1,2]"), None);
+    }
+
+    #[test]
+    fn full_jitter_is_bounded() {
+        for n in 1..20 {
+            assert!(full_jitter(Duration::from_millis(100), n) <= BACKOFF_CAP);
+        }
+        assert!(full_jitter(Duration::from_millis(100), 1) <= Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,383 @@
+//! Listeners, endpoints and graceful shutdown.
+//!
+//! One listener serves HTTP/1.1 (keep-alive) and HTTP/2 prior knowledge
+//! (h2c). Each request loads the current snapshot once (`ArcSwap::load_full`)
+//! and keeps it to the end, so a reload never changes a request half-way.
+//!
+//! | endpoint | answer |
+//! |---|---|
+//! | `POST /v1/chat/completions` | the proxy pipeline ([`crate::proxy`]) |
+//! | `GET /v1/models` | tasks and aliases as OpenAI model objects |
+//! | `GET /healthz` | 200 while the process serves |
+//! | `GET /readyz` | 200 when every task has a target that is not DOWN, else 503 |
+//! | `GET /metrics` | Prometheus text |
+//! | `GET /admin/targets` | health per target (loopback clients only) |
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{info, warn, Instrument};
+
+use crate::config::validate::Diagnostic;
+use crate::error::GatewayError;
+use crate::health::State;
+use crate::proxy::{self, H_REQUEST_ID};
+use crate::snapshot::{CompileOptions, LiveState, Snapshot};
+use crate::{metrics as m, reload};
+
+/// The response body type of every endpoint.
+pub type Body = BoxBody<Bytes, Infallible>;
+
+/// Largest request body accepted; larger gets 413.
+pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+/// A client must send its request head within this time (slowloris guard).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long shutdown waits for in-flight requests and streams.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A body of known bytes.
+#[must_use]
+pub fn full_body(bytes: Bytes) -> Body {
+    Full::new(bytes).boxed()
+}
+
+/// A body fed through a channel: the sender's side is the stream relay. The
+/// receiver is dropped when hyper drops the body (the client went away),
+/// which the relay sees as a closed channel.
+#[must_use]
+pub fn channel_body() -> (mpsc::Sender<Bytes>, Body) {
+    let (tx, rx) = mpsc::channel(16);
+    (tx, ChannelBody { rx }.boxed())
+}
+
+struct ChannelBody {
+    rx: mpsc::Receiver<Bytes>,
+}
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// Everything the endpoints share.
+pub struct App {
+    /// The current configuration; replaced whole on reload.
+    pub snapshot: ArcSwap<Snapshot>,
+    /// Health and client pools, kept across reloads.
+    pub live: LiveState,
+    /// Prometheus handle for `/metrics` (absent if another recorder was installed).
+    pub metrics: Option<PrometheusHandle>,
+    /// The file reloads read.
+    pub config_path: PathBuf,
+    /// Compile options for reloads.
+    pub options: CompileOptions,
+}
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The config file is invalid; every problem is listed.
+    #[error("{}", render_diagnostics(.path, .diagnostics))]
+    Config {
+        /// The file.
+        path: String,
+        /// Its problems.
+        diagnostics: Vec<Diagnostic>,
+    },
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file watcher could not start.
+    #[error("cannot watch the config directory: {0}")]
+    Watch(#[from] notify::Error),
+}
+
+fn render_diagnostics(path: &str, diags: &[Diagnostic]) -> String {
+    diags
+        .iter()
+        .map(|d| d.render(path))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A gateway bound to its listener, ready to serve.
+pub struct Gateway {
+    app: Arc<App>,
+    listener: TcpListener,
+}
+
+impl Gateway {
+    /// Loads `config` and binds `listen` (or the file's `listen:`).
+    ///
+    /// # Errors
+    /// An invalid config (every problem, located) or a failed bind.
+    pub async fn bind(
+        config: &Path,
+        listen: Option<SocketAddr>,
+        options: CompileOptions,
+    ) -> Result<Self, StartError> {
+        let live = LiveState::default();
+        let display = config.display().to_string();
+        let snapshot =
+            reload::prepare(config, &live, options).map_err(|diagnostics| StartError::Config {
+                path: display.clone(),
+                diagnostics,
+            })?;
+        metrics::counter!(m::CONFIG_RELOADS, "result" => "ok").increment(1);
+        reload::publish_info(&snapshot);
+        let addr = listen.unwrap_or(snapshot.listen);
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind { addr, source })?;
+        let app = Arc::new(App {
+            snapshot: ArcSwap::from_pointee(snapshot),
+            live,
+            metrics: m::install(),
+            config_path: config.to_path_buf(),
+            options,
+        });
+        Ok(Self { app, listener })
+    }
+
+    /// The bound address (useful with port 0).
+    ///
+    /// # Errors
+    /// If the socket has no local address.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Shared state, for embedding and tests.
+    #[must_use]
+    pub fn app(&self) -> Arc<App> {
+        Arc::clone(&self.app)
+    }
+
+    /// Serves until `shutdown` resolves, watching the config file for changes;
+    /// then stops accepting and lets in-flight requests finish (up to 30 s).
+    ///
+    /// # Errors
+    /// If the config watcher cannot start.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
+        let _watcher = reload::watch(Arc::clone(&self.app))?;
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .max_headers(100);
+        let graceful = GracefulShutdown::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                accepted = self.listener.accept() => {
+                    let (stream, peer) = match accepted {
+                        Ok(x) => x,
+                        Err(e) => {
+                            // Out of descriptors and the like: back off instead of spinning.
+                            warn!(error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let app = Arc::clone(&self.app);
+                    let service = service_fn(move |req| {
+                        let app = Arc::clone(&app);
+                        async move { Ok::<_, Infallible>(handle(app, req, peer).await) }
+                    });
+                    let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+                    let conn = graceful.watch(conn);
+                    tokio::spawn(async move {
+                        let _ = conn.await;
+                    });
+                }
+                () = &mut shutdown => break,
+            }
+        }
+        drop(self.listener);
+        info!("shutting down: draining in-flight requests");
+        tokio::select! {
+            () = graceful.shutdown() => info!("drained"),
+            () = tokio::time::sleep(DRAIN_TIMEOUT) => warn!("drain timeout; closing remaining connections"),
+        }
+        Ok(())
+    }
+}
+
+/// Routes one request to its endpoint.
+async fn handle(app: Arc<App>, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    let arrival = Instant::now();
+    let request_id = req
+        .headers()
+        .get(H_REQUEST_ID)
+        .filter(|v| v.len() <= 128 && v.to_str().is_ok_and(|s| !s.is_empty()))
+        .cloned()
+        .unwrap_or_else(new_request_id);
+    let path = req.uri().path().to_owned();
+    match (req.method(), path.as_str()) {
+        (&Method::POST, "/v1/chat/completions" | "/chat/completions") => {
+            let snapshot = app.snapshot.load_full();
+            let (parts, body) = req.into_parts();
+            let bytes = match Limited::new(body, MAX_BODY_BYTES).collect().await {
+                Ok(c) => c.to_bytes(),
+                Err(e) => {
+                    let err = if e
+                        .downcast_ref::<http_body_util::LengthLimitError>()
+                        .is_some()
+                    {
+                        GatewayError::PayloadTooLarge(MAX_BODY_BYTES)
+                    } else {
+                        GatewayError::BadRequest("could not read the request body".into())
+                    };
+                    return proxy::plain_error(&err, &request_id);
+                }
+            };
+            let span =
+                tracing::info_span!("request", request_id = %request_id.to_str().unwrap_or("-"));
+            proxy::chat_completions(snapshot, &parts.headers, bytes, request_id, arrival)
+                .instrument(span)
+                .await
+        }
+        (&Method::GET, "/v1/models" | "/models") => {
+            json(StatusCode::OK, &models(&app.snapshot.load()))
+        }
+        (&Method::GET, "/healthz") => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
+        (&Method::GET, "/readyz") => readiness(&app.snapshot.load()),
+        (&Method::GET, "/metrics") => {
+            let text = app
+                .metrics
+                .as_ref()
+                .map(PrometheusHandle::render)
+                .unwrap_or_default();
+            let mut resp = Response::new(full_body(Bytes::from(text)));
+            resp.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            resp
+        }
+        (&Method::GET, "/admin/targets") if peer.ip().is_loopback() => {
+            json(StatusCode::OK, &targets(&app.snapshot.load()))
+        }
+        (
+            _,
+            "/v1/chat/completions"
+            | "/chat/completions"
+            | "/v1/models"
+            | "/models"
+            | "/healthz"
+            | "/readyz"
+            | "/metrics",
+        ) => proxy::plain_error(&GatewayError::MethodNotAllowed, &request_id),
+        (_, other) => proxy::plain_error(
+            &GatewayError::NotFound(other.chars().take(200).collect()),
+            &request_id,
+        ),
+    }
+}
+
+fn new_request_id() -> HeaderValue {
+    let id = format!("{:032x}", rand::random::<u128>());
+    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+}
+
+fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
+    let mut resp = Response::new(full_body(Bytes::from(v.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+fn models(s: &Snapshot) -> serde_json::Value {
+    let mut data = Vec::new();
+    for task in s.tasks.values() {
+        for id in std::iter::once(&task.name).chain(&task.aliases) {
+            data.push(serde_json::json!({
+                "id": id, "object": "model", "created": 0, "owned_by": "switchyard", "task": task.name,
+            }));
+        }
+    }
+    serde_json::json!({"object": "list", "data": data})
+}
+
+fn readiness(s: &Snapshot) -> Response<Body> {
+    let unroutable: Vec<&str> = s
+        .tasks
+        .values()
+        .filter(|t| {
+            t.chain
+                .iter()
+                .all(|target| target.health.state() == State::Down)
+        })
+        .map(|t| t.name.as_str())
+        .collect();
+    if unroutable.is_empty() {
+        json(
+            StatusCode::OK,
+            &serde_json::json!({"status": "ready", "config_hash": format!("{:016x}", s.hash)}),
+        )
+    } else {
+        json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({"status": "not_ready", "tasks_without_target": unroutable}),
+        )
+    }
+}
+
+fn targets(s: &Snapshot) -> serde_json::Value {
+    let now = Instant::now();
+    let list: Vec<serde_json::Value> = s
+        .targets
+        .values()
+        .map(|t| {
+            let v = t.health.view(now);
+            serde_json::json!({
+                "target": t.name,
+                "provider": t.provider.name,
+                "model": t.model,
+                "state": v.state.as_str(),
+                "consecutive_failures": v.consecutive_failures,
+                "last_error_class": v.last_class,
+                "seconds_since_change": v.since_change.as_secs_f64(),
+                "next_trial_in_seconds": v.next_trial_in.map(|d| d.as_secs_f64()),
+                "cooldown_seconds_left": v.cooldown_left.map(|d| d.as_secs_f64()),
+            })
+        })
+        .collect();
+    serde_json::json!({"targets": list})
+}

@@ -1,0 +1,345 @@
+//! Server-sent events, both ways: an incremental parser for upstream streams
+//! that keeps each event's exact bytes (so relaying is byte for byte), the
+//! reading of an OpenAI `chat.completion.chunk` that the commit point and the
+//! end-of-stream verdict need, and the events switchyard writes itself.
+//!
+//! The parser follows the WHATWG event-stream rules that matter here: `\n`,
+//! `\r\n` and `\r` line ends, events split across reads, comment lines, multi-line
+//! `data:`, and a last event without its blank line at EOF.
+
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// One complete event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// The event's exact bytes, blank line included.
+    pub raw: Bytes,
+    /// The `data:` lines joined by `\n`; `None` for comment/keep-alive-only events.
+    pub data: Option<String>,
+}
+
+/// Incremental parser: feed bytes, take complete events.
+#[derive(Debug, Default)]
+pub struct Parser {
+    buf: BytesMut,
+    /// Offset where the current event starts.
+    scanned: usize,
+    data: Option<String>,
+}
+
+impl Parser {
+    /// Appends bytes read from the upstream.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Bytes held that do not yet form a complete event.
+    #[must_use]
+    pub fn pending(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The next complete event, if the buffer holds one. `eof` finishes a last
+    /// line that has no line end.
+    pub fn next_event(&mut self, eof: bool) -> Option<Event> {
+        loop {
+            let rest = &self.buf[self.scanned..];
+            let (line_len, end_len) = match rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+                Some(i) if rest[i] == b'\r' => match rest.get(i + 1) {
+                    Some(b'\n') => (i, 2),
+                    Some(_) => (i, 1),
+                    // A `\r` at the end may be the first half of `\r\n`: wait.
+                    None if !eof => return None,
+                    None => (i, 1),
+                },
+                Some(i) => (i, 1),
+                None if eof && !rest.is_empty() => (rest.len(), 0),
+                None if eof && self.scanned > 0 => {
+                    // Stream ended right after a complete line: close the event.
+                    return Some(self.take_event(self.scanned));
+                }
+                None => return None,
+            };
+            let line_start = self.scanned;
+            self.scanned += line_len + end_len;
+            if line_len == 0 {
+                return Some(self.take_event(self.scanned));
+            }
+            let line = &self.buf[line_start..line_start + line_len];
+            if let Some(value) = field(line, b"data") {
+                let value = String::from_utf8_lossy(value);
+                match &mut self.data {
+                    Some(d) => {
+                        d.push('\n');
+                        d.push_str(&value);
+                    }
+                    None => self.data = Some(value.into_owned()),
+                }
+            }
+            if end_len == 0 {
+                return Some(self.take_event(self.scanned));
+            }
+        }
+    }
+
+    fn take_event(&mut self, upto: usize) -> Event {
+        let raw = self.buf.split_to(upto).freeze();
+        self.scanned = 0;
+        Event {
+            raw,
+            data: self.data.take(),
+        }
+    }
+}
+
+/// The value of `name: value` (one optional space after the colon), or `None`
+/// for comments and other fields.
+fn field<'a>(line: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    let rest = line.strip_prefix(name)?;
+    if rest.is_empty() {
+        return Some(rest);
+    }
+    let value = rest.strip_prefix(b":")?;
+    Some(value.strip_prefix(b" ").unwrap_or(value))
+}
+
+/// What one upstream event means to the relay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Chunk {
+    /// A comment or keep-alive; carries nothing.
+    Empty,
+    /// A chunk without content (role-only, empty delta, usage-only).
+    NoContent {
+        /// It carried a `finish_reason`.
+        finished: bool,
+    },
+    /// A chunk with a non-empty text delta or a tool call delta.
+    Content {
+        /// It also carried a `finish_reason`.
+        finished: bool,
+    },
+    /// `data: [DONE]`.
+    Done,
+    /// An in-band `{"error": ...}`; `code` is its numeric status-like code if any.
+    Error {
+        /// `error.code` or `error.status` when numeric (e.g. 429).
+        code: Option<u16>,
+    },
+    /// `data:` that is not JSON.
+    Malformed,
+}
+
+#[derive(Deserialize)]
+struct ChunkWire<'a> {
+    #[serde(default, borrow)]
+    choices: Vec<ChoiceWire<'a>>,
+    #[serde(default, borrow)]
+    error: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceWire<'a> {
+    #[serde(default, borrow)]
+    delta: Option<DeltaWire<'a>>,
+    #[serde(default, borrow)]
+    finish_reason: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct DeltaWire<'a> {
+    #[serde(default, borrow)]
+    content: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    tool_calls: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    function_call: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    refusal: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<std::borrow::Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct ErrorWire {
+    #[serde(default)]
+    code: Option<serde_json::Value>,
+    #[serde(default)]
+    status: Option<serde_json::Value>,
+}
+
+/// Reads an event's data as an OpenAI chunk.
+#[must_use]
+pub fn classify_event(event: &Event) -> Chunk {
+    let Some(data) = &event.data else {
+        return Chunk::Empty;
+    };
+    let data = data.trim();
+    if data == "[DONE]" {
+        return Chunk::Done;
+    }
+    if data.is_empty() {
+        return Chunk::Empty;
+    }
+    let Ok(chunk) = serde_json::from_str::<ChunkWire<'_>>(data) else {
+        return Chunk::Malformed;
+    };
+    if let Some(err) = chunk.error {
+        return Chunk::Error {
+            code: error_code(err.get()),
+        };
+    }
+    let mut content = false;
+    let mut finished = false;
+    for choice in &chunk.choices {
+        if choice.finish_reason.is_some_and(|r| r.get() != "null") {
+            finished = true;
+        }
+        if let Some(d) = &choice.delta {
+            let non_empty =
+                |s: &Option<std::borrow::Cow<'_, str>>| s.as_deref().is_some_and(|s| !s.is_empty());
+            let present =
+                |v: &Option<&RawValue>| v.is_some_and(|v| !matches!(v.get(), "null" | "[]"));
+            if non_empty(&d.content)
+                || non_empty(&d.refusal)
+                || non_empty(&d.reasoning_content)
+                || present(&d.tool_calls)
+                || present(&d.function_call)
+            {
+                content = true;
+            }
+        }
+    }
+    if content {
+        Chunk::Content { finished }
+    } else {
+        Chunk::NoContent { finished }
+    }
+}
+
+/// The numeric code of an OpenAI-style error object (`code` or `status`), if any.
+#[must_use]
+pub fn error_code(error_json: &str) -> Option<u16> {
+    let e: ErrorWire = serde_json::from_str(error_json).ok()?;
+    let as_code = |v: serde_json::Value| match v {
+        serde_json::Value::Number(n) => n.as_u64().and_then(|n| u16::try_from(n).ok()),
+        serde_json::Value::String(s) => s.parse().ok(),
+        _ => None,
+    };
+    e.code
+        .and_then(as_code)
+        .or_else(|| e.status.and_then(as_code))
+        .filter(|c| (100..=599).contains(c))
+}
+
+/// The closing pair switchyard sends when a stream breaks after the commit
+/// point: one OpenAI-style error event, then `data: [DONE]`.
+#[must_use]
+pub fn interrupt_events(reason: &str) -> Bytes {
+    let body = serde_json::json!({
+        "error": {
+            "message": format!("upstream stream interrupted ({reason}); the answer above is incomplete"),
+            "type": "upstream_error",
+            "code": "stream_interrupted",
+        }
+    });
+    Bytes::from(format!("data: {body}\n\ndata: [DONE]\n\n"))
+}
+
+/// The `[DONE]` sentinel, added when an upstream ends cleanly without one.
+pub const DONE: &[u8] = b"data: [DONE]\n\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(input: &[&[u8]]) -> Vec<Event> {
+        let mut p = Parser::default();
+        let mut out = Vec::new();
+        for piece in input {
+            p.push(piece);
+            while let Some(e) = p.next_event(false) {
+                out.push(e);
+            }
+        }
+        while let Some(e) = p.next_event(true) {
+            out.push(e);
+        }
+        out
+    }
+
+    #[test]
+    fn split_reads_and_line_endings() {
+        let out = events(&[
+            b"data: {\"a\"",
+            b":1}\r",
+            b"\n\r\ndata: x\r\rdata: y\n",
+            b"data: z\n\n",
+        ]);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[0].data.as_deref(), Some("{\"a\":1}"));
+        assert_eq!(&out[0].raw[..], b"data: {\"a\":1}\r\n\r\n");
+        assert_eq!(out[1].data.as_deref(), Some("x"));
+        assert_eq!(out[2].data.as_deref(), Some("y\nz"));
+    }
+
+    #[test]
+    fn comments_carry_no_data_and_raw_bytes_concatenate_to_input() {
+        let input: &[u8] = b": keep-alive\n\ndata: a\n\n:c\ndata: b\n\ndata: last";
+        let out = events(&[input]);
+        assert_eq!(out[0].data, None);
+        assert_eq!(out[2].data.as_deref(), Some("b"));
+        assert_eq!(out[3].data.as_deref(), Some("last"));
+        let joined: Vec<u8> = out.iter().flat_map(|e| e.raw.to_vec()).collect();
+        assert_eq!(joined, input);
+    }
+
+    #[test]
+    fn eof_after_line_without_blank_line_closes_event() {
+        let out = events(&[b"data: a\n"]);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].data.as_deref(), Some("a"));
+    }
+
+    fn chunk(data: &str) -> Chunk {
+        classify_event(&Event {
+            raw: Bytes::new(),
+            data: Some(data.to_owned()),
+        })
+    }
+
+    #[test]
+    fn chunk_meanings() {
+        assert_eq!(
+            chunk(r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#),
+            Chunk::NoContent { finished: false }
+        );
+        assert_eq!(
+            chunk(r#"{"choices":[{"delta":{"content":"hi"},"finish_reason":null}]}"#),
+            Chunk::Content { finished: false }
+        );
+        assert_eq!(
+            chunk(r#"{"choices":[{"delta":{"tool_calls":[{"index":0}]}}]}"#),
+            Chunk::Content { finished: false }
+        );
+        assert_eq!(
+            chunk(r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#),
+            Chunk::NoContent { finished: true }
+        );
+        assert_eq!(
+            chunk(r#"{"choices":[],"usage":{"total_tokens":3}}"#),
+            Chunk::NoContent { finished: false }
+        );
+        assert_eq!(
+            chunk(r#"{"error":{"message":"slow down","code":429}}"#),
+            Chunk::Error { code: Some(429) }
+        );
+        assert_eq!(
+            chunk(r#"{"error":{"message":"x","code":"server_error"}}"#),
+            Chunk::Error { code: None }
+        );
+        assert_eq!(chunk("[DONE]"), Chunk::Done);
+        assert_eq!(chunk("{not json"), Chunk::Malformed);
+    }
+}
