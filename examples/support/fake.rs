@@ -1,0 +1,364 @@
+//! A scriptable fake OpenAI-compatible upstream on 127.0.0.1, for the demo and
+//! the integration tests (which include this file with `#[path]`).
+//!
+//! A script decides each reply from the call number and the request: JSON
+//! with any status and headers, an SSE stream (clean or cut), a reset before
+//! headers, a hang, or a delay before any of those. The fake counts calls,
+//! records what it was sent, and counts requests whose client went away
+//! before the reply was complete (cancellation reaching the upstream).
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+/// One scripted reply.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// A complete response.
+    Json {
+        /// HTTP status.
+        status: u16,
+        /// Body text.
+        body: String,
+        /// Extra headers.
+        headers: Vec<(String, String)>,
+    },
+    /// A `text/event-stream` 200: each string is written as its own chunk,
+    /// `delay` apart. With `cut`, the connection is aborted after the last one.
+    Stream {
+        /// Raw SSE pieces.
+        pieces: Vec<String>,
+        /// Pause before each piece.
+        delay: Duration,
+        /// Abort the connection instead of ending the body.
+        cut: bool,
+    },
+    /// Close the connection without a response.
+    Reset,
+    /// Never answer (until the client goes away).
+    Hang,
+    /// Wait, then reply.
+    Delay(Duration, Box<Reply>),
+}
+
+/// What the fake saw of one request.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    /// Request headers.
+    pub headers: HeaderMap,
+    /// The JSON body (Null if it was not JSON).
+    pub body: serde_json::Value,
+}
+
+type Script = Box<dyn FnMut(usize, &Seen) -> Reply + Send>;
+
+struct Shared {
+    calls: AtomicUsize,
+    cancelled: AtomicUsize,
+    seen: Mutex<Vec<Seen>>,
+    script: Mutex<Script>,
+}
+
+/// A running fake upstream. Stops when dropped.
+pub struct Fake {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Fake {
+    /// Starts a fake whose replies come from `script(call_index, request)`.
+    pub async fn start(script: impl FnMut(usize, &Seen) -> Reply + Send + 'static) -> Fake {
+        Self::start_on("127.0.0.1:0".parse().expect("literal address"), script).await
+    }
+
+    /// As [`Fake::start`], on a chosen address (to restart on the same port).
+    pub async fn start_on(
+        addr: SocketAddr,
+        script: impl FnMut(usize, &Seen) -> Reply + Send + 'static,
+    ) -> Fake {
+        let listener = TcpListener::bind(addr).await.expect("bind fake upstream");
+        let addr = listener.local_addr().expect("local addr");
+        let shared = Arc::new(Shared {
+            calls: AtomicUsize::new(0),
+            cancelled: AtomicUsize::new(0),
+            seen: Mutex::new(Vec::new()),
+            script: Mutex::new(Box::new(script)),
+        });
+        let s = Arc::clone(&shared);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let s = Arc::clone(&s);
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| serve(Arc::clone(&s), req));
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Fake { addr, shared, task }
+    }
+
+    /// A fake that always gives the same reply.
+    pub async fn always(reply: Reply) -> Fake {
+        Self::start(move |_, _| reply.clone()).await
+    }
+
+    /// The base URL to put in `routes.yaml`.
+    pub fn url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Requests received so far.
+    pub fn calls(&self) -> usize {
+        self.shared.calls.load(Ordering::SeqCst)
+    }
+
+    /// Requests whose client went away before the reply was complete.
+    pub fn cancelled(&self) -> usize {
+        self.shared.cancelled.load(Ordering::SeqCst)
+    }
+
+    /// Everything received so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.shared.seen.lock().expect("lock").clone()
+    }
+
+    /// Replaces the script.
+    pub fn set(&self, script: impl FnMut(usize, &Seen) -> Reply + Send + 'static) {
+        *self.shared.script.lock().expect("lock") = Box::new(script);
+    }
+}
+
+/// A URL where nothing listens (connection refused).
+pub async fn dead_url() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    drop(l);
+    format!("http://{addr}/v1")
+}
+
+/// Counts a cancellation if dropped while armed.
+struct CancelCount(Arc<Shared>, bool);
+
+impl Drop for CancelCount {
+    fn drop(&mut self) {
+        if self.1 {
+            self.0.cancelled.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Abort;
+impl std::fmt::Display for Abort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("scripted abort")
+    }
+}
+impl std::error::Error for Abort {}
+
+async fn serve(s: Arc<Shared>, req: http::Request<Incoming>) -> Result<Response<FakeBody>, Abort> {
+    let headers = req.headers().clone();
+    let bytes = req
+        .into_body()
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let seen = Seen {
+        headers,
+        body: serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    };
+    let n = s.calls.fetch_add(1, Ordering::SeqCst);
+    let reply = (s.script.lock().expect("lock"))(n, &seen);
+    s.seen.lock().expect("lock").push(seen);
+    let mut guard = CancelCount(Arc::clone(&s), true);
+    let mut reply = reply;
+    loop {
+        match reply {
+            Reply::Delay(d, next) => {
+                tokio::time::sleep(d).await;
+                reply = *next;
+            }
+            Reply::Hang => std::future::pending::<()>().await,
+            Reply::Reset => {
+                guard.1 = false;
+                return Err(Abort);
+            }
+            Reply::Json {
+                status,
+                body,
+                headers,
+            } => {
+                guard.1 = false;
+                let mut resp = Response::new(FakeBody::full(body));
+                *resp.status_mut() =
+                    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                resp.headers_mut()
+                    .insert("content-type", "application/json".parse().expect("static"));
+                for (k, v) in headers {
+                    if let (Ok(k), Ok(v)) = (http::HeaderName::from_bytes(k.as_bytes()), v.parse())
+                    {
+                        resp.headers_mut().insert(k, v);
+                    }
+                }
+                return Ok(resp);
+            }
+            Reply::Stream { pieces, delay, cut } => {
+                guard.1 = false;
+                let (tx, rx) = mpsc::channel::<Result<Bytes, Abort>>(1);
+                let s2 = Arc::clone(&s);
+                tokio::spawn(async move {
+                    for piece in pieces {
+                        if !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
+                        }
+                        if tx.send(Ok(Bytes::from(piece))).await.is_err() {
+                            s2.cancelled.fetch_add(1, Ordering::SeqCst);
+                            return;
+                        }
+                    }
+                    if cut {
+                        let _ = tx.send(Err(Abort)).await;
+                    }
+                });
+                let mut resp = Response::new(FakeBody::Channel(rx));
+                resp.headers_mut()
+                    .insert("content-type", "text/event-stream".parse().expect("static"));
+                return Ok(resp);
+            }
+        }
+    }
+}
+
+/// The fake's response body.
+pub enum FakeBody {
+    /// Known bytes (taken once).
+    Full(Option<Bytes>),
+    /// Pieces from a task; an `Err` aborts the connection.
+    Channel(mpsc::Receiver<Result<Bytes, Abort>>),
+}
+
+impl FakeBody {
+    fn full(s: String) -> Self {
+        FakeBody::Full(Some(Bytes::from(s)))
+    }
+}
+
+impl hyper::body::Body for FakeBody {
+    type Data = Bytes;
+    type Error = Abort;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Abort>>> {
+        match &mut *self {
+            FakeBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            FakeBody::Channel(rx) => rx.poll_recv(cx).map(|o| o.map(|r| r.map(Frame::data))),
+        }
+    }
+}
+
+// ----- reply builders -----
+
+/// A 200 chat completion whose text is `text` and whose `model` is `model`.
+pub fn completion(model: &str, text: &str) -> Reply {
+    json(200, &completion_body(model, text))
+}
+
+/// The JSON of a chat completion.
+pub fn completion_body(model: &str, text: &str) -> String {
+    serde_json::json!({
+        "id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    })
+    .to_string()
+}
+
+/// Any status with a JSON body.
+pub fn json(status: u16, body: &str) -> Reply {
+    Reply::Json {
+        status,
+        body: body.to_owned(),
+        headers: Vec::new(),
+    }
+}
+
+/// An OpenAI-format error reply.
+pub fn error(status: u16, message: &str) -> Reply {
+    json(
+        status,
+        &serde_json::json!({"error": {"message": message, "type": "error", "code": status}})
+            .to_string(),
+    )
+}
+
+/// The SSE events of a streamed answer: a role chunk, one chunk per word
+/// (each marked with its sequence number), a finish chunk, `[DONE]`.
+pub fn sse_events(model: &str, words: &[&str]) -> Vec<String> {
+    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+        let v = serde_json::json!({
+            "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+        });
+        format!("data: {v}\n\n")
+    };
+    let mut out = vec![chunk(
+        serde_json::json!({"role": "assistant", "content": ""}),
+        None,
+    )];
+    for w in words {
+        out.push(chunk(serde_json::json!({"content": w}), None));
+    }
+    out.push(chunk(serde_json::json!({}), Some("stop")));
+    out.push("data: [DONE]\n\n".to_owned());
+    out
+}
+
+/// A clean stream of `words`.
+pub fn stream(model: &str, words: &[&str]) -> Reply {
+    Reply::Stream {
+        pieces: sse_events(model, words),
+        delay: Duration::ZERO,
+        cut: false,
+    }
+}
+
+/// A stream that sends the role chunk and the first `n` words, then aborts.
+pub fn stream_cut_after(model: &str, words: &[&str], n: usize) -> Reply {
+    let mut pieces = sse_events(model, words);
+    pieces.truncate(1 + n);
+    Reply::Stream {
+        pieces,
+        delay: Duration::ZERO,
+        cut: true,
+    }
+}
