@@ -355,6 +355,7 @@ impl Run<'_> {
                         Action::Return => {
                             let (status, bytes) =
                                 answer.unwrap_or((StatusCode::BAD_GATEWAY, Bytes::new()));
+                            let bytes = redact(bytes, target.provider.secret.as_ref());
                             return TargetEnd::Served(
                                 self.decorate(returned_error(status, &bytes), target),
                             );
@@ -841,6 +842,29 @@ fn copy_content_type(from: &HeaderMap, to: &mut HeaderMap) {
     to.insert(CONTENT_TYPE, ct);
 }
 
+/// Replaces every occurrence of the provider's key in upstream text (a hostile
+/// or careless upstream may echo it in an error message).
+fn redact(body: Bytes, secret: Option<&crate::snapshot::Secret>) -> Bytes {
+    let Some(key) = secret
+        .map(|s| s.expose().as_bytes())
+        .filter(|k| k.len() >= 4)
+    else {
+        return body;
+    };
+    if !body.windows(key.len()).any(|w| w == key) {
+        return body;
+    }
+    let mut out = Vec::with_capacity(body.len());
+    let mut rest = &body[..];
+    while let Some(i) = rest.windows(key.len()).position(|w| w == key) {
+        out.extend_from_slice(&rest[..i]);
+        out.extend_from_slice(b"*****");
+        rest = &rest[i + key.len()..];
+    }
+    out.extend_from_slice(rest);
+    Bytes::from(out)
+}
+
 /// An upstream client error returned as is when it is an OpenAI-format JSON
 /// error; anything else (HTML, text) is replaced, never copied raw.
 fn returned_error(status: StatusCode, body: &Bytes) -> Response<Body> {
@@ -898,6 +922,16 @@ mod tests {
             None
         );
         assert_eq!(in_band_error(b"[1,2]"), None);
+    }
+
+    #[test]
+    fn keys_are_redacted_from_returned_bodies() {
+        let key = crate::snapshot::Secret::new("sk-abc".into());
+        let out = redact(
+            Bytes::from_static(b"bad key sk-abc, really sk-abc!"),
+            Some(&key),
+        );
+        assert_eq!(&out[..], b"bad key *****, really *****!");
     }
 
     #[test]

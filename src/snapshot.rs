@@ -88,6 +88,8 @@ pub struct Provider {
     pub host_is_name: bool,
     /// Headers sent on every call, `Authorization` included (marked sensitive).
     pub headers: HeaderMap,
+    /// The API key, kept to scrub it from any upstream text passed to a client.
+    pub secret: Option<Secret>,
     /// Per-attempt timeout.
     pub timeout: Duration,
     /// Longest silence between stream chunks after the first.
@@ -438,7 +440,8 @@ fn provider(
             headers.insert(name, value);
         }
     }
-    if let Some(key) = api_key(p, path, c) {
+    let secret = api_key(p, path, c);
+    if let Some(key) = &secret {
         match HeaderValue::from_str(&format!("Bearer {}", key.expose())) {
             Ok(mut v) => {
                 v.set_sensitive(true);
@@ -482,6 +485,7 @@ fn provider(
         chat_url: chat_url?,
         host_is_name,
         headers,
+        secret,
         timeout,
         idle_timeout,
         retry,

@@ -112,6 +112,7 @@ impl Fake {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                let _ = stream.set_nodelay(true);
                 let s = Arc::clone(&s);
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| serve(Arc::clone(&s), req));
