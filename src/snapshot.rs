@@ -183,6 +183,7 @@ impl Snapshot {
         let mut c = Checks::new(&parsed.index);
         let snapshot = build(&parsed.raw, live, &mut c, hash(text));
         let failed = c.has_errors() || (opts.strict && !c.diagnostics.is_empty());
+        c.diagnostics.sort_by_key(|d| (d.line, d.column));
         match snapshot {
             Some(s) if !failed => Ok((s, c.diagnostics)),
             _ => {
@@ -192,7 +193,6 @@ impl Snapshot {
                         d.severity = Severity::Error;
                     }
                 }
-                diags.sort_by_key(|d| (d.line, d.column));
                 Err(diags)
             }
         }
