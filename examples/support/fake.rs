@@ -64,6 +64,9 @@ pub struct Seen {
     pub body: serde_json::Value,
 }
 
+/// How many requests [`Fake::seen`] keeps (the first ones).
+pub const SEEN_LIMIT: usize = 1000;
+
 type Script = Box<dyn FnMut(usize, &Seen) -> Reply + Send>;
 
 struct Shared {
@@ -145,7 +148,7 @@ impl Fake {
         self.shared.cancelled.load(Ordering::SeqCst)
     }
 
-    /// Everything received so far.
+    /// The first [`SEEN_LIMIT`] requests received.
     pub fn seen(&self) -> Vec<Seen> {
         self.shared.seen.lock().expect("lock").clone()
     }
@@ -198,7 +201,13 @@ async fn serve(s: Arc<Shared>, req: http::Request<Incoming>) -> Result<Response<
     };
     let n = s.calls.fetch_add(1, Ordering::SeqCst);
     let reply = (s.script.lock().expect("lock"))(n, &seen);
-    s.seen.lock().expect("lock").push(seen);
+    {
+        let mut log = s.seen.lock().expect("lock");
+        // Keep the first requests only: enough for any assertion, bounded under load.
+        if log.len() < SEEN_LIMIT {
+            log.push(seen);
+        }
+    }
     let mut guard = CancelCount(Arc::clone(&s), true);
     let mut reply = reply;
     loop {
