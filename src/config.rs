@@ -71,6 +71,8 @@ pub struct RawProvider {
     /// Error-class rules for this provider, tried before the top-level ones.
     #[serde(default)]
     pub error_classes: Vec<RawRule>,
+    /// Active probe settings for this provider's targets (overrides `health.probe`).
+    pub probe: Option<RawProbe>,
 }
 
 /// Same-target retry policy.
@@ -175,6 +177,22 @@ pub struct RawHealth {
     pub open_for: Option<String>,
     /// What to do when every target of a chain is DOWN: `trial` (default) or `fail`.
     pub all_down: Option<String>,
+    /// Sliding window for the failure rate (default 30s).
+    pub window: Option<String>,
+    /// Fewest counted outcomes in the window before its rate is judged (default 10).
+    pub min_requests: Option<u32>,
+    /// Failure rate (0.0-1.0) over the window that makes a target DEGRADED (default 0.5).
+    pub failure_rate: Option<f64>,
+    /// Active probing of DOWN targets.
+    pub probe: Option<RawProbe>,
+}
+
+/// Active probe settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProbe {
+    /// How often a DOWN target is probed (default 60s; `0` disables).
+    pub interval: Option<String>,
 }
 
 /// A parsed file: its raw form plus the index that locates any path in it.

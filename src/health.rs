@@ -15,7 +15,7 @@
 //! [`Registry`] that outlives config snapshots, so a reload keeps it. Every
 //! method takes `now` so tests drive time by hand.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -32,6 +32,14 @@ pub struct HealthConfig {
     pub open_for: Duration,
     /// Whether a chain whose targets are all DOWN still tries one (default true).
     pub all_down_trial: bool,
+    /// Sliding window for the failure rate (default 30 s).
+    pub window: Duration,
+    /// Fewest counted outcomes in the window before the rate is judged (default 10).
+    pub min_requests: u32,
+    /// Failure rate in the window (0.0-1.0) at which HEALTHY -> DEGRADED (default 0.5).
+    pub failure_rate: f64,
+    /// How often a DOWN target is probed (default 60 s; `None` disables probing).
+    pub probe_interval: Option<Duration>,
 }
 
 impl Default for HealthConfig {
@@ -41,6 +49,10 @@ impl Default for HealthConfig {
             down_after: 5,
             open_for: Duration::from_secs(20),
             all_down_trial: true,
+            window: Duration::from_secs(30),
+            min_requests: 10,
+            failure_rate: 0.5,
+            probe_interval: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -117,12 +129,69 @@ struct Inner {
     last_failure: Option<Instant>,
     last_change: Instant,
     last_class: Option<String>,
+    last_probe: Option<Instant>,
+    window: Window,
+}
+
+/// Counted outcomes per second over the sliding window.
+#[derive(Debug, Default)]
+struct Window {
+    /// (second since the target's epoch, successes, failures), oldest first.
+    buckets: VecDeque<(u64, u32, u32)>,
+}
+
+impl Window {
+    fn record(&mut self, second: u64, ok: bool, span: u64) {
+        self.prune(second, span);
+        match self.buckets.back_mut() {
+            Some((s, good, bad)) if *s == second => {
+                if ok {
+                    *good += 1;
+                } else {
+                    *bad += 1;
+                }
+            }
+            _ => self
+                .buckets
+                .push_back((second, u32::from(ok), u32::from(!ok))),
+        }
+    }
+
+    fn prune(&mut self, second: u64, span: u64) {
+        while self
+            .buckets
+            .front()
+            .is_some_and(|(s, ..)| s + span <= second)
+        {
+            self.buckets.pop_front();
+        }
+    }
+
+    /// (counted outcomes, failure rate) in the window ending at `second`.
+    fn rate(&mut self, second: u64, span: u64) -> (u32, f64) {
+        self.prune(second, span);
+        let (good, bad) = self
+            .buckets
+            .iter()
+            .fold((0u32, 0u32), |(g, b), (_, g2, b2)| (g + g2, b + b2));
+        let total = good + bad;
+        (
+            total,
+            if total == 0 {
+                0.0
+            } else {
+                f64::from(bad) / f64::from(total)
+            },
+        )
+    }
 }
 
 /// Health of one target. Cheap to share; every update takes a short lock.
 #[derive(Debug)]
 pub struct TargetHealth {
     inner: Mutex<Inner>,
+    /// Origin of the window's second buckets.
+    epoch: Instant,
 }
 
 /// Permission to send one attempt. A half-open trial permit that is dropped
@@ -158,6 +227,10 @@ pub struct HealthView {
     pub consecutive_failures: u32,
     /// Rule that classified the last failure.
     pub last_class: Option<String>,
+    /// Failure rate over the sliding window (counted outcomes only).
+    pub window_failure_rate: f64,
+    /// Counted outcomes in the sliding window.
+    pub window_requests: u32,
     /// Time since the last state change.
     pub since_change: Duration,
     /// Time until a half-open trial is allowed (DOWN only).
@@ -180,7 +253,10 @@ impl TargetHealth {
                 last_failure: None,
                 last_change: now,
                 last_class: None,
+                last_probe: None,
+                window: Window::default(),
             }),
+            epoch: now,
         }
     }
 
@@ -244,14 +320,70 @@ impl TargetHealth {
         }
     }
 
-    /// Records a success: the count resets and the target is HEALTHY.
-    pub fn record_success(&self, mut permit: Permit, now: Instant) -> Option<Transition> {
+    fn second(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.epoch).as_secs()
+    }
+
+    /// Whether the window's failure rate is over the threshold.
+    fn rate_exceeded(&self, inner: &mut Inner, now: Instant, cfg: &HealthConfig) -> bool {
+        let (total, rate) = inner
+            .window
+            .rate(self.second(now), cfg.window.as_secs().max(1));
+        total >= cfg.min_requests && rate >= cfg.failure_rate
+    }
+
+    /// Records a success: the count resets and the target is HEALTHY (or
+    /// stays DEGRADED while the window's failure rate is over the threshold).
+    pub fn record_success(
+        &self,
+        mut permit: Permit,
+        now: Instant,
+        cfg: &HealthConfig,
+    ) -> Option<Transition> {
         let mut inner = self.lock();
         if std::mem::take(&mut permit.trial) {
             inner.trial_in_flight = false;
         }
         inner.consecutive_failures = 0;
         inner.reopen_at = None;
+        let second = self.second(now);
+        inner
+            .window
+            .record(second, true, cfg.window.as_secs().max(1));
+        let to = if self.rate_exceeded(&mut inner, now, cfg) {
+            State::Degraded
+        } else {
+            State::Healthy
+        };
+        change(&mut inner, to, now)
+    }
+
+    /// Claims the next active probe of a DOWN target: true when `interval`
+    /// has passed since the last probe (or since it went down), and then the
+    /// interval restarts, so concurrent callers never probe twice.
+    pub fn claim_probe(&self, now: Instant, interval: Duration) -> bool {
+        let mut inner = self.lock();
+        let since = inner
+            .last_probe
+            .map_or(inner.last_change, |p| p.max(inner.last_change));
+        let due = inner.state == State::Down && now.saturating_duration_since(since) >= interval;
+        if due {
+            inner.last_probe = Some(now);
+        }
+        due
+    }
+
+    /// Records an active probe. A reachable upstream (any status below 500)
+    /// is restored to HEALTHY with a fresh window; an unreachable one stays DOWN.
+    pub fn record_probe(&self, now: Instant, reachable: bool) -> Option<Transition> {
+        let mut inner = self.lock();
+        inner.last_probe = Some(now);
+        if !reachable || inner.state != State::Down {
+            return None;
+        }
+        inner.consecutive_failures = 0;
+        inner.reopen_at = None;
+        inner.window = Window::default();
         change(&mut inner, State::Healthy, now)
     }
 
@@ -280,10 +412,14 @@ impl TargetHealth {
         inner.last_failure = Some(now);
         inner.last_class = Some(failure.class.to_owned());
         inner.consecutive_failures = inner.consecutive_failures.saturating_add(1);
+        let second = self.second(now);
+        inner
+            .window
+            .record(second, false, cfg.window.as_secs().max(1));
         let n = inner.consecutive_failures;
         let to = if was_trial || n >= cfg.down_after {
             State::Down
-        } else if n >= cfg.degraded_after {
+        } else if n >= cfg.degraded_after || self.rate_exceeded(&mut inner, now, cfg) {
             State::Degraded
         } else {
             inner.state
@@ -298,9 +434,14 @@ impl TargetHealth {
 
     /// A snapshot for the admin endpoint.
     #[must_use]
-    pub fn view(&self, now: Instant) -> HealthView {
-        let inner = self.lock();
+    pub fn view(&self, now: Instant, cfg: &HealthConfig) -> HealthView {
+        let mut inner = self.lock();
+        let (window_requests, window_failure_rate) = inner
+            .window
+            .rate(self.second(now), cfg.window.as_secs().max(1));
         HealthView {
+            window_failure_rate,
+            window_requests,
             state: inner.state,
             consecutive_failures: inner.consecutive_failures,
             last_class: inner.last_class.clone(),
@@ -411,7 +552,7 @@ mod tests {
             Unavailable::Down,
             "single flight"
         );
-        let t = h.record_success(trial, Instant::now());
+        let t = h.record_success(trial, Instant::now(), &cfg);
         assert_eq!(
             t,
             Some(Transition {
@@ -455,7 +596,7 @@ mod tests {
                 ..fail("x")
             };
             h.record_failure(p, Instant::now(), &f, &cfg);
-            let wait = h.view(Instant::now()).next_trial_in.unwrap();
+            let wait = h.view(Instant::now(), &cfg).next_trial_in.unwrap();
             assert!(
                 wait >= Duration::from_secs(16) && wait <= Duration::from_secs(24),
                 "{wait:?}"
@@ -483,6 +624,68 @@ mod tests {
             Unavailable::CoolingDown
         );
         tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(h.admit(Instant::now()).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failure_rate_over_the_window_degrades_and_expires() {
+        let cfg = HealthConfig {
+            min_requests: 4,
+            failure_rate: 0.5,
+            ..HealthConfig::default()
+        };
+        let h = Arc::new(TargetHealth::new(Instant::now()));
+        // fail, ok, fail, ok: never 3 in a row, but half of 4 failed.
+        let mut last = None;
+        for i in 0..4 {
+            let p = h.admit(Instant::now()).unwrap();
+            last = if i % 2 == 0 {
+                h.record_failure(p, Instant::now(), &fail("x"), &cfg)
+            } else {
+                h.record_success(p, Instant::now(), &cfg)
+            }
+            .or(last);
+        }
+        assert_eq!(h.state(), State::Degraded, "{last:?}");
+        assert_eq!(h.view(Instant::now(), &cfg).window_requests, 4);
+        tokio::time::advance(Duration::from_secs(31)).await;
+        let p = h.admit(Instant::now()).unwrap();
+        h.record_success(p, Instant::now(), &cfg);
+        assert_eq!(h.state(), State::Healthy, "old outcomes left the window");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn probes_restore_reachable_down_targets_only() {
+        let cfg = HealthConfig {
+            down_after: 1,
+            ..HealthConfig::default()
+        };
+        let h = Arc::new(TargetHealth::new(Instant::now()));
+        let interval = Duration::from_secs(60);
+        assert!(
+            !h.claim_probe(Instant::now(), interval),
+            "healthy targets are not probed"
+        );
+        let p = h.admit(Instant::now()).unwrap();
+        h.record_failure(p, Instant::now(), &fail("x"), &cfg);
+        assert!(!h.claim_probe(Instant::now(), interval));
+        tokio::time::advance(interval).await;
+        assert!(h.claim_probe(Instant::now(), interval));
+        assert!(
+            !h.claim_probe(Instant::now(), interval),
+            "one probe per interval"
+        );
+        assert_eq!(h.record_probe(Instant::now(), false), None);
+        tokio::time::advance(interval).await;
+        assert!(h.claim_probe(Instant::now(), interval));
+        let t = h.record_probe(Instant::now(), true);
+        assert_eq!(
+            t,
+            Some(Transition {
+                from: State::Down,
+                to: State::Healthy
+            })
+        );
         assert!(h.admit(Instant::now()).is_ok());
     }
 

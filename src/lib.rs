@@ -13,7 +13,7 @@
 //!    counts everything.
 //!
 //! [`config`] parses `routes.yaml` with locations; [`snapshot`] compiles it;
-//! [`reload`] swaps a new one in when the file changes; [`cli`] is the
+//! [`probe`] checks DOWN targets in the background; [`reload`] swaps a new one in when the file changes; [`cli`] is the
 //! command line.
 
 pub mod classify;
@@ -22,6 +22,7 @@ pub mod config;
 pub mod error;
 pub mod health;
 pub mod metrics;
+pub mod probe;
 pub mod proxy;
 pub mod reload;
 pub mod server;

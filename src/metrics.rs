@@ -32,6 +32,8 @@ pub const CLIENT_CANCELLED: &str = "switchyard_client_cancelled_total";
 pub const TARGET_HEALTH: &str = "switchyard_target_health";
 /// Counter `{target, from, to}`: health state changes.
 pub const BREAKER_TRANSITIONS: &str = "switchyard_breaker_transitions_total";
+/// Counter `{target, result}`: active probes of DOWN targets, `reachable` or `unreachable`.
+pub const PROBES: &str = "switchyard_probes_total";
 /// Counter `{result}`: config loads and reloads, `ok` or `error`.
 pub const CONFIG_RELOADS: &str = "switchyard_config_reloads_total";
 /// Gauge `{hash}`: 1 for the loaded config's content hash.
@@ -105,6 +107,7 @@ fn describe() {
         "Target health: 0 healthy, 1 degraded, 2 down."
     );
     describe_counter!(BREAKER_TRANSITIONS, "Health state changes per target.");
+    describe_counter!(PROBES, "Active probes of DOWN targets by result.");
     describe_counter!(CONFIG_RELOADS, "Config loads and reloads by result.");
     describe_gauge!(CONFIG_INFO, "1 for the content hash of the loaded config.");
 }

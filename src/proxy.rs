@@ -28,9 +28,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CACHE_CONTROL, CONTENT_TYPE};
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
+use http::{Response, StatusCode};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
@@ -390,27 +390,8 @@ impl Run<'_> {
             }
         };
 
-        let mut req = Request::builder()
-            .method(Method::POST)
-            .uri(provider.chat_url.clone())
-            .body(Full::new(body));
-        let req = match req.as_mut() {
-            Ok(r) => {
-                *r.headers_mut() = provider.headers.clone();
-                let h = r.headers_mut();
-                h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                h.insert(
-                    HeaderName::from_static(H_REQUEST_ID),
-                    self.request_id.clone(),
-                );
-                if self.stream {
-                    h.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
-                }
-                req
-            }
-            Err(_) => req,
-        };
-        let Ok(req) = req else {
+        let Ok(req) = upstream::chat_request(provider, body, Some(self.request_id), self.stream)
+        else {
             return network_failure(target, NetworkKind::Protocol, permit);
         };
 
@@ -454,7 +435,11 @@ impl Run<'_> {
         };
         match provider.errors.classify(&outcome) {
             None => {
-                if let Some(t) = target.health.record_success(permit, Instant::now()) {
+                if let Some(t) =
+                    target
+                        .health
+                        .record_success(permit, Instant::now(), &self.snapshot.health)
+                {
                     log_transition(target, t);
                 }
                 attempt_ok(target);
@@ -657,7 +642,10 @@ impl Relay {
         match verdict {
             Verdict::Complete => {
                 attempt_ok(&target);
-                if let Some(t) = target.health.record_success(permit, Instant::now()) {
+                if let Some(t) = target
+                    .health
+                    .record_success(permit, Instant::now(), &self.health)
+                {
                     log_transition(&target, t);
                 }
             }
@@ -798,7 +786,8 @@ fn skip(target: &Target, reason: &'static str) {
     metrics::counter!(m::SKIPPED, "target" => target.name.clone(), "reason" => reason).increment(1);
 }
 
-fn log_transition(target: &Target, t: Transition) {
+/// Logs a health state change and updates its metrics.
+pub fn log_transition(target: &Target, t: Transition) {
     info!(target = %target.name, from = t.from.as_str(), to = t.to.as_str(), "target health changed");
     metrics::gauge!(m::TARGET_HEALTH, "target" => target.name.clone()).set(t.to.gauge());
     metrics::counter!(m::BREAKER_TRANSITIONS, "target" => target.name.clone(),

@@ -193,6 +193,7 @@ impl Gateway {
     /// If the config watcher cannot start.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
         let _watcher = reload::watch(Arc::clone(&self.app))?;
+        let prober = crate::probe::spawn(Arc::clone(&self.app));
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -229,6 +230,7 @@ impl Gateway {
             }
         }
         drop(self.listener);
+        prober.abort();
         info!("shutting down: draining in-flight requests");
         tokio::select! {
             () = graceful.shutdown() => info!("drained"),
@@ -365,7 +367,7 @@ fn targets(s: &Snapshot) -> serde_json::Value {
         .targets
         .values()
         .map(|t| {
-            let v = t.health.view(now);
+            let v = t.health.view(now, &s.health);
             serde_json::json!({
                 "target": t.name,
                 "provider": t.provider.name,
@@ -373,6 +375,8 @@ fn targets(s: &Snapshot) -> serde_json::Value {
                 "state": v.state.as_str(),
                 "consecutive_failures": v.consecutive_failures,
                 "last_error_class": v.last_class,
+                "window_failure_rate": v.window_failure_rate,
+                "window_requests": v.window_requests,
                 "seconds_since_change": v.since_change.as_secs_f64(),
                 "next_trial_in_seconds": v.next_trial_in.map(|d| d.as_secs_f64()),
                 "cooldown_seconds_left": v.cooldown_left.map(|d| d.as_secs_f64()),

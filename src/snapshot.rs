@@ -98,6 +98,8 @@ pub struct Provider {
     pub retry: RetryPolicy,
     /// Provider rules, then file rules, then the default table.
     pub errors: ErrorTable,
+    /// How often its DOWN targets are probed (`None`: never).
+    pub probe_interval: Option<Duration>,
     /// Pooled client.
     pub client: HttpClient,
 }
@@ -235,6 +237,54 @@ fn build(raw: &RawConfig, live: &LiveState, c: &mut Checks<'_>, hash: u64) -> Op
         SocketAddr::from(([127, 0, 0, 1], 8080))
     });
 
+    let h = &raw.health;
+    let defaults_h = HealthConfig::default();
+    let health = HealthConfig {
+        degraded_after: h.degraded_after.unwrap_or(defaults_h.degraded_after).max(1),
+        down_after: h.down_after.unwrap_or(defaults_h.down_after).max(1),
+        open_for: c.duration(
+            "health.open_for",
+            h.open_for.as_deref(),
+            defaults_h.open_for,
+        ),
+        all_down_trial: match h.all_down.as_deref() {
+            None | Some("trial") => true,
+            Some("fail") => false,
+            Some(other) => {
+                c.error(
+                    "health.all_down",
+                    format!("unknown value `{other}`, expected `trial` or `fail`"),
+                );
+                true
+            }
+        },
+        window: c.duration("health.window", h.window.as_deref(), defaults_h.window),
+        min_requests: h.min_requests.unwrap_or(defaults_h.min_requests),
+        failure_rate: match h.failure_rate {
+            None => defaults_h.failure_rate,
+            Some(r) if (0.0..=1.0).contains(&r) && r > 0.0 => r,
+            Some(r) => {
+                c.error(
+                    "health.failure_rate",
+                    format!("failure_rate {r} must be in (0, 1]"),
+                );
+                defaults_h.failure_rate
+            }
+        },
+        probe_interval: probe_interval(
+            c,
+            "health.probe.interval",
+            h.probe.as_ref(),
+            defaults_h.probe_interval,
+        ),
+    };
+    if health.down_after < health.degraded_after {
+        c.error(
+            "health.down_after",
+            "down_after must be at least degraded_after",
+        );
+    }
+
     let file_rules = rules(&raw.error_classes, "error_classes", c);
     let mut defaults = file_rules.clone();
     defaults.extend(classify::default_rules());
@@ -242,7 +292,7 @@ fn build(raw: &RawConfig, live: &LiveState, c: &mut Checks<'_>, hash: u64) -> Op
     let mut providers = HashMap::new();
     for (name, p) in &raw.providers {
         let path = format!("providers.{name}");
-        if let Some(provider) = provider(name, p, &path, &defaults, live, c) {
+        if let Some(provider) = provider(name, p, &path, &defaults, &health, live, c) {
             providers.insert(name.clone(), Arc::new(provider));
         }
     }
@@ -361,35 +411,6 @@ fn build(raw: &RawConfig, live: &LiveState, c: &mut Checks<'_>, hash: u64) -> Op
         c.warn("tasks", "no tasks: every request will get 404");
     }
 
-    let h = &raw.health;
-    let defaults_h = HealthConfig::default();
-    let health = HealthConfig {
-        degraded_after: h.degraded_after.unwrap_or(defaults_h.degraded_after).max(1),
-        down_after: h.down_after.unwrap_or(defaults_h.down_after).max(1),
-        open_for: c.duration(
-            "health.open_for",
-            h.open_for.as_deref(),
-            defaults_h.open_for,
-        ),
-        all_down_trial: match h.all_down.as_deref() {
-            None | Some("trial") => true,
-            Some("fail") => false,
-            Some(other) => {
-                c.error(
-                    "health.all_down",
-                    format!("unknown value `{other}`, expected `trial` or `fail`"),
-                );
-                true
-            }
-        },
-    };
-    if health.down_after < health.degraded_after {
-        c.error(
-            "health.down_after",
-            "down_after must be at least degraded_after",
-        );
-    }
-
     if c.has_errors() {
         return None;
     }
@@ -409,6 +430,7 @@ fn provider(
     p: &crate::config::RawProvider,
     path: &str,
     file_rules: &[Rule],
+    health: &HealthConfig,
     live: &LiveState,
     c: &mut Checks<'_>,
 ) -> Option<Provider> {
@@ -490,8 +512,31 @@ fn provider(
         idle_timeout,
         retry,
         errors: ErrorTable::new(table),
+        probe_interval: match &p.probe {
+            Some(probe) => probe_interval(
+                c,
+                &format!("{path}.probe.interval"),
+                Some(probe),
+                health.probe_interval,
+            ),
+            None => health.probe_interval,
+        },
         client: live.clients.get(connect_timeout),
     })
+}
+
+/// A probe interval: a duration, or `0` to disable probing.
+fn probe_interval(
+    c: &mut Checks<'_>,
+    path: &str,
+    probe: Option<&crate::config::RawProbe>,
+    default: Option<Duration>,
+) -> Option<Duration> {
+    match probe.and_then(|p| p.interval.as_deref()) {
+        None => default,
+        Some(v) if v.trim().trim_end_matches(['s', 'm', 'h']).trim() == "0" => None,
+        Some(v) => Some(c.duration(path, Some(v), Duration::from_secs(60))),
+    }
 }
 
 /// Reads the provider's key from its env var or file. A missing key is a

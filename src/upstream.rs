@@ -18,7 +18,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use http::header::{HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
+use http::{Method, Request};
+
 use crate::classify::NetworkKind;
+use crate::snapshot::Provider;
 
 /// The client type used for every upstream call.
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
@@ -68,6 +72,34 @@ fn build(connect_timeout: Duration) -> HttpClient {
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         .pool_max_idle_per_host(256)
         .build(https)
+}
+
+/// The upstream request for one attempt: `POST {base_url}/chat/completions`
+/// with the provider's headers (key included), JSON content type, the
+/// request id, and `accept: text/event-stream` for streams.
+///
+/// # Errors
+/// Only if the request cannot be assembled (never for a compiled provider).
+pub fn chat_request(
+    provider: &Provider,
+    body: Bytes,
+    request_id: Option<&HeaderValue>,
+    stream: bool,
+) -> Result<Request<Full<Bytes>>, http::Error> {
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri(provider.chat_url.clone())
+        .body(Full::new(body))?;
+    let h = req.headers_mut();
+    h.clone_from(&provider.headers);
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Some(id) = request_id {
+        h.insert(HeaderName::from_static("x-request-id"), id.clone());
+    }
+    if stream {
+        h.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+    }
+    Ok(req)
 }
 
 /// Maps a failed request (no response headers) to a network kind, by the

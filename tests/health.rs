@@ -1,0 +1,235 @@
+//! Health state machine end to end: thresholds take a target out of rotation,
+//! DOWN targets get no traffic, probes restore reachable ones, state survives
+//! reloads by identity.
+
+use std::time::Duration;
+
+use crate::support::fake::{self, Fake, Seen};
+use crate::support::*;
+
+fn is_probe(s: &Seen) -> bool {
+    s.body["max_tokens"] == 1 && s.body["messages"][0]["content"] == "ping"
+}
+
+fn real_calls(f: &Fake) -> usize {
+    f.seen().iter().filter(|s| !is_probe(s)).count()
+}
+
+fn config(a: &str, b: &str, health: &str) -> String {
+    chain_config(&[("a", a), ("b", b)], "", "")
+        .replace("retry: { max: 1, backoff: 10ms }", "retry: { max: 0 }")
+        + health
+}
+
+async fn admin_state(gw: &Gw, target: &str) -> serde_json::Value {
+    let v = get(gw.addr, "/admin/targets").await.json();
+    v["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["target"] == target)
+        .cloned()
+        .unwrap()
+}
+
+async fn wait_for_state(gw: &Gw, target: &str, state: &str) -> bool {
+    for _ in 0..60 {
+        if admin_state(gw, target).await["state"] == state {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn failing_target_is_taken_out_then_restored_by_a_probe() {
+    let a = Fake::always(fake::error(503, "down")).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let gw = gateway(&config(
+        &a.url(),
+        &b.url(),
+        "health: { degraded_after: 2, down_after: 3, open_for: 60s, probe: { interval: 300ms } }\n",
+    ))
+    .await;
+    for _ in 0..3 {
+        assert_eq!(
+            chat(gw.addr, hello("gpt-4o"))
+                .await
+                .header("x-switchyard-target"),
+            "b"
+        );
+    }
+    let st = admin_state(&gw, "a").await;
+    assert_eq!(st["state"], "down", "{st}");
+    assert_eq!(st["consecutive_failures"], 3);
+    assert_eq!(st["last_error_class"], "default:5xx-transient");
+    assert!(st["next_trial_in_seconds"].as_f64().unwrap() > 40.0);
+
+    // While DOWN: no real request reaches a, and nothing fails over (0 failovers).
+    for _ in 0..20 {
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.header("x-switchyard-target"), "b");
+        assert_eq!(ans.header("x-switchyard-failovers"), "0");
+    }
+    assert_eq!(real_calls(&a), 3, "DOWN target got traffic");
+    let ready = get(gw.addr, "/readyz").await;
+    assert_eq!(ready.status, 200, "b still routes");
+
+    // a recovers; a probe (not a client request) notices and restores it.
+    a.set(|_, _| fake::completion("model-a", "a"));
+    assert!(
+        wait_for_state(&gw, "a", "healthy").await,
+        "probe did not restore a"
+    );
+    assert_eq!(
+        chat(gw.addr, hello("gpt-4o"))
+            .await
+            .header("x-switchyard-target"),
+        "a"
+    );
+    assert!(a.seen().iter().any(is_probe));
+
+    let metrics = get(gw.addr, "/metrics").await.text();
+    assert!(
+        metrics.contains(
+            r#"switchyard_breaker_transitions_total{target="a",from="degraded",to="down"}"#
+        ),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"switchyard_probes_total{target="a",result="reachable"}"#));
+    assert!(metrics.contains(r#"switchyard_target_health{target="a"} 0"#));
+}
+
+#[tokio::test]
+async fn a_401_probe_counts_as_reachable() {
+    let a = Fake::always(fake::error(401, "revoked")).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let gw = gateway(&config(
+        &a.url(),
+        &b.url(),
+        "health: { down_after: 1, degraded_after: 1, open_for: 60s, probe: { interval: 200ms } }\n",
+    ))
+    .await;
+    assert_eq!(
+        chat(gw.addr, hello("gpt-4o"))
+            .await
+            .header("x-switchyard-target"),
+        "b"
+    );
+    assert_eq!(admin_state(&gw, "a").await["state"], "down");
+    assert!(
+        wait_for_state(&gw, "a", "healthy").await,
+        "a reachable upstream must not stay down"
+    );
+}
+
+#[tokio::test]
+async fn probe_interval_zero_disables_probing() {
+    let a = Fake::always(fake::error(503, "x")).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let gw = gateway(&config(
+        &a.url(),
+        &b.url(),
+        "health: { down_after: 1, degraded_after: 1, open_for: 60s, probe: { interval: 0 } }\n",
+    ))
+    .await;
+    chat(gw.addr, hello("gpt-4o")).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(a.calls(), 1, "no probes");
+}
+
+#[tokio::test]
+async fn half_open_trial_restores_after_open_for() {
+    let a = Fake::always(fake::error(503, "x")).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let gw = gateway(&config(
+        &a.url(),
+        &b.url(),
+        "health: { down_after: 1, degraded_after: 1, open_for: 300ms, probe: { interval: 0 } }\n",
+    ))
+    .await;
+    chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(
+        chat(gw.addr, hello("gpt-4o"))
+            .await
+            .header("x-switchyard-target"),
+        "b"
+    );
+    assert_eq!(a.calls(), 1);
+    a.set(|_, _| fake::completion("model-a", "a"));
+    tokio::time::sleep(Duration::from_millis(400)).await; // > open_for * 1.2
+    assert_eq!(
+        chat(gw.addr, hello("gpt-4o"))
+            .await
+            .header("x-switchyard-target"),
+        "a"
+    );
+    assert_eq!(admin_state(&gw, "a").await["state"], "healthy");
+}
+
+#[tokio::test]
+async fn all_down_trial_or_fail() {
+    let a = Fake::always(fake::error(503, "x")).await;
+    let b = Fake::always(fake::error(503, "x")).await;
+    let h = "health: { down_after: 1, degraded_after: 1, open_for: 60s, probe: { interval: 0 } }\n";
+    let gw = gateway(&config(&a.url(), &b.url(), h)).await;
+    assert_eq!(chat(gw.addr, hello("gpt-4o")).await.status, 502);
+    assert_eq!((a.calls(), b.calls()), (1, 1));
+    // Both DOWN: the default `trial` still tries the least recently failed (a).
+    assert_eq!(chat(gw.addr, hello("gpt-4o")).await.status, 502);
+    assert_eq!((a.calls(), b.calls()), (2, 1));
+
+    let gw = gateway(&config(
+        &a.url(),
+        &b.url(),
+        &h.replace("open_for: 60s", "open_for: 60s, all_down: fail"),
+    ))
+    .await;
+    chat(gw.addr, hello("gpt-4o")).await;
+    let (ca, cb) = (a.calls(), b.calls());
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 503);
+    assert_eq!(ans.json()["error"]["code"], "no_target_available");
+    assert_eq!(
+        (a.calls(), b.calls()),
+        (ca, cb),
+        "no call when all are down and all_down is fail"
+    );
+    assert_eq!(get(gw.addr, "/readyz").await.status, 503);
+}
+
+#[tokio::test]
+async fn health_survives_reload_by_identity() {
+    let a = Fake::always(fake::error(503, "x")).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let h = "health: { down_after: 1, degraded_after: 1, open_for: 60s, probe: { interval: 0 } }\n";
+    let cfg = config(&a.url(), &b.url(), h);
+    let gw = gateway(&cfg).await;
+    chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(admin_state(&gw, "a").await["state"], "down");
+
+    // Same identity (URL + model), new alias: still DOWN.
+    gw.rewrite(&cfg.replace("aliases: [gpt-4o]", "aliases: [gpt-4o, extra]"));
+    for _ in 0..40 {
+        if gw.app.snapshot.load().models.contains_key("extra") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        gw.app.snapshot.load().models.contains_key("extra"),
+        "reload applied"
+    );
+    assert_eq!(admin_state(&gw, "a").await["state"], "down");
+
+    // New identity (other upstream model): starts HEALTHY.
+    gw.rewrite(&cfg.replace("model: upstream-a", "model: upstream-a2"));
+    for _ in 0..40 {
+        if admin_state(&gw, "a").await["model"] == "upstream-a2" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(admin_state(&gw, "a").await["state"], "healthy");
+}
