@@ -202,6 +202,10 @@ pub struct Parsed {
     pub raw: RawConfig,
     /// Locations of every key and value, for semantic diagnostics.
     pub index: LocationIndex,
+    /// Unknown-key errors found while parsing. The file was parsed without
+    /// those keys so that the semantic checks still run and every problem is
+    /// reported in one pass; compiling fails while this is not empty.
+    pub pending: Vec<Diagnostic>,
 }
 
 /// Reads and parses `path`.
@@ -233,11 +237,15 @@ pub fn parse(text: &str) -> Result<Parsed, Vec<Diagnostic>> {
         return Err(vec![dup.clone()]);
     }
     match serde_yaml::from_str::<RawConfig>(text) {
-        Ok(raw) => Ok(Parsed { raw, index }),
+        Ok(raw) => Ok(Parsed {
+            raw,
+            index,
+            pending: Vec::new(),
+        }),
         Err(first) => {
             // serde stops at the first problem; sweep each section entry on its own
             // so the user sees every problem in one pass.
-            let mut diags = sweep(text, &index);
+            let (mut diags, unknown) = sweep(text, &index);
             if diags.is_empty() {
                 let (line, column) = first.location().map_or((1, 1), |l| (l.line(), l.column()));
                 diags.push(Diagnostic::error(
@@ -247,38 +255,77 @@ pub fn parse(text: &str) -> Result<Parsed, Vec<Diagnostic>> {
                     strip_location(&first.to_string()),
                 ));
             }
+            // When unknown keys are the only problems, drop them and go on, so
+            // the semantic checks report what else is wrong in the same pass.
+            if unknown.len() == diags.len() {
+                if let Some(raw) = without_keys(text, &unknown) {
+                    return Ok(Parsed {
+                        raw,
+                        index,
+                        pending: diags,
+                    });
+                }
+            }
             Err(diags)
         }
     }
 }
 
+/// The file parsed again with the keys at `paths` removed.
+fn without_keys(text: &str, paths: &[String]) -> Option<RawConfig> {
+    let mut value: serde_yaml::Value = serde_yaml::from_str(text).ok()?;
+    for path in paths {
+        let (parent, key) = path.rsplit_once('.').unwrap_or(("", path.as_str()));
+        let mut node = &mut value;
+        for segment in parent.split('.').filter(|s| !s.is_empty()) {
+            let (name, indices) = match segment.find('[') {
+                Some(i) => (&segment[..i], &segment[i..]),
+                None => (segment, ""),
+            };
+            node = node.get_mut(name)?;
+            for index in indices.split(['[', ']']).filter(|s| !s.is_empty()) {
+                node = node.get_mut(index.parse::<usize>().ok()?)?;
+            }
+        }
+        node.as_mapping_mut()?.remove(key)?;
+    }
+    serde_yaml::from_value(value).ok()
+}
+
 /// Deserializes each top-level key (and each entry of the named-map sections)
-/// separately, collecting every error with its location.
-fn sweep(text: &str, index: &LocationIndex) -> Vec<Diagnostic> {
-    let mut diags = Vec::new();
+/// separately, collecting every error with its location. Also returns the
+/// paths of the unknown keys among them.
+fn sweep(text: &str, index: &LocationIndex) -> (Vec<Diagnostic>, Vec<String>) {
+    let mut sw = Sweep {
+        index,
+        diags: Vec::new(),
+        unknown: Vec::new(),
+    };
     let value: serde_yaml::Value = match serde_yaml::from_str(text) {
         Ok(v) => v,
         Err(e) => {
             let (line, column) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
-            return vec![Diagnostic::error(
+            sw.diags.push(Diagnostic::error(
                 "",
                 line,
                 column,
                 strip_location(&e.to_string()),
-            )];
+            ));
+            return (sw.diags, sw.unknown);
         }
     };
     let serde_yaml::Value::Mapping(top) = value else {
-        return vec![Diagnostic::error(
+        sw.diags.push(Diagnostic::error(
             "",
             1,
             1,
             "the file must be a mapping of keys (version, providers, targets, tasks, ...)",
-        )];
+        ));
+        return (sw.diags, sw.unknown);
     };
     for (key, value) in top {
         let Some(key) = key.as_str() else {
-            diags.push(Diagnostic::error(
+            sw.diags.push(Diagnostic::error(
                 "",
                 1,
                 1,
@@ -287,16 +334,17 @@ fn sweep(text: &str, index: &LocationIndex) -> Vec<Diagnostic> {
             continue;
         };
         match key {
-            "providers" => sweep_map::<RawProvider>(key, value, index, &mut diags),
-            "targets" => sweep_map::<RawTarget>(key, value, index, &mut diags),
-            "tasks" => sweep_map::<RawTask>(key, value, index, &mut diags),
-            "version" => check::<Option<u64>>(key, value, index, &mut diags),
-            "listen" | "default_task" => check::<Option<String>>(key, value, index, &mut diags),
-            "error_classes" => check::<Vec<RawRule>>(key, value, index, &mut diags),
-            "health" => check::<RawHealth>(key, value, index, &mut diags),
+            "providers" => sw.map::<RawProvider>(key, value),
+            "targets" => sw.map::<RawTarget>(key, value),
+            "tasks" => sw.map::<RawTask>(key, value),
+            "version" => sw.check::<Option<u64>>(key, value),
+            "listen" | "default_task" => sw.check::<Option<String>>(key, value),
+            "error_classes" => sw.check::<Vec<RawRule>>(key, value),
+            "health" => sw.check::<RawHealth>(key, value),
             other => {
                 let (line, column) = index.key_or_value(other);
-                diags.push(Diagnostic::error(
+                sw.unknown.push(other.to_owned());
+                sw.diags.push(Diagnostic::error(
                     other,
                     line,
                     column,
@@ -305,68 +353,71 @@ fn sweep(text: &str, index: &LocationIndex) -> Vec<Diagnostic> {
             }
         }
     }
-    diags.sort_by_key(|d| (d.line, d.column));
-    diags
+    sw.diags.sort_by_key(|d| (d.line, d.column));
+    (sw.diags, sw.unknown)
 }
 
-fn sweep_map<T: DeserializeOwned>(
-    section: &str,
-    value: serde_yaml::Value,
-    index: &LocationIndex,
-    diags: &mut Vec<Diagnostic>,
-) {
-    match value {
-        serde_yaml::Value::Mapping(entries) => {
-            for (name, entry) in entries {
-                let name = name
-                    .as_str()
-                    .map_or_else(|| format!("{name:?}"), str::to_owned);
-                check::<T>(&format!("{section}.{name}"), entry, index, diags);
-            }
-        }
-        serde_yaml::Value::Null => {}
-        other => check::<std::collections::BTreeMap<String, T>>(section, other, index, diags),
-    }
+struct Sweep<'a> {
+    index: &'a LocationIndex,
+    diags: Vec<Diagnostic>,
+    unknown: Vec<String>,
 }
 
-/// Deserializes `value` as `T`; on failure records one diagnostic located at the
-/// deepest path serde reached (the offending key itself for unknown keys).
-fn check<T: DeserializeOwned>(
-    base: &str,
-    value: serde_yaml::Value,
-    index: &LocationIndex,
-    diags: &mut Vec<Diagnostic>,
-) {
-    let Err(err) = serde_path_to_error::deserialize::<_, T>(value) else {
-        return;
-    };
-    let mut path = base.to_owned();
-    for segment in err.path().iter() {
-        match segment {
-            serde_path_to_error::Segment::Seq { index } => path.push_str(&format!("[{index}]")),
-            serde_path_to_error::Segment::Map { key } => {
-                path.push('.');
-                path.push_str(key);
+impl Sweep<'_> {
+    fn map<T: DeserializeOwned>(&mut self, section: &str, value: serde_yaml::Value) {
+        match value {
+            serde_yaml::Value::Mapping(entries) => {
+                for (name, entry) in entries {
+                    let name = name
+                        .as_str()
+                        .map_or_else(|| format!("{name:?}"), str::to_owned);
+                    self.check::<T>(&format!("{section}.{name}"), entry);
+                }
             }
-            serde_path_to_error::Segment::Enum { .. } | serde_path_to_error::Segment::Unknown => {}
+            serde_yaml::Value::Null => {}
+            other => self.check::<BTreeMap<String, T>>(section, other),
         }
     }
-    let message = strip_location(&err.inner().to_string());
-    // For an unknown key serde names it in backticks; point at that key if we can.
-    let unknown_key = message
-        .strip_prefix("unknown field `")
-        .and_then(|rest| rest.split('`').next())
-        .map(|field| format!("{path}.{field}"));
-    let (line, column) = match &unknown_key {
-        Some(key_path) if index.contains(key_path) => index.key_or_value(key_path),
-        _ => index.key_or_value(&path),
-    };
-    diags.push(Diagnostic::error(
-        unknown_key.as_deref().unwrap_or(&path),
-        line,
-        column,
-        message,
-    ));
+
+    /// Deserializes `value` as `T`; on failure records one diagnostic located
+    /// at the deepest path serde reached (the offending key itself for unknown
+    /// keys).
+    fn check<T: DeserializeOwned>(&mut self, base: &str, value: serde_yaml::Value) {
+        let Err(err) = serde_path_to_error::deserialize::<_, T>(value) else {
+            return;
+        };
+        let mut path = base.to_owned();
+        for segment in err.path().iter() {
+            match segment {
+                serde_path_to_error::Segment::Seq { index } => path.push_str(&format!("[{index}]")),
+                serde_path_to_error::Segment::Map { key } => {
+                    path.push('.');
+                    path.push_str(key);
+                }
+                serde_path_to_error::Segment::Enum { .. }
+                | serde_path_to_error::Segment::Unknown => {}
+            }
+        }
+        let message = strip_location(&err.inner().to_string());
+        // serde names an unknown key in backticks; the path may or may not end with it.
+        let unknown_key = message
+            .strip_prefix("unknown field `")
+            .and_then(|rest| rest.split('`').next())
+            .map(|field| {
+                if path.ends_with(&format!(".{field}")) {
+                    path.clone()
+                } else {
+                    format!("{path}.{field}")
+                }
+            });
+        let located = unknown_key.as_deref().unwrap_or(&path);
+        let (line, column) = self.index.key_or_value(located);
+        if let Some(key) = &unknown_key {
+            self.unknown.push(key.clone());
+        }
+        self.diags
+            .push(Diagnostic::error(located, line, column, message));
+    }
 }
 
 /// serde_yaml appends " at line L column C" to its messages; we print locations ourselves.
@@ -384,7 +435,7 @@ mod tests {
     #[test]
     fn every_unknown_key_is_reported_with_its_location() {
         let text = "version: 1\nproviders:\n  a:\n    base_url: http://x\n    colour: red\ntargets:\n  t: { provider: a, model: m, flavour: 1 }\ntasks: {}\n";
-        let diags = parse(text).unwrap_err();
+        let diags = parse(text).unwrap().pending;
         assert_eq!(diags.len(), 2, "{diags:?}");
         assert_eq!((diags[0].line, diags[0].column), (5, 5));
         assert!(diags[0].message.contains("colour"));

@@ -35,7 +35,7 @@ use hyper::body::Incoming;
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 use tokio::time::{timeout_at, Instant};
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::classify::{Action, Decision, NetworkKind, Outcome};
 use crate::error::{error_body, GatewayError};
@@ -331,8 +331,13 @@ impl Run<'_> {
                     permit: p,
                 } => {
                     self.last_status = status.or(self.last_status);
+                    let next = match decision.action {
+                        Action::Retry if retry < provider.retry.max => "retry",
+                        Action::Return => "return",
+                        Action::Retry | Action::Failover => "failover",
+                    };
                     info!(target = %target.name, attempt = self.attempts, outcome = %label,
-                        rule = %decision.rule, action = ?decision.action, "upstream attempt failed");
+                        rule = %decision.rule, next, "upstream attempt failed");
                     metrics::counter!(m::UPSTREAM_ATTEMPTS, "target" => target.name.clone(), "outcome" => label.clone())
                         .increment(1);
                     let failure = Failure {
@@ -410,6 +415,21 @@ impl Run<'_> {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if self.stream && response.status().is_success() && is_sse {
+            // Rules may claim a 2xx stream by its status or headers before a byte is read.
+            let outcome = Outcome::Response {
+                status: response.status().as_u16(),
+                headers: response.headers(),
+                body: &[],
+            };
+            if let Some(decision) = provider.errors.classify(&outcome) {
+                return AttemptEnd::Failed {
+                    decision,
+                    label: m::status_class(response.status().as_u16()).to_owned(),
+                    status: Some(response.status().as_u16()),
+                    answer: None,
+                    permit,
+                };
+            }
             return self
                 .stream_attempt(target, response, permit, first_deadline, started)
                 .await;
@@ -570,7 +590,11 @@ impl Run<'_> {
             deadline: self.deadline,
             health: self.snapshot.health,
         };
-        tokio::spawn(relay.run(held.freeze(), permit));
+        tokio::spawn(
+            relay
+                .run(held.freeze(), permit)
+                .instrument(tracing::Span::current()),
+        );
         let mut resp = Response::new(body);
         copy_content_type(&parts.headers, resp.headers_mut());
         resp.headers_mut()
@@ -703,17 +727,7 @@ impl Relay {
                     }
                     Chunk::Empty => {}
                 }
-                let mut raw = event.raw;
-                if self.eof
-                    && !raw.ends_with(b"\n\n")
-                    && !raw.ends_with(b"\r\n\r\n")
-                    && event.data.is_some()
-                {
-                    // The upstream's last event lacked its blank line; close it for the client.
-                    let mut fixed = BytesMut::from(&raw[..]);
-                    fixed.extend_from_slice(b"\n\n");
-                    raw = fixed.freeze();
-                }
+                let raw = event.raw;
                 if !self.send(raw).await {
                     return Verdict::ClientGone;
                 }

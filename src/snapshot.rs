@@ -183,6 +183,7 @@ impl Snapshot {
         opts: CompileOptions,
     ) -> Result<(Snapshot, Vec<Diagnostic>), Vec<Diagnostic>> {
         let mut c = Checks::new(&parsed.index);
+        c.diagnostics.extend(parsed.pending.iter().cloned());
         let snapshot = build(&parsed.raw, live, &mut c, hash(text));
         let failed = c.has_errors() || (opts.strict && !c.diagnostics.is_empty());
         c.diagnostics.sort_by_key(|d| (d.line, d.column));

@@ -58,7 +58,7 @@ impl Parser {
                 None if eof && !rest.is_empty() => (rest.len(), 0),
                 None if eof && self.scanned > 0 => {
                     // Stream ended right after a complete line: close the event.
-                    return Some(self.take_event(self.scanned));
+                    return Some(self.take_event(self.scanned).closed());
                 }
                 None => return None,
             };
@@ -79,7 +79,7 @@ impl Parser {
                 }
             }
             if end_len == 0 {
-                return Some(self.take_event(self.scanned));
+                return Some(self.take_event(self.scanned).closed());
             }
         }
     }
@@ -91,6 +91,20 @@ impl Parser {
             raw,
             data: self.data.take(),
         }
+    }
+}
+
+impl Event {
+    /// An event cut short by EOF, closed with the line end and blank line it
+    /// lacked, so that whatever is written after it starts a new event.
+    fn closed(mut self) -> Self {
+        let mut raw = BytesMut::from(&self.raw[..]);
+        if !raw.ends_with(b"\n") && !raw.ends_with(b"\r") {
+            raw.extend_from_slice(b"\n");
+        }
+        raw.extend_from_slice(b"\n");
+        self.raw = raw.freeze();
+        self
     }
 }
 
@@ -292,7 +306,11 @@ mod tests {
         assert_eq!(out[2].data.as_deref(), Some("b"));
         assert_eq!(out[3].data.as_deref(), Some("last"));
         let joined: Vec<u8> = out.iter().flat_map(|e| e.raw.to_vec()).collect();
-        assert_eq!(joined, input);
+        assert_eq!(
+            joined,
+            [input, b"\n\n"].concat(),
+            "the last event is closed"
+        );
     }
 
     #[test]
@@ -300,6 +318,7 @@ mod tests {
         let out = events(&[b"data: a\n"]);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].data.as_deref(), Some("a"));
+        assert_eq!(&out[0].raw[..], b"data: a\n\n");
     }
 
     fn chunk(data: &str) -> Chunk {

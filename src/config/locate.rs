@@ -69,6 +69,9 @@ impl LocationIndex {
     fn lookup(&self, path: &str, value_first: bool) -> (usize, usize) {
         let mut path = path;
         loop {
+            if path.is_empty() {
+                return (1, 1);
+            }
             let (first, second) = if value_first {
                 (&self.values, &self.keys)
             } else {
@@ -158,7 +161,8 @@ impl MarkedEventReceiver for Builder {
                 } else {
                     self.child_path().unwrap_or_default()
                 };
-                self.index.values.entry(path.clone()).or_insert(loc(mark));
+                // Block collections are marked where their first entry starts,
+                // which reads badly in a message: locate them by their key instead.
                 self.stack.push(if matches!(ev, Event::MappingStart(..)) {
                     Frame::Map { path, key: None }
                 } else {
