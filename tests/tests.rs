@@ -3,5 +3,18 @@
 
 mod support;
 
+mod binary;
 mod failover;
 mod streaming;
+
+mod cli;
+mod endpoints;
+mod reload;
+mod resources;
+mod secrets;
+
+mod budgets;
+mod edge_support;
+mod error_classes;
+mod health;
+mod stream_edges;

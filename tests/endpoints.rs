@@ -1,0 +1,192 @@
+//! The non-proxy endpoints and the server's own answers: models, health,
+//! readiness, metrics, 404, 405, 413.
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+
+use crate::support::fake::{self, Fake};
+use crate::support::*;
+
+fn two_tasks(url: &str) -> String {
+    format!(
+        "version: 1
+providers:
+  p: {{ base_url: '{url}', timeout: 2s }}
+targets:
+  t: {{ provider: p, model: upstream-t }}
+tasks:
+  chat:
+    aliases: [gpt-4o, gpt-4o-mini]
+    chain: [t]
+  summarize:
+    aliases: [claude-3-haiku]
+    chain: [t]
+"
+    )
+}
+
+/// Checks an OpenAI-format error body and returns its `code`.
+fn openai_error(ans: &Answer) -> String {
+    assert!(
+        ans.header("content-type").starts_with("application/json"),
+        "{:?}",
+        ans.headers
+    );
+    let v = ans.json();
+    let err = &v["error"];
+    assert!(err.is_object(), "{v}");
+    assert!(
+        err["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{v}"
+    );
+    assert!(err["type"].is_string(), "{v}");
+    err["code"].as_str().unwrap_or_default().to_owned()
+}
+
+async fn request(gw: &Gw, method: &str, path: &str, body: Bytes) -> Answer {
+    let req = Request::builder()
+        .method(method)
+        .uri(gw.url(path))
+        .header("content-type", "application/json")
+        .body(Full::new(body))
+        .unwrap();
+    let fut = async {
+        let resp = client().request(req).await.expect("request failed");
+        let (parts, body) = resp.into_parts();
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.collect().await.unwrap().to_bytes(),
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), fut)
+        .await
+        .expect("request took over 20 s")
+}
+
+#[tokio::test]
+async fn models_lists_every_task_and_alias() {
+    let a = Fake::always(fake::completion("m", "x")).await;
+    let gw = gateway(&two_tasks(&a.url())).await;
+    for path in ["/v1/models", "/models"] {
+        let ans = get(gw.addr, path).await;
+        assert_eq!(ans.status, 200, "{path}: {}", ans.text());
+        assert!(ans.header("content-type").starts_with("application/json"));
+        let v = ans.json();
+        assert_eq!(v["object"], "list");
+        let mut ids: Vec<(String, String)> = v["data"]
+            .as_array()
+            .expect("data is a list")
+            .iter()
+            .map(|m| {
+                assert_eq!(m["object"], "model", "{m}");
+                (
+                    m["id"].as_str().unwrap().to_owned(),
+                    m["task"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        ids.sort();
+        let mut want: Vec<(String, String)> = [
+            ("chat", "chat"),
+            ("gpt-4o", "chat"),
+            ("gpt-4o-mini", "chat"),
+            ("summarize", "summarize"),
+            ("claude-3-haiku", "summarize"),
+        ]
+        .iter()
+        .map(|(i, t)| ((*i).to_owned(), (*t).to_owned()))
+        .collect();
+        want.sort();
+        assert_eq!(ids, want, "{path}");
+    }
+    assert_eq!(a.calls(), 0, "listing models calls no upstream");
+}
+
+#[tokio::test]
+async fn healthz_and_readyz_answer_200() {
+    let a = Fake::always(fake::completion("m", "x")).await;
+    let gw = gateway(&two_tasks(&a.url())).await;
+    let ans = get(gw.addr, "/healthz").await;
+    assert_eq!(ans.status, 200);
+    assert_eq!(ans.json()["status"], "ok");
+    let ans = get(gw.addr, "/readyz").await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.json()["status"], "ready");
+    assert!(ans.json()["config_hash"].is_string());
+    assert_eq!(a.calls(), 0, "health endpoints call no upstream");
+}
+
+#[tokio::test]
+async fn metrics_count_a_request() {
+    let a = Fake::always(fake::completion("m", "x")).await;
+    let gw = gateway(&two_tasks(&a.url())).await;
+    let ans = chat(gw.addr, hello("claude-3-haiku")).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let page = get(gw.addr, "/metrics").await;
+    assert_eq!(page.status, 200);
+    assert!(page.header("content-type").starts_with("text/plain"));
+    let text = page.text();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("switchyard_requests_total{")
+                && l.contains("task=\"summarize\"")
+                && l.contains("target=\"t\"")
+                && l.contains("status=\"200\"")),
+        "{text}"
+    );
+    assert!(text.contains("switchyard_config_reloads_total"), "{text}");
+}
+
+#[tokio::test]
+async fn unknown_path_is_404_in_openai_format() {
+    let a = Fake::always(fake::completion("m", "x")).await;
+    let gw = gateway(&two_tasks(&a.url())).await;
+    for (method, path) in [
+        ("GET", "/nope"),
+        ("POST", "/v1/completions"),
+        ("GET", "/v1/chat/completions/extra"),
+    ] {
+        let ans = request(&gw, method, path, Bytes::new()).await;
+        assert_eq!(ans.status, 404, "{method} {path}: {}", ans.text());
+        assert_eq!(openai_error(&ans), "not_found", "{method} {path}");
+        assert!(!ans.header("x-request-id").is_empty());
+    }
+    assert_eq!(a.calls(), 0);
+}
+
+#[tokio::test]
+async fn wrong_method_is_405_in_openai_format() {
+    let a = Fake::always(fake::completion("m", "x")).await;
+    let gw = gateway(&two_tasks(&a.url())).await;
+    for (method, path) in [
+        ("GET", "/v1/chat/completions"),
+        ("PUT", "/v1/chat/completions"),
+        ("POST", "/v1/models"),
+        ("POST", "/healthz"),
+    ] {
+        let ans = request(&gw, method, path, Bytes::new()).await;
+        assert_eq!(ans.status, 405, "{method} {path}: {}", ans.text());
+        assert_eq!(openai_error(&ans), "method_not_allowed", "{method} {path}");
+    }
+    assert_eq!(a.calls(), 0);
+}
+
+#[tokio::test]
+async fn body_over_16_mib_is_413() {
+    let a = Fake::always(fake::completion("m", "x")).await;
+    let gw = gateway(&two_tasks(&a.url())).await;
+    // A syntactically plausible JSON prefix, then 17 MiB of padding.
+    let mut body = Vec::with_capacity(17 * 1024 * 1024 + 64);
+    body.extend_from_slice(br#"{"model":"gpt-4o","messages":[{"role":"user","content":""#);
+    body.resize(17 * 1024 * 1024, b'x');
+    body.extend_from_slice(br#""}]}"#);
+    let ans = request(&gw, "POST", "/v1/chat/completions", Bytes::from(body)).await;
+    assert_eq!(ans.status, 413, "{}", ans.text());
+    assert_eq!(openai_error(&ans), "payload_too_large");
+    assert_eq!(a.calls(), 0, "nothing forwarded");
+    // The gateway still serves.
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+}

@@ -1,0 +1,424 @@
+//! Hot reload of routes.yaml: a chain change under live traffic loses no
+//! request, a rejected file leaves the old config serving, and an identical
+//! rewrite changes nothing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::support::fake::{self, Fake, Seen};
+use crate::support::*;
+
+/// A fake that answers what it is asked: a stream of `from`, ` `, `NAME`, or a
+/// completion whose text is `from NAME`.
+async fn dual(name: &'static str) -> Fake {
+    let model = format!("model-{name}");
+    Fake::start(move |_, seen: &Seen| {
+        if seen.body["stream"] == true {
+            fake::stream(&model, &["from", " ", name])
+        } else {
+            fake::completion(&model, &format!("from {name}"))
+        }
+    })
+    .await
+}
+
+/// Targets `a` and `b` (each on its own provider); task `chat` (alias
+/// `gpt-4o`) with the given chain.
+fn config(a: &Fake, b: &Fake, chain: &str) -> String {
+    format!(
+        "version: 1
+providers:
+  p-a: {{ base_url: '{}', timeout: 2s }}
+  p-b: {{ base_url: '{}', timeout: 2s }}
+targets:
+  a: {{ provider: p-a, model: upstream-a }}
+  b: {{ provider: p-b, model: upstream-b }}
+tasks:
+  chat:
+    aliases: [gpt-4o]
+    chain: [{chain}]
+",
+        a.url(),
+        b.url()
+    )
+}
+
+/// The text of an answer, stream or not, and whether it ended properly.
+fn answer_text(ans: &Answer, streamed: bool) -> (String, bool) {
+    if streamed {
+        let text = ans.text();
+        let clean = text.ends_with("data: [DONE]\n\n") && !text.contains("stream_interrupted");
+        (stream_text(&text), clean)
+    } else {
+        let v: serde_json::Value = serde_json::from_slice(&ans.body).unwrap_or_default();
+        let content = v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        (content, true)
+    }
+}
+
+/// Sends one request (stream or not), checks a 200 answer is whole and
+/// consistent with its target, and returns (status, target).
+async fn ask(gw: &Gw, streamed: bool) -> (u16, String) {
+    let body = if streamed {
+        hello_stream("gpt-4o")
+    } else {
+        hello("gpt-4o")
+    };
+    let ans = chat(gw.addr, body).await;
+    let target = ans.header("x-switchyard-target");
+    let (text, clean) = answer_text(&ans, streamed);
+    if ans.status == 200 {
+        assert_eq!(text, format!("from {target}"), "stream={streamed}");
+        assert!(clean, "stream={streamed}: {}", ans.text());
+    }
+    (ans.status.as_u16(), target)
+}
+
+/// The value of a `switchyard_config_reloads_total{result=...}` counter (0 if absent).
+async fn reloads(gw: &Gw, result: &str) -> f64 {
+    let page = get(gw.addr, "/metrics").await;
+    assert_eq!(page.status, 200);
+    let prefix = format!("switchyard_config_reloads_total{{result=\"{result}\"}} ");
+    page.text()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// Polls `cond` every 20 ms for at most `within`; returns whether it held.
+async fn eventually<F, Fut>(within: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    loop {
+        if cond().await {
+            return true;
+        }
+        if started.elapsed() >= within {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[derive(Debug)]
+struct Sample {
+    sent: Duration,
+    done: Duration,
+    streamed: bool,
+    status: u16,
+    target: String,
+    attempts: String,
+    text: String,
+    clean: bool,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chain_change_under_live_traffic_loses_no_request() {
+    let a = dual("a").await;
+    let b = dual("b").await;
+    let gw = gateway(&config(&a, &b, "a")).await;
+    let run_for = Duration::from_millis(1900);
+    let write_at = Duration::from_millis(600);
+    let start = Instant::now();
+
+    let mut loops = Vec::new();
+    for i in 0..8usize {
+        let addr = gw.addr;
+        loops.push(tokio::spawn(async move {
+            let mut log = Vec::new();
+            for n in 0..10_000usize {
+                let sent = start.elapsed();
+                if sent >= run_for {
+                    break;
+                }
+                let streamed = (i + n) % 2 == 0;
+                let body = if streamed {
+                    hello_stream("gpt-4o")
+                } else {
+                    hello("gpt-4o")
+                };
+                let ans = chat(addr, body).await;
+                let (text, clean) = answer_text(&ans, streamed);
+                log.push(Sample {
+                    sent,
+                    done: start.elapsed(),
+                    streamed,
+                    status: ans.status.as_u16(),
+                    target: ans.header("x-switchyard-target"),
+                    attempts: ans.header("x-switchyard-attempts"),
+                    text,
+                    clean,
+                });
+            }
+            log
+        }));
+    }
+
+    tokio::time::sleep(write_at.saturating_sub(start.elapsed())).await;
+    let written = start.elapsed();
+    gw.rewrite(&config(&a, &b, "b"));
+
+    let mut samples = Vec::new();
+    for l in loops {
+        samples.extend(l.await.unwrap());
+    }
+    samples.sort_by_key(|s| s.sent);
+
+    let bad: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| {
+            s.status != 200
+                || !s.clean
+                || s.attempts != "1"
+                || (s.target != "a" && s.target != "b")
+                || s.text != format!("from {}", s.target)
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{} of {} requests went wrong, e.g. {:#?}",
+        bad.len(),
+        samples.len(),
+        &bad[..bad.len().min(3)]
+    );
+    assert_eq!(
+        a.calls() + b.calls(),
+        samples.len(),
+        "one upstream call per request: nothing retried or failed over"
+    );
+    assert!(
+        samples.iter().any(|s| s.streamed) && samples.iter().any(|s| !s.streamed),
+        "both kinds were sent"
+    );
+    assert!(
+        samples.iter().any(|s| s.done < written && s.target == "a"),
+        "a served before the write"
+    );
+
+    // Within 1 s of the write every new request goes to b: those the loops
+    // sent after that, and a few more now (the loops may have sent none that
+    // late on a loaded machine).
+    let stale: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.sent >= written + Duration::from_secs(1) && s.target != "b")
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "still served by the old chain over 1 s after the write ({written:?}): {stale:#?}"
+    );
+    assert!(start.elapsed() >= written + Duration::from_secs(1));
+    for streamed in [false, true, false, true] {
+        assert_eq!(ask(&gw, streamed).await, (200, "b".into()));
+    }
+
+    // Once one request has been answered by b, no later request goes back to a.
+    let first_b_done = samples
+        .iter()
+        .filter(|s| s.target == "b")
+        .map(|s| s.done)
+        .min()
+        .expect("b served something");
+    let flip_back: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.sent > first_b_done && s.target != "b")
+        .collect();
+    assert!(flip_back.is_empty(), "{flip_back:#?}");
+}
+
+#[tokio::test]
+async fn invalid_reload_keeps_the_old_config_until_fixed() {
+    let a = dual("a").await;
+    let b = dual("b").await;
+    let good = config(&a, &b, "a");
+    let gw = gateway(&good).await;
+    let hash = get(gw.addr, "/readyz").await.json()["config_hash"].clone();
+    assert!(hash.is_string());
+    assert_eq!(ask(&gw, false).await, (200, "a".into()));
+
+    let broken = [
+        ("unknown target", config(&a, &b, "nope")),
+        (
+            "YAML syntax error",
+            config(&a, &b, "b").replace("chain: [b]", "chain: [b"),
+        ),
+    ];
+    for (what, text) in broken {
+        let before = reloads(&gw, "error").await;
+        gw.rewrite(&text);
+        let rejected = eventually(Duration::from_secs(3), || async {
+            reloads(&gw, "error").await > before
+        })
+        .await;
+        assert!(rejected, "{what}: no reload error counted within 3 s");
+        for streamed in [false, true, false] {
+            assert_eq!(
+                ask(&gw, streamed).await,
+                (200, "a".into()),
+                "{what}: the old chain keeps serving"
+            );
+        }
+        assert_eq!(
+            get(gw.addr, "/readyz").await.json()["config_hash"],
+            hash,
+            "{what}: the snapshot was not replaced"
+        );
+    }
+    assert_eq!(b.calls(), 0);
+
+    // Fixing the file applies it.
+    gw.rewrite(&config(&a, &b, "b"));
+    let applied = eventually(Duration::from_secs(3), || async {
+        ask(&gw, false).await == (200, "b".into())
+    })
+    .await;
+    assert!(applied, "the fixed file was not applied within 3 s");
+    assert_eq!(ask(&gw, true).await, (200, "b".into()));
+    assert_ne!(get(gw.addr, "/readyz").await.json()["config_hash"], hash);
+}
+
+#[tokio::test]
+async fn identical_rewrite_changes_nothing() {
+    let a = dual("a").await;
+    let b = dual("b").await;
+    let text = config(&a, &b, "a");
+    let gw = gateway(&text).await;
+    let before = gw.app.snapshot.load_full();
+    gw.rewrite(&text);
+    // No event says "checked, unchanged": watch for longer than the 150 ms
+    // debounce, serving all along.
+    let started = Instant::now();
+    let mut n = 0;
+    while started.elapsed() < Duration::from_millis(500) && n < 100 {
+        assert_eq!(ask(&gw, n % 2 == 1).await, (200, "a".into()));
+        assert!(
+            Arc::ptr_eq(&before, &gw.app.snapshot.load_full()),
+            "an identical file replaced the snapshot"
+        );
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        !switchyard::reload::reload_now(&gw.app),
+        "reload_now applied an unchanged file"
+    );
+    assert!(Arc::ptr_eq(&before, &gw.app.snapshot.load_full()));
+    assert_eq!(b.calls(), 0);
+}
+
+/// The health state of `target` from `/admin/targets`.
+async fn state(gw: &Gw, target: &str) -> String {
+    let v = get(gw.addr, "/admin/targets").await.json();
+    v["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .find(|t| t["target"] == target)
+        .map(|t| t["state"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_default()
+}
+
+/// Rewrites the file and waits (up to 3 s) until the served config hash changes.
+async fn apply(gw: &Gw, text: &str) {
+    let before = get(gw.addr, "/readyz").await.json()["config_hash"].clone();
+    gw.rewrite(text);
+    let changed = eventually(Duration::from_secs(3), || async {
+        get(gw.addr, "/readyz").await.json()["config_hash"] != before
+    })
+    .await;
+    assert!(changed, "the new file was not applied within 3 s");
+}
+
+#[tokio::test]
+async fn reload_keeps_the_health_of_unchanged_targets() {
+    let a = Fake::always(fake::error(503, "down")).await;
+    let b = dual("b").await;
+    let text = config(&a, &b, "a, b").replace(
+        "timeout: 2s }",
+        "timeout: 2s, retry: { max: 1, backoff: 5ms } }",
+    ) + "health: { degraded_after: 1, down_after: 2, open_for: 60s }\n";
+    let gw = gateway(&text).await;
+    assert_eq!(ask(&gw, false).await, (200, "b".into()));
+    assert_eq!(a.calls(), 2, "one try and one retry");
+    assert_eq!(state(&gw, "a").await, "down");
+
+    // An edit that leaves target a as it was: a stays DOWN, skipped without a call.
+    apply(
+        &gw,
+        &text.replace("aliases: [gpt-4o]", "aliases: [gpt-4o, gpt-4]"),
+    )
+    .await;
+    assert_eq!(state(&gw, "a").await, "down", "health survived the reload");
+    assert_eq!(ask(&gw, true).await, (200, "b".into()));
+    assert_eq!(a.calls(), 2, "a DOWN target is not called after a reload");
+
+    // A new identity (another upstream model) starts healthy and is tried.
+    apply(
+        &gw,
+        &text.replace("model: upstream-a", "model: upstream-a2"),
+    )
+    .await;
+    assert_eq!(state(&gw, "a").await, "healthy");
+    assert_eq!(ask(&gw, false).await, (200, "b".into()));
+    assert_eq!(a.calls(), 4);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn configmap_style_symlink_swap_is_picked_up() {
+    use std::os::unix::fs::symlink;
+    use switchyard::server::Gateway;
+    use switchyard::snapshot::CompileOptions;
+
+    let a = dual("a").await;
+    let b = dual("b").await;
+    // Kubernetes layout: routes.yaml -> ..data/routes.yaml, ..data -> ..v1.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir(root.join("..v1")).unwrap();
+    std::fs::write(root.join("..v1/routes.yaml"), config(&a, &b, "a")).unwrap();
+    symlink("..v1", root.join("..data")).unwrap();
+    symlink("..data/routes.yaml", root.join("routes.yaml")).unwrap();
+    let gateway = Gateway::bind(
+        &root.join("routes.yaml"),
+        Some("127.0.0.1:0".parse().unwrap()),
+        CompileOptions::default(),
+    )
+    .await
+    .unwrap();
+    let addr = gateway.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(gateway.run(async {
+        let _ = stopped.await;
+    }));
+    let served_by = |ans: Answer| (ans.status.as_u16(), ans.header("x-switchyard-target"));
+    assert_eq!(
+        served_by(chat(addr, hello("gpt-4o")).await),
+        (200, "a".into())
+    );
+
+    // The kubelet's update: a new timestamped dir, a temp symlink to it,
+    // renamed over ..data. The file's own path never sees a write.
+    std::fs::create_dir(root.join("..v2")).unwrap();
+    std::fs::write(root.join("..v2/routes.yaml"), config(&a, &b, "b")).unwrap();
+    symlink("..v2", root.join("..data_tmp")).unwrap();
+    std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+    std::fs::remove_dir_all(root.join("..v1")).unwrap();
+
+    let switched = eventually(Duration::from_secs(3), || async {
+        served_by(chat(addr, hello("gpt-4o")).await) == (200, "b".into())
+    })
+    .await;
+    assert!(switched, "the swapped ConfigMap was not applied within 3 s");
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .expect("gateway stopped")
+        .unwrap()
+        .unwrap();
+}
