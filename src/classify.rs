@@ -1,7 +1,8 @@
 //! Attempt outcome -> action, by the error-class table.
 //!
 //! The table is data: a provider's own rules, then the file's top-level
-//! `error_classes`, then the built-in default table from DESIGN.md
+//! `error_classes`, then the built-in default table (README.md, "The
+//! error-class table")
 //! ([`default_rules`]). The first rule whose every test holds decides. A 2xx
 //! answer that no rule matches is a success.
 
@@ -309,7 +310,8 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 /// (OpenAI `context_length_exceeded`, Anthropic "prompt is too long", vLLM, llama.cpp).
 pub const CONTEXT_WINDOW_PATTERN: &str = r"(?i)context[_ ]length|context window|maximum context|prompt is too long|too many tokens|exceeds? the (model'?s? )?(max|context)";
 
-/// The default error-class table of DESIGN.md, as rules tried after the file's own.
+/// The default error-class table (the design's, documented in README.md), as
+/// rules tried after the file's own.
 ///
 /// | outcome | action | health |
 /// |---|---|---|

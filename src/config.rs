@@ -243,40 +243,56 @@ pub fn parse(text: &str) -> Result<Parsed, Vec<Diagnostic>> {
             pending: Vec::new(),
         }),
         Err(first) => {
-            // serde stops at the first problem; sweep each section entry on its own
-            // so the user sees every problem in one pass.
-            let (mut diags, unknown) = sweep(text, &index);
-            if diags.is_empty() {
+            let first = || {
                 let (line, column) = first.location().map_or((1, 1), |l| (l.line(), l.column()));
-                diags.push(Diagnostic::error(
+                vec![Diagnostic::error(
                     "",
                     line,
                     column,
                     strip_location(&first.to_string()),
-                ));
-            }
-            // When unknown keys are the only problems, drop them and go on, so
-            // the semantic checks report what else is wrong in the same pass.
-            if unknown.len() == diags.len() {
-                if let Some(raw) = without_keys(text, &unknown) {
+                )]
+            };
+            let Ok(mut value) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
+                return Err(first());
+            };
+            // serde stops at the first problem of a map; sweep each section entry
+            // on its own, and while unknown keys are the only problems, drop them
+            // and sweep again, so one pass reports every unknown key and the
+            // semantic checks still run on the rest.
+            let mut pending: Vec<Diagnostic> = Vec::new();
+            for _ in 0..64 {
+                let (diags, unknown) = sweep(value.clone(), &index);
+                if diags.is_empty() {
+                    break;
+                }
+                let only_unknown = unknown.len() == diags.len();
+                pending.extend(diags);
+                if !only_unknown || remove_keys(&mut value, &unknown).is_none() {
+                    break;
+                }
+                if let Ok(raw) = serde_yaml::from_value::<RawConfig>(value.clone()) {
+                    pending.sort_by_key(|d| (d.line, d.column));
                     return Ok(Parsed {
                         raw,
                         index,
-                        pending: diags,
+                        pending,
                     });
                 }
             }
-            Err(diags)
+            if pending.is_empty() {
+                return Err(first());
+            }
+            pending.sort_by_key(|d| (d.line, d.column));
+            Err(pending)
         }
     }
 }
 
-/// The file parsed again with the keys at `paths` removed.
-fn without_keys(text: &str, paths: &[String]) -> Option<RawConfig> {
-    let mut value: serde_yaml::Value = serde_yaml::from_str(text).ok()?;
+/// Removes the keys at `paths` (dotted, with `[i]` for list items) from `value`.
+fn remove_keys(value: &mut serde_yaml::Value, paths: &[String]) -> Option<()> {
     for path in paths {
         let (parent, key) = path.rsplit_once('.').unwrap_or(("", path.as_str()));
-        let mut node = &mut value;
+        let mut node = &mut *value;
         for segment in parent.split('.').filter(|s| !s.is_empty()) {
             let (name, indices) = match segment.find('[') {
                 Some(i) => (&segment[..i], &segment[i..]),
@@ -289,30 +305,17 @@ fn without_keys(text: &str, paths: &[String]) -> Option<RawConfig> {
         }
         node.as_mapping_mut()?.remove(key)?;
     }
-    serde_yaml::from_value(value).ok()
+    Some(())
 }
 
 /// Deserializes each top-level key (and each entry of the named-map sections)
 /// separately, collecting every error with its location. Also returns the
 /// paths of the unknown keys among them.
-fn sweep(text: &str, index: &LocationIndex) -> (Vec<Diagnostic>, Vec<String>) {
+fn sweep(value: serde_yaml::Value, index: &LocationIndex) -> (Vec<Diagnostic>, Vec<String>) {
     let mut sw = Sweep {
         index,
         diags: Vec::new(),
         unknown: Vec::new(),
-    };
-    let value: serde_yaml::Value = match serde_yaml::from_str(text) {
-        Ok(v) => v,
-        Err(e) => {
-            let (line, column) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
-            sw.diags.push(Diagnostic::error(
-                "",
-                line,
-                column,
-                strip_location(&e.to_string()),
-            ));
-            return (sw.diags, sw.unknown);
-        }
     };
     let serde_yaml::Value::Mapping(top) = value else {
         sw.diags.push(Diagnostic::error(
@@ -348,7 +351,7 @@ fn sweep(text: &str, index: &LocationIndex) -> (Vec<Diagnostic>, Vec<String>) {
                     other,
                     line,
                     column,
-                    format!("unknown key `{other}`, expected one of version, listen, providers, targets, tasks, default_task, error_classes, health"),
+                    format!("unknown field `{other}`, expected one of `version`, `listen`, `providers`, `targets`, `tasks`, `default_task`, `error_classes`, `health`"),
                 ));
             }
         }
@@ -441,6 +444,29 @@ mod tests {
         assert!(diags[0].message.contains("colour"));
         assert_eq!(diags[1].line, 7);
         assert!(diags[1].message.contains("flavour"));
+    }
+
+    #[test]
+    fn several_unknown_keys_in_one_map_and_semantic_problems_come_together() {
+        let text = "version: 1\nproviders:\n  a:\n    base_url: http://x\n    colour: red\n    size: 3\n    timeout: soon\ntargets: {}\ntasks:\n  t: { chain: [nope] }\n";
+        let parsed = parse(text).unwrap();
+        assert_eq!(parsed.pending.len(), 2, "{:?}", parsed.pending);
+        let diags = crate::snapshot::Snapshot::compile(
+            &parsed,
+            text,
+            &crate::snapshot::LiveState::default(),
+            crate::snapshot::CompileOptions::default(),
+        )
+        .unwrap_err();
+        let all: Vec<String> = diags.iter().map(ToString::to_string).collect();
+        assert_eq!(diags.len(), 4, "{all:#?}");
+        assert!(
+            all[0].starts_with("5:5:") && all[0].contains("colour"),
+            "{all:#?}"
+        );
+        assert!(all[1].starts_with("6:5:") && all[1].contains("size"));
+        assert!(all[2].contains("bad duration"));
+        assert!(all[3].contains("unknown target `nope`"));
     }
 
     #[test]

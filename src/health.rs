@@ -271,6 +271,12 @@ impl TargetHealth {
         self.lock().state
     }
 
+    /// Whether a cooldown (429 `Retry-After`, a rule's `cooldown`) is running.
+    #[must_use]
+    pub fn cooling_down(&self, now: Instant) -> bool {
+        self.lock().cooldown_until.is_some_and(|t| now < t)
+    }
+
     /// When this target last failed (for choosing a trial when all are DOWN).
     #[must_use]
     pub fn last_failure(&self) -> Option<Instant> {

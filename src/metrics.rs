@@ -36,8 +36,10 @@ pub const BREAKER_TRANSITIONS: &str = "switchyard_breaker_transitions_total";
 pub const PROBES: &str = "switchyard_probes_total";
 /// Counter `{result}`: config loads and reloads, `ok` or `error`.
 pub const CONFIG_RELOADS: &str = "switchyard_config_reloads_total";
-/// Gauge `{hash}`: 1 for the loaded config's content hash.
-pub const CONFIG_INFO: &str = "switchyard_config_info";
+/// Gauge: the loaded config's content hash (low 48 bits, as shown by `validate` and `/readyz`).
+pub const CONFIG_HASH: &str = "switchyard_config_hash";
+/// Gauge: Unix time (seconds) the loaded config was applied.
+pub const CONFIG_LOADED_AT: &str = "switchyard_config_loaded_timestamp_seconds";
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
@@ -109,7 +111,15 @@ fn describe() {
     describe_counter!(BREAKER_TRANSITIONS, "Health state changes per target.");
     describe_counter!(PROBES, "Active probes of DOWN targets by result.");
     describe_counter!(CONFIG_RELOADS, "Config loads and reloads by result.");
-    describe_gauge!(CONFIG_INFO, "1 for the content hash of the loaded config.");
+    describe_gauge!(
+        CONFIG_HASH,
+        "Content hash of the loaded config (low 48 bits)."
+    );
+    describe_gauge!(
+        CONFIG_LOADED_AT,
+        Unit::Seconds,
+        "Unix time the loaded config was applied."
+    );
 }
 
 /// The status-class label of an HTTP status: `2xx`, `4xx`, `5xx`.

@@ -80,41 +80,37 @@ pub async fn chat_completions(
     let mut request: Map<String, Value> = match serde_json::from_slice(&body) {
         Ok(map) => map,
         Err(e) => {
-            return plain_error(
-                &GatewayError::BadRequest(format!("body is not a JSON object: {e}")),
-                &request_id,
-            );
+            let e = GatewayError::BadRequest(format!("body is not a JSON object: {e}"));
+            return rejected(&e, &request_id);
         }
     };
     let model = match request.get("model") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => {
-            return plain_error(
-                &GatewayError::BadRequest("`model` must be a string".into()),
-                &request_id,
-            );
+            let e = GatewayError::BadRequest("`model` must be a string".into());
+            return rejected(&e, &request_id);
         }
     };
     let stream = match request.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => {
-            return plain_error(
-                &GatewayError::BadRequest("`stream` must be a boolean".into()),
-                &request_id,
-            );
+            let e = GatewayError::BadRequest("`stream` must be a boolean".into());
+            return rejected(&e, &request_id);
         }
     };
 
     // 2. Route.
     let task_header = headers.get(H_TASK_TYPE).and_then(|v| v.to_str().ok());
     let Some(task) = snapshot.route(task_header, model.as_deref()).cloned() else {
-        let asked = task_header.or(model.as_deref()).unwrap_or("(none)");
-        let e = GatewayError::UnknownModel(asked.chars().take(128).collect());
-        metrics::counter!(m::REQUESTS, "task" => "unknown", "target" => "none", "status" => "404")
-            .increment(1);
-        return plain_error(&e, &request_id);
+        let e = match task_header.or(model.as_deref()) {
+            Some(asked) => GatewayError::UnknownModel(asked.chars().take(128).collect()),
+            None => {
+                GatewayError::BadRequest("`model` is required (or an `x-task-type` header)".into())
+            }
+        };
+        return rejected(&e, &request_id);
     };
 
     let mut run = Run {
@@ -187,10 +183,13 @@ enum AttemptEnd {
 enum TargetEnd {
     Served(Response<Body>),
     Deadline,
-    /// Give up on this target; `context_window` restricts the next ones.
+    /// Give up on this target; `context_window` restricts the next ones, and
+    /// `context_answer` is the upstream's context-length error, given to the
+    /// client if no larger target gets to try.
     Exhausted {
         context_window: bool,
         reason: String,
+        context_answer: Option<Response<Body>>,
     },
 }
 
@@ -216,6 +215,7 @@ impl Run<'_> {
         let mut min_context: Option<u64> = None;
         let mut previous: Option<(&Arc<Target>, String)> = None;
         let mut skipped_for_health = false;
+        let mut context_answer: Option<(Response<Body>, u32)> = None;
         for target in &task.chain {
             if let Some(min) = min_context {
                 if target.max_context.unwrap_or(0) <= min {
@@ -251,9 +251,11 @@ impl Run<'_> {
                 TargetEnd::Exhausted {
                     context_window,
                     reason,
+                    context_answer: answer,
                 } => {
                     if context_window {
                         min_context = Some(target.max_context.unwrap_or(0));
+                        context_answer = answer.map(|a| (a, self.attempts));
                     }
                     previous = Some((target, reason));
                 }
@@ -270,6 +272,8 @@ impl Run<'_> {
                 .chain
                 .iter()
                 .filter(|t| min_context.is_none_or(|min| t.max_context.unwrap_or(0) > min))
+                // A target cooling down asked not to be called (Retry-After): no trial.
+                .filter(|t| !t.health.cooling_down(Instant::now()))
                 .min_by_key(|t| t.health.last_failure());
             if let Some(target) = trial {
                 info!(task = %task.name, target = %target.name, "all targets unavailable; trying the least recently failed");
@@ -279,6 +283,13 @@ impl Run<'_> {
                     TargetEnd::Deadline => self.deadline_hit = true,
                     TargetEnd::Exhausted { .. } => {}
                 }
+            }
+        }
+        if let Some((answer, attempts_then)) = context_answer {
+            if attempts_then == self.attempts {
+                // No larger context window got to try: the upstream's own
+                // context-length error tells the caller what to change.
+                return answer;
             }
         }
         if self.deadline_hit || Instant::now() >= self.deadline {
@@ -302,12 +313,14 @@ impl Run<'_> {
                 return TargetEnd::Exhausted {
                     context_window: false,
                     reason: "internal".to_owned(),
+                    context_answer: None,
                 }
             }
         };
         let mut permit = Some(permit);
         let mut reason = String::from("unknown");
         let mut context_window = false;
+        let mut context_answer = None;
         for retry in 0..=provider.retry.max {
             if retry > 0 {
                 let backoff = full_jitter(provider.retry.backoff, retry);
@@ -356,6 +369,12 @@ impl Run<'_> {
                     }
                     reason = label;
                     context_window = decision.context_window;
+                    if context_window {
+                        context_answer = answer.as_ref().map(|(status, bytes)| {
+                            let bytes = redact(bytes.clone(), target.provider.secret.as_ref());
+                            self.decorate(returned_error(*status, &bytes), target)
+                        });
+                    }
                     match decision.action {
                         Action::Return => {
                             let (status, bytes) =
@@ -374,6 +393,7 @@ impl Run<'_> {
         TargetEnd::Exhausted {
             context_window,
             reason,
+            context_answer,
         }
     }
 
@@ -891,6 +911,14 @@ fn returned_error(status: StatusCode, body: &Bytes) -> Response<Body> {
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp
+}
+
+/// A request refused before it reached a task: counted under task `unknown`.
+#[must_use]
+pub fn rejected(e: &GatewayError, request_id: &HeaderValue) -> Response<Body> {
+    metrics::counter!(m::REQUESTS, "task" => "unknown", "target" => "none", "status" => e.status().as_str().to_owned())
+        .increment(1);
+    plain_error(e, request_id)
 }
 
 /// An OpenAI-format error response made by switchyard.

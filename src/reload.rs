@@ -3,13 +3,18 @@
 //!
 //! The parent directory is watched rather than the file, because editors save
 //! by writing a new file and renaming it over the old one, and Kubernetes
-//! updates a mounted ConfigMap by swapping a `..data` symlink: neither shows
-//! up as a write to the original inode. Any event in the directory schedules
-//! a check; the check applies the file only if its content changed. A file
-//! that fails to parse or validate is never applied: the old snapshot keeps
-//! serving and every problem is logged with file:line:column.
+//! updates a mounted ConfigMap or Secret by swapping a `..data` symlink:
+//! neither shows up as a write to the original inode. Only events that touch
+//! the config file, a provider's `api_key_file` (its directory is watched
+//! too, so a rotated Secret takes effect) or a `..`-prefixed Kubernetes entry
+//! count; reading the file ourselves (an access event) never does. A change
+//! is applied when the text or any key differs. A file that fails to parse or
+//! validate is never applied: the old snapshot keeps serving, every problem is
+//! logged with file:line:column, and it is counted once per change.
 
-use std::path::Path;
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,13 +22,15 @@ use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-use crate::config::{self, validate::Diagnostic};
+use crate::config::validate::{Diagnostic, Severity};
+use crate::config::{self};
 use crate::metrics as m;
 use crate::server::App;
 use crate::snapshot::{CompileOptions, LiveState, Snapshot};
 
-/// Quiet time after the last file event before the file is read: editors and
-/// ConfigMap updates produce bursts of events for one logical change.
+/// Settle time after the first relevant event before the file is read: editors
+/// and ConfigMap updates produce bursts of events for one logical change. Fixed
+/// from the first event, so a busy directory cannot postpone a reload.
 const DEBOUNCE: Duration = Duration::from_millis(150);
 
 /// Reads, parses, validates and compiles `path` against the live state.
@@ -44,14 +51,19 @@ pub fn prepare(
     Ok(snapshot)
 }
 
-/// Sets the config info gauge to the snapshot's hash.
+/// Sets the config gauges for a newly applied snapshot.
 pub fn publish_info(snapshot: &Snapshot) {
-    metrics::gauge!(m::CONFIG_INFO, "hash" => format!("{:016x}", snapshot.hash)).set(1.0);
+    // The low 48 bits are exact in an f64: enough to tell configs apart.
+    #[allow(clippy::cast_precision_loss)]
+    metrics::gauge!(m::CONFIG_HASH).set((snapshot.hash & 0xffff_ffff_ffff) as f64);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    metrics::gauge!(m::CONFIG_LOADED_AT).set(now);
 }
 
 /// Keeps the watcher alive; dropping it stops reloading.
 pub struct WatchGuard {
-    _watcher: RecommendedWatcher,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -61,47 +73,107 @@ impl Drop for WatchGuard {
     }
 }
 
-/// Starts watching `app.config_path`'s directory.
-///
-/// # Errors
-/// If the platform watcher cannot be created or the directory watched.
-pub fn watch(app: Arc<App>) -> Result<WatchGuard, notify::Error> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
-            let _ = tx.send(());
-        }
-    })?;
-    let dir = match app.config_path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
-    let task = tokio::spawn(debounce_loop(app, rx));
-    Ok(WatchGuard {
-        _watcher: watcher,
-        task,
-    })
+/// The watcher and what it watches.
+struct Watches {
+    watcher: RecommendedWatcher,
+    dirs: HashSet<PathBuf>,
+    names: HashSet<OsString>,
 }
 
-async fn debounce_loop(app: Arc<App>, mut rx: mpsc::UnboundedReceiver<()>) {
-    while rx.recv().await.is_some() {
-        // Wait until the burst is over.
-        while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, rx.recv()).await {}
-        reload_now(&app);
+impl Watches {
+    /// Watches the config's directory and every key file's directory of the
+    /// current snapshot (adding only what is new).
+    fn update(&mut self, app: &App) {
+        let snapshot = app.snapshot.load();
+        let mut files = vec![app.config_path.clone()];
+        files.extend(
+            snapshot
+                .providers
+                .values()
+                .filter_map(|p| p.key_file.clone()),
+        );
+        for file in files {
+            if let Some(name) = file.file_name() {
+                self.names.insert(name.to_owned());
+            }
+            let dir = match file.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            if !self.dirs.contains(&dir) {
+                match self.watcher.watch(&dir, RecursiveMode::NonRecursive) {
+                    Ok(()) => {
+                        self.dirs.insert(dir);
+                    }
+                    Err(e) => warn!(dir = %dir.display(), error = %e, "cannot watch directory"),
+                }
+            }
+        }
+    }
+
+    fn relevant(&self, event: &notify::Event) -> bool {
+        event.paths.iter().any(|p| {
+            p.file_name()
+                .is_some_and(|n| self.names.contains(n) || n.to_string_lossy().starts_with(".."))
+        })
     }
 }
 
-/// Re-reads the file and swaps it in if it changed and is valid. Returns
-/// whether a new snapshot was applied.
+/// Starts watching `app.config_path`'s directory (and key files' directories).
+///
+/// # Errors
+/// If the platform watcher cannot be created or the config directory watched.
+pub fn watch(app: Arc<App>) -> Result<WatchGuard, notify::Error> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if let Ok(event) = event {
+            if !event.kind.is_access() {
+                let _ = tx.send(event);
+            }
+        }
+    })?;
+    // The config directory must be watchable; key file directories are best effort.
+    let dir = match app.config_path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    let mut watches = Watches {
+        watcher,
+        dirs: HashSet::from([dir]),
+        names: HashSet::new(),
+    };
+    watches.update(&app);
+    let task = tokio::spawn(debounce_loop(app, rx, watches));
+    Ok(WatchGuard { task })
+}
+
+async fn debounce_loop(
+    app: Arc<App>,
+    mut rx: mpsc::UnboundedReceiver<notify::Event>,
+    mut watches: Watches,
+) {
+    while let Some(event) = rx.recv().await {
+        if !watches.relevant(&event) {
+            continue;
+        }
+        tokio::time::sleep(DEBOUNCE).await;
+        while rx.try_recv().is_ok() {}
+        if reload_now(&app) {
+            watches.update(&app);
+        }
+    }
+}
+
+/// Re-reads the file and swaps it in if it changed (text or keys) and is
+/// valid. Returns whether a new snapshot was applied.
 pub fn reload_now(app: &App) -> bool {
     let path = app.config_path.display().to_string();
     let current = app.snapshot.load();
     match prepare(&app.config_path, &app.live, app.options) {
-        Ok(next) if next.hash == current.hash => false,
+        Ok(next) if next.same_as(&current) => false,
         Ok(next) => {
             info!(config = %path, hash = format_args!("{:016x}", next.hash), "config reloaded");
-            metrics::gauge!(m::CONFIG_INFO, "hash" => format!("{:016x}", current.hash)).set(0.0);
             publish_info(&next);
             app.snapshot.store(Arc::new(next));
             app.live.health.prune();
@@ -110,7 +182,10 @@ pub fn reload_now(app: &App) -> bool {
         }
         Err(diags) => {
             for d in &diags {
-                error!("{}", d.render(&path));
+                match d.severity {
+                    Severity::Error => error!("{}", d.render(&path)),
+                    Severity::Warning => warn!("{}", d.render(&path)),
+                }
             }
             error!(config = %path, problems = diags.len(), "config rejected; the previous config keeps serving");
             metrics::counter!(m::CONFIG_RELOADS, "result" => "error").increment(1);

@@ -265,7 +265,7 @@ async fn handle(app: Arc<App>, req: Request<Incoming>, peer: SocketAddr) -> Resp
                     } else {
                         GatewayError::BadRequest("could not read the request body".into())
                     };
-                    return proxy::plain_error(&err, &request_id);
+                    return proxy::rejected(&err, &request_id);
                 }
             };
             let span =

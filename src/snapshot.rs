@@ -90,6 +90,8 @@ pub struct Provider {
     pub headers: HeaderMap,
     /// The API key, kept to scrub it from any upstream text passed to a client.
     pub secret: Option<Secret>,
+    /// Where the key is read from, if from a file (watched for rotation).
+    pub key_file: Option<std::path::PathBuf>,
     /// Per-attempt timeout.
     pub timeout: Duration,
     /// Longest silence between stream chunks after the first.
@@ -158,6 +160,8 @@ pub struct Snapshot {
     pub default_task: Option<Arc<Task>>,
     /// Targets by name.
     pub targets: BTreeMap<String, Arc<Target>>,
+    /// Providers by name.
+    pub providers: BTreeMap<String, Arc<Provider>>,
     /// Health thresholds.
     pub health: HealthConfig,
     /// FNV-1a hash of the file's text, shown in logs and metrics.
@@ -199,6 +203,19 @@ impl Snapshot {
                 Err(diags)
             }
         }
+    }
+
+    /// Whether `other` would serve exactly like this one: same file text and
+    /// same API keys (a rotated key file changes the second, not the first).
+    #[must_use]
+    pub fn same_as(&self, other: &Snapshot) -> bool {
+        self.hash == other.hash
+            && self.providers.len() == other.providers.len()
+            && self.providers.iter().all(|(name, p)| {
+                other.providers.get(name).is_some_and(|q| {
+                    p.secret.as_ref().map(Secret::expose) == q.secret.as_ref().map(Secret::expose)
+                })
+            })
     }
 
     /// The task a request selects: `x-task-type` first, then `model` by task
@@ -290,7 +307,7 @@ fn build(raw: &RawConfig, live: &LiveState, c: &mut Checks<'_>, hash: u64) -> Op
     let mut defaults = file_rules.clone();
     defaults.extend(classify::default_rules());
 
-    let mut providers = HashMap::new();
+    let mut providers = BTreeMap::new();
     for (name, p) in &raw.providers {
         let path = format!("providers.{name}");
         if let Some(provider) = provider(name, p, &path, &defaults, &health, live, c) {
@@ -421,6 +438,7 @@ fn build(raw: &RawConfig, live: &LiveState, c: &mut Checks<'_>, hash: u64) -> Op
         models,
         default_task,
         targets,
+        providers,
         health,
         hash,
     })
@@ -509,6 +527,7 @@ fn provider(
         host_is_name,
         headers,
         secret,
+        key_file: p.api_key_file.as_ref().map(std::path::PathBuf::from),
         timeout,
         idle_timeout,
         retry,

@@ -98,7 +98,9 @@ async fn failing_target_is_taken_out_then_restored_by_a_probe() {
         "{metrics}"
     );
     assert!(metrics.contains(r#"switchyard_probes_total{target="a",result="reachable"}"#));
-    assert!(metrics.contains(r#"switchyard_target_health{target="a"} 0"#));
+    // (The health gauge is shared with other tests that name a target `a`, so
+    // its value is checked through /admin/targets above instead.)
+    assert!(metrics.contains(r#"switchyard_target_health{target="a"}"#));
 }
 
 #[tokio::test]

@@ -17,4 +17,5 @@ mod budgets;
 mod edge_support;
 mod error_classes;
 mod health;
+mod regressions;
 mod stream_edges;
