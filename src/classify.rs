@@ -1,9 +1,8 @@
 //! Attempt outcome -> action, by the error-class table.
 //!
 //! The table is data: a provider's own rules, then the file's top-level
-//! `error_classes`, then the built-in default table (README.md, "The
-//! error-class table")
-//! ([`default_rules`]). The first rule whose every test holds decides. A 2xx
+//! `error_classes`, then the built-in default table ([`default_rules`],
+//! documented in README.md). The first rule whose every test holds decides. A 2xx
 //! answer that no rule matches is a success.
 
 use std::time::{Duration, SystemTime};
