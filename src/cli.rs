@@ -37,6 +37,30 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = LogFormat::Text)]
         log_format: LogFormat,
     },
+    /// Show how a request would be routed: ordered candidates, and why each other target is excluded.
+    Explain {
+        /// The routes file.
+        #[arg(long, short, default_value = "routes.yaml")]
+        config: PathBuf,
+        /// Task name (or alias).
+        #[arg(long)]
+        task: String,
+        /// Estimated prompt tokens of the request.
+        #[arg(long, default_value_t = 0)]
+        prompt_tokens: u64,
+        /// `max_tokens` of the request.
+        #[arg(long)]
+        max_tokens: Option<u64>,
+        /// The request offers tools.
+        #[arg(long)]
+        tools: bool,
+        /// The request asks for JSON output.
+        #[arg(long)]
+        json_mode: bool,
+        /// The request has image parts.
+        #[arg(long)]
+        vision: bool,
+    },
     /// Check routes files: prints `PATH:LINE:COLUMN: message` per problem, exit 1 if any is invalid.
     Validate {
         /// Files to check.
@@ -114,6 +138,46 @@ pub fn validate(paths: &[PathBuf], strict: bool) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// What `explain` is asked about.
+#[derive(Debug, Clone)]
+pub struct ExplainArgs {
+    /// Task name or alias.
+    pub task: String,
+    /// The request's needs.
+    pub needs: crate::routing::Needs,
+}
+
+/// Runs `explain`: prints the plan for a request with the given needs, all
+/// targets assumed healthy.
+#[must_use]
+pub fn explain(config: &std::path::Path, args: &ExplainArgs) -> ExitCode {
+    let shown = config.display().to_string();
+    let result = crate::config::load(config).and_then(|(parsed, text)| {
+        Snapshot::compile(
+            &parsed,
+            &text,
+            &LiveState::default(),
+            CompileOptions::default(),
+        )
+    });
+    let snapshot = match result {
+        Ok((s, _)) => s,
+        Err(diags) => {
+            for d in &diags {
+                println!("{}", d.render(&shown));
+            }
+            return ExitCode::FAILURE;
+        }
+    };
+    let Some(task) = snapshot.route(None, Some(&args.task)) else {
+        eprintln!("{shown}: no task or alias `{}`", args.task);
+        return ExitCode::FAILURE;
+    };
+    let plan = crate::routing::plan(task, &args.needs, tokio::time::Instant::now());
+    print!("{}", plan.to_text(task, &args.needs));
+    ExitCode::SUCCESS
 }
 
 /// Runs `serve` until SIGTERM or Ctrl-C.

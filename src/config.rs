@@ -73,6 +73,8 @@ pub struct RawProvider {
     pub error_classes: Vec<RawRule>,
     /// Active probe settings for this provider's targets (overrides `health.probe`).
     pub probe: Option<RawProbe>,
+    /// The account's rate limits; a request that does not fit is not sent.
+    pub rate_limit: Option<RawProviderLimit>,
 }
 
 /// Same-target retry policy.
@@ -96,8 +98,60 @@ pub struct RawTarget {
     /// Free capability tags; `tools`, `json_mode`, `vision`, `streaming` mean something to routing.
     #[serde(default)]
     pub capabilities: Vec<String>,
-    /// Context window in tokens; used by the context-window fallback.
+    /// Context window in tokens: prompt estimate + `max_tokens` must fit.
     pub max_context: Option<u64>,
+    /// Longest answer in tokens the target produces.
+    pub max_output: Option<u64>,
+    /// Price in USD per 1,000 tokens.
+    pub cost: Option<RawCost>,
+    /// Share for the `weighted` strategy (default 1).
+    pub weight: Option<u32>,
+}
+
+/// Price of a target, USD per 1,000 tokens.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCost {
+    /// Per 1,000 prompt tokens.
+    #[serde(default)]
+    pub input_per_1k: f64,
+    /// Per 1,000 completion tokens.
+    #[serde(default)]
+    pub output_per_1k: f64,
+}
+
+/// A token bucket for clients of a task.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTaskLimit {
+    /// Sustained requests per second (may be fractional).
+    pub rps: f64,
+    /// Bucket size: requests allowed at once (default: `rps` rounded up).
+    pub burst: Option<u32>,
+    /// Also one bucket per caller, keyed by this request header's value.
+    pub per_caller_header: Option<String>,
+    /// Most callers tracked at once (default 10,000); the least recent are dropped.
+    pub max_callers: Option<usize>,
+}
+
+/// Limits of a provider account.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProviderLimit {
+    /// Requests per minute.
+    pub rpm: Option<u32>,
+    /// Tokens per minute (prompt estimate + max_tokens, corrected by reported usage).
+    pub tpm: Option<u32>,
+    /// Requests allowed at once (default: `rpm`).
+    pub burst: Option<u32>,
+}
+
+/// Spend cap on fallback targets.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFallbackBudget {
+    /// USD per clock hour that non-first targets of the chain may cost.
+    pub usd_per_hour: f64,
 }
 
 /// A task type: what a request asks for, and where it may go.
@@ -112,6 +166,16 @@ pub struct RawTask {
     pub chain: Vec<String>,
     /// Time and failover budget of one request.
     pub budget: Option<RawBudget>,
+    /// Capability tags every target must have, on top of what the request needs.
+    #[serde(default)]
+    pub requires: Vec<String>,
+    /// How the first target is chosen: `priority` (default), `weighted`,
+    /// `round_robin`, `latency` or `cost`; failover then follows chain order.
+    pub strategy: Option<String>,
+    /// Client-facing token bucket.
+    pub rate_limit: Option<RawTaskLimit>,
+    /// Spend cap on fallback targets.
+    pub fallback_budget: Option<RawFallbackBudget>,
 }
 
 /// Time and failover budget of one request of a task.

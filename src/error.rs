@@ -45,6 +45,13 @@ pub enum GatewayError {
     /// Every target is DOWN or cooling down and `health.all_down` is `fail`. 503.
     #[error("no target available: all are down or cooling down")]
     NoTargetAvailable,
+    /// No target of the task can take this request (a capability it lacks, a
+    /// context window too small). 400.
+    #[error("no target of this task can serve the request: {0}")]
+    NoEligibleTarget(String),
+    /// The task's client-facing token bucket is empty. 429, with `Retry-After`.
+    #[error("rate limit exceeded; retry in {:.1} s", .0.as_secs_f64())]
+    RateLimited(std::time::Duration),
     /// `total_timeout` passed before an answer. 504.
     #[error("the task's total_timeout of {0:?} was exhausted")]
     DeadlineExceeded(std::time::Duration),
@@ -55,7 +62,10 @@ impl GatewayError {
     #[must_use]
     pub fn status(&self) -> StatusCode {
         match self {
-            GatewayError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            GatewayError::BadRequest(_) | GatewayError::NoEligibleTarget(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            GatewayError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::UnknownModel(_) | GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
             GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -70,6 +80,8 @@ impl GatewayError {
     pub fn culprit(&self) -> Culprit {
         match self {
             GatewayError::BadRequest(_)
+            | GatewayError::NoEligibleTarget(_)
+            | GatewayError::RateLimited(_)
             | GatewayError::UnknownModel(_)
             | GatewayError::NotFound(_)
             | GatewayError::MethodNotAllowed
@@ -83,6 +95,9 @@ impl GatewayError {
     /// OpenAI `error.type`.
     #[must_use]
     pub fn error_type(&self) -> &'static str {
+        if matches!(self, GatewayError::RateLimited(_)) {
+            return "rate_limit_error";
+        }
         match self.culprit() {
             Culprit::Downstream => "invalid_request_error",
             Culprit::Upstream => "upstream_error",
@@ -95,6 +110,8 @@ impl GatewayError {
     pub fn code(&self) -> &'static str {
         match self {
             GatewayError::BadRequest(_) => "invalid_request",
+            GatewayError::NoEligibleTarget(_) => "no_eligible_target",
+            GatewayError::RateLimited(_) => "rate_limit_exceeded",
             GatewayError::UnknownModel(_) => "model_not_found",
             GatewayError::NotFound(_) => "not_found",
             GatewayError::MethodNotAllowed => "method_not_allowed",

@@ -131,7 +131,12 @@ struct Inner {
     last_class: Option<String>,
     last_probe: Option<Instant>,
     window: Window,
+    /// Peak-EWMA of time to first byte, seconds, and when it was last updated.
+    latency: Option<(f64, Instant)>,
 }
+
+/// Decay time of the latency average: older samples weigh `e^(-age/τ)`.
+const LATENCY_TAU: Duration = Duration::from_secs(10);
 
 /// Counted outcomes per second over the sliding window.
 #[derive(Debug, Default)]
@@ -255,6 +260,7 @@ impl TargetHealth {
                 last_class: None,
                 last_probe: None,
                 window: Window::default(),
+                latency: None,
             }),
             epoch: now,
         }
@@ -269,6 +275,38 @@ impl TargetHealth {
     #[must_use]
     pub fn state(&self) -> State {
         self.lock().state
+    }
+
+    /// Whether a DOWN target's half-open trial could be taken now.
+    #[must_use]
+    pub fn trial_due(&self, now: Instant) -> bool {
+        let inner = self.lock();
+        inner.state == State::Down
+            && !inner.trial_in_flight
+            && inner.reopen_at.is_none_or(|t| now >= t)
+    }
+
+    /// Records a time to first byte (peak-EWMA: a slower sample counts at once,
+    /// a faster one pulls the average down with the decay time τ = 10 s).
+    pub fn record_latency(&self, now: Instant, sample: Duration) {
+        let sample = sample.as_secs_f64();
+        let mut inner = self.lock();
+        inner.latency = Some(match inner.latency {
+            None => (sample, now),
+            Some((avg, at)) if sample > avg => (sample, at.max(now)),
+            Some((avg, at)) => {
+                let age = now.saturating_duration_since(at).as_secs_f64();
+                let w = (-age / LATENCY_TAU.as_secs_f64()).exp();
+                (avg * w + sample * (1.0 - w), now)
+            }
+        });
+    }
+
+    /// The latency strategy's cost: the peak-EWMA in seconds; 0 for a target
+    /// never measured, so each target gets tried and measured.
+    #[must_use]
+    pub fn latency_cost(&self, _now: Instant) -> f64 {
+        self.lock().latency.map_or(0.0, |(avg, _)| avg)
     }
 
     /// Whether a cooldown (429 `Retry-After`, a rule's `cooldown`) is running.

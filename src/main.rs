@@ -9,6 +9,24 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Validate { paths, strict } => cli::validate(&paths, strict),
+        Command::Explain {
+            config,
+            task,
+            prompt_tokens,
+            max_tokens,
+            tools,
+            json_mode,
+            vision,
+        } => {
+            let needs = switchyard::routing::Needs {
+                tools,
+                json_mode,
+                vision,
+                prompt_tokens,
+                max_tokens,
+            };
+            cli::explain(&config, &cli::ExplainArgs { task, needs })
+        }
         Command::Serve {
             config,
             listen,

@@ -20,8 +20,17 @@ pub const TIME_TO_FIRST_TOKEN: &str = "switchyard_time_to_first_token_seconds";
 pub const UPSTREAM_ATTEMPTS: &str = "switchyard_upstream_attempts_total";
 /// Counter `{task, from, to, reason}`: switches from one target to the next.
 pub const FAILOVERS: &str = "switchyard_failovers_total";
-/// Counter `{target, reason}`: targets skipped without a call (`down`, `cooldown`, `context_window`).
+/// Counter `{task, target, reason}`: targets excluded or skipped without a call
+/// (`capability`, `context_window`, `down`, `cooldown`, `provider_rate_limit`, `fallback_budget`).
 pub const SKIPPED: &str = "switchyard_route_exclusions_total";
+/// Counter `{scope}`: requests refused by a token bucket (`task`, `caller`: answered 429;
+/// `provider`: that target skipped).
+pub const RATE_LIMITED: &str = "switchyard_ratelimited_total";
+/// Counter `{target, kind}`: tokens reported by upstreams (`prompt`, `completion`).
+pub const TOKENS: &str = "switchyard_tokens_total";
+/// `{task, target}`: USD spent, from reported usage and the target's `cost`. Only
+/// ever increases, but exported as a gauge: the metrics crate's counters are integers.
+pub const COST: &str = "switchyard_cost_usd_total";
 /// Counter `{target, reason}`: streams broken after the commit point.
 pub const STREAM_INTERRUPTS: &str = "switchyard_stream_interrupts_total";
 /// Counter `{target}`: malformed events dropped from a committed stream.

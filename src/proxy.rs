@@ -39,8 +39,9 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::classify::{Action, Decision, NetworkKind, Outcome};
 use crate::error::{error_body, GatewayError};
-use crate::health::{Failure, Permit, Transition};
+use crate::health::{Failure, Permit, Transition, Unavailable};
 use crate::metrics as m;
+use crate::routing::{self, Exclusion, Needs, Strategy};
 use crate::server::{channel_body, full_body, Body};
 use crate::snapshot::{Snapshot, Target, Task};
 use crate::sse::{self, Chunk};
@@ -113,6 +114,20 @@ pub async fn chat_completions(
         return rejected(&e, &request_id);
     };
 
+    if let Some(limiter) = &task.rate_limit {
+        if let Err((wait, scope)) = limiter.admit(headers) {
+            metrics::counter!(m::RATE_LIMITED, "scope" => scope).increment(1);
+            metrics::counter!(m::REQUESTS, "task" => task.name.clone(), "target" => "none", "status" => "429").increment(1);
+            let mut resp = plain_error(&GatewayError::RateLimited(wait), &request_id);
+            resp.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                HeaderValue::from(wait.as_secs_f64().ceil().max(1.0) as u64),
+            );
+            return resp;
+        }
+    }
+    let needs = Needs::from_request(&request);
+
     let mut run = Run {
         snapshot: &snapshot,
         task: &task,
@@ -125,6 +140,8 @@ pub async fn chat_completions(
         failovers: 0,
         last_status: None,
         deadline_hit: false,
+        needs,
+        first_choice: None,
     };
     let mut guard = CancelGuard {
         task: &task.name,
@@ -206,31 +223,70 @@ struct Run<'a> {
     failovers: u32,
     last_status: Option<u16>,
     deadline_hit: bool,
+    /// What the request needs of a target.
+    needs: Needs,
+    /// The target a healthy chain would have served from (for `x-switchyard-degraded`).
+    first_choice: Option<Arc<Target>>,
 }
 
 impl Run<'_> {
     /// Step 3 and 6: the outer (failover) loop.
     async fn walk_chain(&mut self) -> Response<Body> {
         let task = Arc::clone(self.task);
+        let plan = routing::plan(&task, &self.needs, Instant::now());
+        let mut down: Vec<Arc<Target>> = Vec::new();
+        for (target, why) in &plan.excluded {
+            skip(&task, target, why);
+            if *why == Exclusion::Down {
+                down.push(Arc::clone(target));
+            }
+        }
+        if plan.candidates.is_empty() && down.is_empty() && !plan.excluded.is_empty() {
+            if let Some((_, why)) = plan.excluded.iter().find(|(_, w)| {
+                matches!(
+                    w,
+                    Exclusion::MissingCapability(_) | Exclusion::ContextWindow { .. }
+                )
+            }) {
+                return self.error(&GatewayError::NoEligibleTarget(why.describe()));
+            }
+        }
+        self.first_choice = match task.strategy {
+            Strategy::Priority => task.chain.first().cloned(),
+            _ => plan.candidates.first().cloned(),
+        };
+
         let mut min_context: Option<u64> = None;
-        let mut previous: Option<(&Arc<Target>, String)> = None;
-        let mut skipped_for_health = false;
+        let mut previous: Option<(Arc<Target>, String)> = None;
         let mut context_answer: Option<(Response<Body>, u32)> = None;
-        for target in &task.chain {
+        for target in &plan.candidates {
             if let Some(min) = min_context {
                 if target.max_context.unwrap_or(0) <= min {
-                    skip(target, "context_window");
+                    skip(&task, target, &Exclusion::SmallerContext);
                     continue;
                 }
             }
             let permit = match target.health.admit(Instant::now()) {
                 Ok(p) => p,
                 Err(why) => {
-                    skipped_for_health = true;
-                    skip(target, why.as_str());
+                    let why = match why {
+                        Unavailable::Down => Exclusion::Down,
+                        Unavailable::CoolingDown => Exclusion::CoolingDown,
+                    };
+                    skip(&task, target, &why);
+                    if why == Exclusion::Down {
+                        down.push(Arc::clone(target));
+                    }
                     continue;
                 }
             };
+            if let Some(limits) = &target.provider.limits {
+                if !limits.admit(self.needs.total_tokens(target)) {
+                    skip(&task, target, &Exclusion::ProviderRateLimited);
+                    metrics::counter!(m::RATE_LIMITED, "scope" => "provider").increment(1);
+                    continue;
+                }
+            }
             if let Some((from, reason)) = &previous {
                 if self.failovers >= task.budget.max_failovers {
                     debug!(task = %task.name, "max_failovers reached");
@@ -257,23 +313,21 @@ impl Run<'_> {
                         min_context = Some(target.max_context.unwrap_or(0));
                         context_answer = answer.map(|a| (a, self.attempts));
                     }
-                    previous = Some((target, reason));
+                    previous = Some((Arc::clone(target), reason));
                 }
             }
         }
 
-        if self.attempts == 0 && skipped_for_health && !self.deadline_hit {
+        if self.attempts == 0 && !down.is_empty() && !self.deadline_hit {
             if !self.snapshot.health.all_down_trial {
                 return self.error(&GatewayError::NoTargetAvailable);
             }
-            // Every candidate is DOWN or cooling down: rather than fail without
-            // trying, give the least recently failed one a trial.
-            let trial = task
-                .chain
+            // Every candidate is DOWN: rather than fail without trying, give the
+            // least recently failed one a trial. (Cooling-down targets asked not
+            // to be called: they are not in `down`.)
+            let trial = down
                 .iter()
                 .filter(|t| min_context.is_none_or(|min| t.max_context.unwrap_or(0) > min))
-                // A target cooling down asked not to be called (Retry-After): no trial.
-                .filter(|t| !t.health.cooling_down(Instant::now()))
                 .min_by_key(|t| t.health.last_failure());
             if let Some(target) = trial {
                 info!(task = %task.name, target = %target.name, "all targets unavailable; trying the least recently failed");
@@ -284,6 +338,9 @@ impl Run<'_> {
                     TargetEnd::Exhausted { .. } => {}
                 }
             }
+        }
+        if self.attempts == 0 && !self.deadline_hit {
+            return self.error(&GatewayError::NoTargetAvailable);
         }
         if let Some((answer, attempts_then)) = context_answer {
             if attempts_then == self.attempts {
@@ -428,6 +485,11 @@ impl Run<'_> {
             }
             Ok(Ok(r)) => r,
         };
+        if !self.stream {
+            target
+                .health
+                .record_latency(Instant::now(), started.elapsed());
+        }
 
         let is_sse = response
             .headers()
@@ -483,6 +545,7 @@ impl Run<'_> {
                     log_transition(target, t);
                 }
                 attempt_ok(target);
+                self.account().settle(target, sse::usage(&bytes), 0);
                 let mut resp = Response::new(full_body(bytes));
                 *resp.status_mut() = parts.status;
                 copy_content_type(&parts.headers, resp.headers_mut());
@@ -598,7 +661,13 @@ impl Run<'_> {
             .record(self.arrival.elapsed().as_secs_f64());
         debug!(target = %target.name, ttft_ms = started.elapsed().as_millis() as u64, "stream committed");
         let (tx, body) = channel_body();
+        target
+            .health
+            .record_latency(Instant::now(), started.elapsed());
         let relay = Relay {
+            account: self.account(),
+            usage: None,
+            content_chunks: 0,
             tx,
             target: Arc::clone(target),
             task: self.task.name.clone(),
@@ -622,11 +691,18 @@ impl Run<'_> {
         AttemptEnd::Success(resp)
     }
 
+    fn account(&self) -> Account {
+        Account {
+            task: Arc::clone(self.task),
+            prompt_estimate: self.needs.prompt_tokens,
+            max_tokens: self.needs.max_tokens,
+        }
+    }
+
     fn decorate(&self, mut resp: Response<Body>, target: &Target) -> Response<Body> {
         let degraded = self
-            .task
-            .chain
-            .first()
+            .first_choice
+            .as_ref()
             .is_none_or(|first| !std::ptr::eq(Arc::as_ptr(first), target));
         let h = resp.headers_mut();
         if let Ok(v) = HeaderValue::from_str(&target.name) {
@@ -657,9 +733,51 @@ impl Run<'_> {
     }
 }
 
+/// Who pays for an answer: token and cost metrics, the task's fallback
+/// spend, and the provider's tokens-per-minute correction.
+#[derive(Clone)]
+struct Account {
+    task: Arc<Task>,
+    prompt_estimate: u64,
+    max_tokens: Option<u64>,
+}
+
+impl Account {
+    /// Books usage: the upstream's report, else the prompt estimate and one
+    /// token per content chunk.
+    fn settle(&self, target: &Target, usage: Option<(u64, u64)>, content_chunks: u64) {
+        let (prompt, completion) = usage.unwrap_or((self.prompt_estimate, content_chunks));
+        let name = target.name.clone();
+        metrics::counter!(m::TOKENS, "target" => name.clone(), "kind" => "prompt")
+            .increment(prompt);
+        metrics::counter!(m::TOKENS, "target" => name.clone(), "kind" => "completion")
+            .increment(completion);
+        let usd = routing::usd(target, prompt, completion);
+        if usd > 0.0 {
+            metrics::gauge!(m::COST, "task" => self.task.name.clone(), "target" => name)
+                .increment(usd);
+        }
+        let first = self
+            .task
+            .chain
+            .first()
+            .is_some_and(|f| std::ptr::eq(Arc::as_ptr(f), target));
+        if !first {
+            self.task.state.add_spend(usd);
+        }
+        if let Some(limits) = &target.provider.limits {
+            let charged = self.prompt_estimate + self.max_tokens.or(target.max_output).unwrap_or(0);
+            limits.correct((prompt + completion).saturating_sub(charged));
+        }
+    }
+}
+
 /// Streams after the commit point: relays events as they arrive and decides
 /// the end-of-stream verdict for health and metrics.
 struct Relay {
+    account: Account,
+    usage: Option<(u64, u64)>,
+    content_chunks: u64,
     tx: mpsc::Sender<Bytes>,
     target: Arc<Target>,
     task: String,
@@ -683,6 +801,8 @@ impl Relay {
     async fn run(mut self, held: Bytes, permit: Permit) {
         let verdict = self.relay(held).await;
         let target = Arc::clone(&self.target);
+        self.account
+            .settle(&target, self.usage, self.content_chunks);
         match verdict {
             Verdict::Complete => {
                 attempt_ok(&target);
@@ -742,7 +862,16 @@ impl Relay {
                     }
                     Chunk::Error { .. } => return Verdict::Interrupted("upstream_error"),
                     Chunk::Done => self.done = true,
-                    Chunk::Content { finished } | Chunk::NoContent { finished } => {
+                    Chunk::Content { finished } => {
+                        self.content_chunks += 1;
+                        self.finished |= finished;
+                    }
+                    Chunk::NoContent { finished } => {
+                        if let Some(data) = &event.data {
+                            if data.contains("\"usage\"") {
+                                self.usage = sse::usage(data.as_bytes()).or(self.usage);
+                            }
+                        }
                         self.finished |= finished
                     }
                     Chunk::Empty => {}
@@ -815,9 +944,10 @@ fn attempt_ok(target: &Target) {
     metrics::counter!(m::UPSTREAM_ATTEMPTS, "target" => target.name.clone(), "outcome" => "success").increment(1);
 }
 
-fn skip(target: &Target, reason: &'static str) {
-    debug!(target = %target.name, reason, "target skipped without a call");
-    metrics::counter!(m::SKIPPED, "target" => target.name.clone(), "reason" => reason).increment(1);
+fn skip(task: &Task, target: &Target, why: &Exclusion) {
+    debug!(target = %target.name, reason = why.reason(), "target skipped without a call: {}", why.describe());
+    metrics::counter!(m::SKIPPED, "task" => task.name.clone(), "target" => target.name.clone(), "reason" => why.reason())
+        .increment(1);
 }
 
 /// Logs a health state change and updates its metrics.

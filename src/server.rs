@@ -295,6 +295,21 @@ async fn handle(app: Arc<App>, req: Request<Incoming>, peer: SocketAddr) -> Resp
         (&Method::GET, "/admin/targets") if peer.ip().is_loopback() => {
             json(StatusCode::OK, &targets(&app.snapshot.load()))
         }
+        (&Method::POST, "/admin/explain") if peer.ip().is_loopback() => {
+            let snapshot = app.snapshot.load_full();
+            let (parts, body) = req.into_parts();
+            let Ok(bytes) = Limited::new(body, MAX_BODY_BYTES)
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+            else {
+                return proxy::plain_error(
+                    &GatewayError::PayloadTooLarge(MAX_BODY_BYTES),
+                    &request_id,
+                );
+            };
+            explain(&snapshot, &parts.headers, &bytes, &request_id)
+        }
         (
             _,
             "/v1/chat/completions"
@@ -310,6 +325,37 @@ async fn handle(app: Arc<App>, req: Request<Incoming>, peer: SocketAddr) -> Resp
             &request_id,
         ),
     }
+}
+
+/// `POST /admin/explain`: the routing plan for a chat request body, against
+/// the live health state, without sending anything.
+fn explain(
+    s: &Snapshot,
+    headers: &http::HeaderMap,
+    body: &[u8],
+    request_id: &HeaderValue,
+) -> Response<Body> {
+    let Ok(request) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body)
+    else {
+        return proxy::plain_error(
+            &GatewayError::BadRequest("body is not a JSON object".into()),
+            request_id,
+        );
+    };
+    let task_header = headers
+        .get(proxy::H_TASK_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let model = request.get("model").and_then(serde_json::Value::as_str);
+    let Some(task) = s.route(task_header, model) else {
+        let asked = task_header.or(model).unwrap_or("(none)");
+        return proxy::plain_error(
+            &GatewayError::UnknownModel(asked.chars().take(128).collect()),
+            request_id,
+        );
+    };
+    let needs = crate::routing::Needs::from_request(&request);
+    let plan = crate::routing::plan(task, &needs, Instant::now());
+    json(StatusCode::OK, &plan.to_json(task, &needs))
 }
 
 fn new_request_id() -> HeaderValue {

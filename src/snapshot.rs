@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderValue, AUTHORIZATION};
@@ -21,6 +21,7 @@ use crate::classify::{
 use crate::config::validate::{Checks, Diagnostic, Severity};
 use crate::config::{Parsed, RawConfig, RawRule};
 use crate::health::{self, HealthConfig, TargetHealth};
+use crate::routing::{ProviderLimits, Strategy, TaskLimiter, TaskState};
 use crate::upstream::{Clients, HttpClient};
 
 /// Default listen address when neither the file nor `--listen` sets one.
@@ -33,6 +34,28 @@ pub struct LiveState {
     pub health: health::Registry,
     /// Upstream client pools.
     pub clients: Clients,
+    /// Routing state per task (round-robin cursors, weights, fallback spend).
+    pub tasks: crate::routing::TaskStates,
+    /// Provider buckets by (name, base_url, limits): kept while unchanged.
+    pub provider_limits: Mutex<HashMap<String, Arc<ProviderLimits>>>,
+    /// Client-facing task buckets by (name, limits): kept while unchanged.
+    pub task_limits: Mutex<HashMap<String, Arc<TaskLimiter>>>,
+}
+
+fn shared<T>(
+    map: &Mutex<HashMap<String, Arc<T>>>,
+    key: String,
+    make: impl FnOnce() -> Option<T>,
+) -> Option<Arc<T>> {
+    let mut map = map
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(found) = map.get(&key) {
+        return Some(Arc::clone(found));
+    }
+    let made = Arc::new(make()?);
+    map.insert(key, Arc::clone(&made));
+    Some(made)
 }
 
 /// An API key. Prints as `*****` in every `Debug` and `Display`, so no log line
@@ -102,6 +125,8 @@ pub struct Provider {
     pub errors: ErrorTable,
     /// How often its DOWN targets are probed (`None`: never).
     pub probe_interval: Option<Duration>,
+    /// The account's rpm/tpm buckets, if limited.
+    pub limits: Option<Arc<ProviderLimits>>,
     /// Pooled client.
     pub client: HttpClient,
 }
@@ -119,8 +144,23 @@ pub struct Target {
     pub capabilities: Vec<String>,
     /// Context window in tokens, if declared.
     pub max_context: Option<u64>,
+    /// Longest answer in tokens, if declared.
+    pub max_output: Option<u64>,
+    /// Price, if declared.
+    pub cost: Option<Cost>,
+    /// Share for the `weighted` strategy.
+    pub weight: u32,
     /// Live health, shared with every snapshot that has this identity.
     pub health: Arc<TargetHealth>,
+}
+
+/// Price of a target in USD per 1,000 tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cost {
+    /// Per 1,000 prompt tokens.
+    pub input_per_1k: f64,
+    /// Per 1,000 completion tokens.
+    pub output_per_1k: f64,
 }
 
 /// A task's request budget.
@@ -145,6 +185,16 @@ pub struct Task {
     pub chain: Vec<Arc<Target>>,
     /// Request budget.
     pub budget: Budget,
+    /// Capability tags every target must have.
+    pub requires: Vec<String>,
+    /// How the first target is picked.
+    pub strategy: Strategy,
+    /// Client-facing buckets, if limited.
+    pub rate_limit: Option<Arc<TaskLimiter>>,
+    /// USD per clock hour fallback targets may cost, if capped.
+    pub fallback_budget: Option<f64>,
+    /// Live routing state, kept across reloads by task name.
+    pub state: Arc<TaskState>,
 }
 
 /// Everything a request needs, immutable; swapped whole on reload.
@@ -338,6 +388,27 @@ fn build(raw: &RawConfig, live: &LiveState, c: &mut Checks<'_>, hash: u64) -> Op
                 model: t.model.clone(),
                 capabilities: t.capabilities.clone(),
                 max_context: t.max_context,
+                max_output: t.max_output,
+                cost: t.cost.as_ref().map(|price| {
+                    if !(price.input_per_1k >= 0.0 && price.output_per_1k >= 0.0) {
+                        c.error(&format!("{path}.cost"), "prices must be zero or more");
+                    }
+                    Cost {
+                        input_per_1k: price.input_per_1k,
+                        output_per_1k: price.output_per_1k,
+                    }
+                }),
+                weight: match t.weight {
+                    Some(0) => {
+                        c.error(
+                            &format!("{path}.weight"),
+                            "weight must be at least 1 (leave the target out of the chain instead)",
+                        );
+                        1
+                    }
+                    Some(w) => w,
+                    None => 1,
+                },
                 health: live.health.get(&provider.base_url, &t.model),
             }),
         );
@@ -402,6 +473,62 @@ fn build(raw: &RawConfig, live: &LiveState, c: &mut Checks<'_>, hash: u64) -> Op
         let max_failovers = budget
             .and_then(|b| b.max_failovers)
             .unwrap_or_else(|| u32::try_from(chain.len().saturating_sub(1)).unwrap_or(u32::MAX));
+        let strategy = match t.strategy.as_deref() {
+            None => Strategy::Priority,
+            Some(s) => Strategy::parse(s).unwrap_or_else(|| {
+                c.error(&format!("{path}.strategy"), format!("unknown strategy `{s}`, expected priority, weighted, round_robin, latency or cost"));
+                Strategy::Priority
+            }),
+        };
+        if strategy == Strategy::Cost {
+            for (i, target) in chain.iter().enumerate() {
+                if target.cost.is_none() {
+                    c.error(
+                        &format!("{path}.chain[{i}]"),
+                        format!("strategy `cost` needs a `cost` on target `{}`", target.name),
+                    );
+                }
+            }
+        }
+        let rate_limit = t.rate_limit.as_ref().and_then(|rl| {
+            let lpath = format!("{path}.rate_limit");
+            if !(rl.rps.is_finite() && rl.rps > 0.0) {
+                c.error(&format!("{lpath}.rps"), "rps must be greater than zero");
+                return None;
+            }
+            let per_caller = rl
+                .per_caller_header
+                .as_ref()
+                .and_then(|h| c.header_name(&format!("{lpath}.per_caller_header"), h))
+                .map(|h| (h, rl.max_callers.unwrap_or(10_000).max(1)));
+            let key = format!(
+                "{name}|{}|{:?}|{:?}|{:?}",
+                rl.rps, rl.burst, rl.per_caller_header, rl.max_callers
+            );
+            shared(&live.task_limits, key, || {
+                TaskLimiter::new(rl.rps, rl.burst, per_caller)
+            })
+        });
+        let fallback_budget = t.fallback_budget.as_ref().map(|b| {
+            if !(b.usd_per_hour.is_finite() && b.usd_per_hour >= 0.0) {
+                c.error(
+                    &format!("{path}.fallback_budget.usd_per_hour"),
+                    "usd_per_hour must be zero or more",
+                );
+            }
+            b.usd_per_hour
+        });
+        let known_tags = ["tools", "json_mode", "vision", "streaming"];
+        for (i, tag) in t.requires.iter().enumerate() {
+            if !known_tags.contains(&tag.as_str())
+                && !chain.iter().any(|target| target.capabilities.contains(tag))
+            {
+                c.warn(
+                    &format!("{path}.requires[{i}]"),
+                    format!("no target in the chain has capability `{tag}`"),
+                );
+            }
+        }
         let task = Arc::new(Task {
             name: name.clone(),
             aliases: t.aliases.clone(),
@@ -411,6 +538,11 @@ fn build(raw: &RawConfig, live: &LiveState, c: &mut Checks<'_>, hash: u64) -> Op
                 max_failovers,
                 first_token_timeout,
             },
+            requires: t.requires.clone(),
+            strategy,
+            rate_limit,
+            fallback_budget,
+            state: live.tasks.get(name),
         });
         models.insert(name.clone(), Arc::clone(&task));
         for alias in &t.aliases {
@@ -518,6 +650,19 @@ fn provider(
             Duration::from_millis(200),
         ),
     };
+    let limits = p.rate_limit.as_ref().and_then(|rl| {
+        if rl.rpm == Some(0) || rl.tpm == Some(0) {
+            c.error(
+                &format!("{path}.rate_limit"),
+                "rpm and tpm must be at least 1",
+            );
+            return None;
+        }
+        let key = format!("{name}|{base_url}|{:?}|{:?}|{:?}", rl.rpm, rl.tpm, rl.burst);
+        shared(&live.provider_limits, key, || {
+            Some(ProviderLimits::new(rl.rpm, rl.tpm, rl.burst))
+        })
+    });
     let mut table = rules(&p.error_classes, &format!("{path}.error_classes"), c);
     table.extend_from_slice(file_rules);
     Some(Provider {
@@ -532,6 +677,7 @@ fn provider(
         idle_timeout,
         retry,
         errors: ErrorTable::new(table),
+        limits,
         probe_interval: match &p.probe {
             Some(probe) => probe_interval(
                 c,

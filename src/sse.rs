@@ -232,6 +232,25 @@ pub fn classify_event(event: &Event) -> Chunk {
     }
 }
 
+/// `usage.prompt_tokens` and `usage.completion_tokens` of a completion or
+/// chunk, when it reports them.
+#[must_use]
+pub fn usage(json: &[u8]) -> Option<(u64, u64)> {
+    #[derive(Deserialize)]
+    struct WithUsage {
+        usage: Option<Usage>,
+    }
+    #[derive(Deserialize)]
+    struct Usage {
+        #[serde(default)]
+        prompt_tokens: u64,
+        #[serde(default)]
+        completion_tokens: u64,
+    }
+    let u = serde_json::from_slice::<WithUsage>(json).ok()?.usage?;
+    Some((u.prompt_tokens, u.completion_tokens))
+}
+
 /// The numeric code of an OpenAI-style error object (`code` or `status`), if any.
 #[must_use]
 pub fn error_code(error_json: &str) -> Option<u16> {
@@ -326,6 +345,16 @@ mod tests {
             raw: Bytes::new(),
             data: Some(data.to_owned()),
         })
+    }
+
+    #[test]
+    fn usage_is_read_from_bodies_and_chunks() {
+        assert_eq!(
+            usage(br#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7}}"#),
+            Some((5, 7))
+        );
+        assert_eq!(usage(br#"{"choices":[]}"#), None);
+        assert_eq!(usage(b"nope"), None);
     }
 
     #[test]

@@ -18,4 +18,5 @@ mod edge_support;
 mod error_classes;
 mod health;
 mod regressions;
+mod routing;
 mod stream_edges;

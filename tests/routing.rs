@@ -1,0 +1,247 @@
+//! Routing end to end: capability and context exclusions, token buckets on
+//! both sides, the fallback budget, and explain.
+
+use crate::support::fake::{self, Fake};
+use crate::support::*;
+
+fn two(a: &str, b: &str, a_fields: &str, b_fields: &str, task_extra: &str) -> String {
+    chain_config(&[("a", a), ("b", b)], "", task_extra)
+        .replace(
+            "model: upstream-a }",
+            &format!("model: upstream-a{a_fields} }}"),
+        )
+        .replace(
+            "model: upstream-b }",
+            &format!("model: upstream-b{b_fields} }}"),
+        )
+}
+
+fn with_tools() -> serde_json::Value {
+    serde_json::json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "weather?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]})
+}
+
+#[tokio::test]
+async fn requests_with_tools_skip_targets_without_the_capability() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let gw = gateway(&two(&a.url(), &b.url(), "", ", capabilities: [tools]", "")).await;
+    let ans = chat(gw.addr, with_tools()).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    assert_eq!(
+        ans.header("x-switchyard-failovers"),
+        "0",
+        "an exclusion is not a failover"
+    );
+    assert_eq!(a.calls(), 0);
+    assert_eq!(
+        chat(gw.addr, hello("gpt-4o"))
+            .await
+            .header("x-switchyard-target"),
+        "a"
+    );
+    let page = get(gw.addr, "/metrics").await.text();
+    assert!(
+        page.contains(
+            r#"switchyard_route_exclusions_total{task="chat",target="a",reason="capability"}"#
+        ),
+        "{page}"
+    );
+}
+
+#[tokio::test]
+async fn no_capable_target_is_a_400_naming_the_capability() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let gw = gateway(&two(&a.url(), &b.url(), "", "", "")).await;
+    let ans = chat(gw.addr, with_tools()).await;
+    assert_eq!(ans.status, 400);
+    assert_eq!(ans.json()["error"]["code"], "no_eligible_target");
+    assert!(ans.text().contains("tools"));
+    assert_eq!(a.calls() + b.calls(), 0);
+}
+
+#[tokio::test]
+async fn prompts_too_long_for_a_window_skip_that_target() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let gw = gateway(&two(
+        &a.url(),
+        &b.url(),
+        ", max_context: 200",
+        ", max_context: 100000",
+        "",
+    ))
+    .await;
+    let long = "word ".repeat(400);
+    let body = serde_json::json!({"model": "gpt-4o", "max_tokens": 50, "messages": [{"role": "user", "content": long}]});
+    assert_eq!(chat(gw.addr, body).await.header("x-switchyard-target"), "b");
+    assert_eq!(a.calls(), 0);
+    assert_eq!(
+        chat(gw.addr, hello("gpt-4o"))
+            .await
+            .header("x-switchyard-target"),
+        "a"
+    );
+}
+
+#[tokio::test]
+async fn task_bucket_answers_429_with_retry_after_and_sends_nothing() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let gw = gateway(&chain_config(
+        &[("a", &a.url())],
+        "",
+        "    rate_limit: { rps: 0.5, burst: 1 }\n",
+    ))
+    .await;
+    assert_eq!(chat(gw.addr, hello("gpt-4o")).await.status, 200);
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 429);
+    assert_eq!(ans.json()["error"]["type"], "rate_limit_error");
+    let retry: u64 = ans.header("retry-after").parse().unwrap();
+    assert!((1..=2).contains(&retry), "{retry}");
+    assert_eq!(a.calls(), 1);
+}
+
+#[tokio::test]
+async fn per_caller_buckets_are_separate() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let extra = "    rate_limit: { rps: 100, burst: 100, per_caller_header: x-caller }\n";
+    let cfg = chain_config(&[("a", &a.url())], "", extra)
+        .replace("rps: 100, burst: 100", "rps: 0.2, burst: 1");
+    let gw = gateway(&cfg).await;
+    let call = |who: &'static str| {
+        let addr = gw.addr;
+        async move {
+            post_raw(
+                addr,
+                "/v1/chat/completions",
+                hello("gpt-4o").to_string(),
+                &[("x-caller", who)],
+            )
+            .await
+            .status
+        }
+    };
+    assert_eq!(call("alice").await, 200);
+    assert_eq!(call("alice").await, 429);
+    assert_eq!(
+        call("bob").await,
+        429,
+        "the task-wide bucket (burst 1) is shared"
+    );
+}
+
+#[tokio::test]
+async fn provider_bucket_skips_the_target_without_a_call() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let cfg = chain_config(&[("a", &a.url()), ("b", &b.url())], "", "").replacen(
+        "    retry: { max: 1, backoff: 10ms }\n",
+        "    retry: { max: 1, backoff: 10ms }\n    rate_limit: { rpm: 1, burst: 1 }\n",
+        1,
+    );
+    let gw = gateway(&cfg).await;
+    assert_eq!(
+        chat(gw.addr, hello("gpt-4o"))
+            .await
+            .header("x-switchyard-target"),
+        "a"
+    );
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    assert_eq!(a.calls(), 1, "over its provider's rpm, a is not called");
+    let page = get(gw.addr, "/metrics").await.text();
+    assert!(page.contains(r#"switchyard_ratelimited_total{scope="provider"}"#));
+}
+
+#[tokio::test]
+async fn fallback_budget_cuts_off_fallbacks_once_spent() {
+    let a = Fake::always(fake::error(503, "down")).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    // The fake reports 5 prompt + 2 completion tokens: 0.007 USD at 1 USD/1k.
+    let cfg = two(
+        &a.url(),
+        &b.url(),
+        "",
+        ", cost: { input_per_1k: 1.0, output_per_1k: 1.0 }",
+        "    fallback_budget: { usd_per_hour: 0.005 }\n",
+    ) + "health: { degraded_after: 100, down_after: 100 }\n";
+    let gw = gateway(&cfg).await;
+    assert_eq!(
+        chat(gw.addr, hello("gpt-4o"))
+            .await
+            .header("x-switchyard-target"),
+        "b"
+    );
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 502, "{}", ans.text());
+    assert_eq!(
+        b.calls(),
+        1,
+        "b is a fallback and the hour's budget is spent"
+    );
+    let page = get(gw.addr, "/metrics").await.text();
+    assert!(page.contains(
+        r#"switchyard_route_exclusions_total{task="chat",target="b",reason="fallback_budget"}"#
+    ));
+    assert!(
+        page.contains(r#"switchyard_cost_usd_total{task="chat",target="b"} 0.007"#),
+        "{page}"
+    );
+    assert!(page.contains(r#"switchyard_tokens_total{target="b",kind="completion"}"#));
+}
+
+#[tokio::test]
+async fn admin_explain_shows_candidates_and_exclusions() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let gw = gateway(&two(&a.url(), &b.url(), "", ", capabilities: [tools]", "")).await;
+    let ans = post_raw(gw.addr, "/admin/explain", with_tools().to_string(), &[]).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let v = ans.json();
+    assert_eq!(v["candidates"][0]["target"], "b");
+    assert_eq!(v["excluded"][0]["target"], "a");
+    assert_eq!(v["excluded"][0]["reason"], "capability");
+    assert_eq!(a.calls() + b.calls(), 0, "explain sends nothing");
+}
+
+#[test]
+fn explain_command_prints_order_and_reasons() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("routes.yaml");
+    std::fs::write(
+        &path,
+        "version: 1\nproviders:\n  p: { base_url: 'http://127.0.0.1:9/v1' }\ntargets:\n  \
+         small: { provider: p, model: s, max_context: 8000 }\n  \
+         tooled: { provider: p, model: t, capabilities: [tools], max_context: 8000 }\n  \
+         big: { provider: p, model: b, capabilities: [tools], max_context: 128000 }\n\
+         tasks:\n  agent: { chain: [small, tooled, big] }\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["explain", "--config"])
+        .arg(&path)
+        .args([
+            "--task",
+            "agent",
+            "--tools",
+            "--prompt-tokens",
+            "7000",
+            "--max-tokens",
+            "2000",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1. big"), "{text}");
+    assert!(
+        text.contains("small: lacks capability `tools` [capability]"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tooled: needs ~9000 tokens, max_context is 8000 [context_window]"),
+        "{text}"
+    );
+}
