@@ -43,6 +43,21 @@ pub struct RawConfig {
     /// Health thresholds and circuit breaker timing.
     #[serde(default)]
     pub health: RawHealth,
+    /// What upstream error text may reach clients.
+    #[serde(default)]
+    pub sanitize: RawSanitize,
+}
+
+/// What upstream error text may reach clients.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSanitize {
+    /// Phrases removed from upstream error text (case-insensitive), e.g. a vendor's sales pitch.
+    #[serde(default)]
+    pub sensitive_words: Vec<String>,
+    /// Friendly `error.message` per HTTP status (`"429": "Busy, retry shortly."`).
+    #[serde(default)]
+    pub messages: BTreeMap<String, String>,
 }
 
 /// One upstream account.
@@ -408,6 +423,7 @@ fn sweep(value: serde_yaml::Value, index: &LocationIndex) -> (Vec<Diagnostic>, V
             "listen" | "default_task" => sw.check::<Option<String>>(key, value),
             "error_classes" => sw.check::<Vec<RawRule>>(key, value),
             "health" => sw.check::<RawHealth>(key, value),
+            "sanitize" => sw.check::<RawSanitize>(key, value),
             other => {
                 let (line, column) = index.key_or_value(other);
                 sw.unknown.push(other.to_owned());
@@ -415,7 +431,7 @@ fn sweep(value: serde_yaml::Value, index: &LocationIndex) -> (Vec<Diagnostic>, V
                     other,
                     line,
                     column,
-                    format!("unknown field `{other}`, expected one of `version`, `listen`, `providers`, `targets`, `tasks`, `default_task`, `error_classes`, `health`"),
+                    format!("unknown field `{other}`, expected one of `version`, `listen`, `providers`, `targets`, `tasks`, `default_task`, `error_classes`, `health`, `sanitize`"),
                 ));
             }
         }

@@ -26,6 +26,7 @@ pub mod probe;
 pub mod proxy;
 pub mod reload;
 pub mod routing;
+pub mod sanitize;
 pub mod server;
 pub mod snapshot;
 pub mod sse;

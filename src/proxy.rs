@@ -428,17 +428,15 @@ impl Run<'_> {
                     context_window = decision.context_window;
                     if context_window {
                         context_answer = answer.as_ref().map(|(status, bytes)| {
-                            let bytes = redact(bytes.clone(), target.provider.secret.as_ref());
-                            self.decorate(returned_error(*status, &bytes), target)
+                            self.decorate(self.returned_error(*status, bytes, target), target)
                         });
                     }
                     match decision.action {
                         Action::Return => {
                             let (status, bytes) =
                                 answer.unwrap_or((StatusCode::BAD_GATEWAY, Bytes::new()));
-                            let bytes = redact(bytes, target.provider.secret.as_ref());
                             return TargetEnd::Served(
-                                self.decorate(returned_error(status, &bytes), target),
+                                self.decorate(self.returned_error(status, &bytes, target), target),
                             );
                         }
                         Action::Failover => break,
@@ -728,7 +726,38 @@ impl Run<'_> {
     fn error(&self, e: &GatewayError) -> Response<Body> {
         warn!(task = %self.task.name, attempts = self.attempts, code = e.code(), "{e}");
         let mut resp = plain_error(e, self.request_id);
+        if let Some(msg) = self.snapshot.sanitizer.message_for(e.status().as_u16()) {
+            *resp.body_mut() = full_body(error_body(msg, e.error_type(), e.code()));
+        }
         self.counters(resp.headers_mut());
+        resp
+    }
+
+    /// An upstream error given to the client (`return`, or a context-length
+    /// error with no larger target): an OpenAI-format body scrubbed of the
+    /// provider's key, sensitive words, upstream hosts and key-like strings
+    /// (with the configured friendly message, if any); anything else (HTML,
+    /// text) is replaced, never copied raw. The original goes to the debug log.
+    fn returned_error(&self, status: StatusCode, body: &Bytes, target: &Target) -> Response<Body> {
+        let sanitizer = &self.snapshot.sanitizer;
+        let body = redact(body.clone(), target.provider.secret.as_ref());
+        debug!(target = %target.name, status = status.as_u16(),
+            body = %sanitizer.redact_keys(&String::from_utf8_lossy(&body)), "upstream error returned to the client");
+        let bytes = sanitizer
+            .clean_error_body(status.as_u16(), &body)
+            .unwrap_or_else(|| {
+                let reason = status.canonical_reason().unwrap_or("error");
+                let generic = format!(
+                    "the upstream rejected the request: {} {reason}",
+                    status.as_u16()
+                );
+                let message = sanitizer.message_for(status.as_u16()).unwrap_or(&generic);
+                error_body(message, "invalid_request_error", "upstream_rejected")
+            });
+        let mut resp = Response::new(full_body(bytes));
+        *resp.status_mut() = status;
+        resp.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         resp
     }
 }
@@ -1016,31 +1045,6 @@ fn redact(body: Bytes, secret: Option<&crate::snapshot::Secret>) -> Bytes {
     }
     out.extend_from_slice(rest);
     Bytes::from(out)
-}
-
-/// An upstream client error returned as is when it is an OpenAI-format JSON
-/// error; anything else (HTML, text) is replaced, never copied raw.
-fn returned_error(status: StatusCode, body: &Bytes) -> Response<Body> {
-    let is_openai_error = serde_json::from_slice::<Map<String, Value>>(body)
-        .is_ok_and(|m| m.get("error").is_some_and(Value::is_object));
-    let bytes = if is_openai_error {
-        body.clone()
-    } else {
-        let reason = status.canonical_reason().unwrap_or("error");
-        error_body(
-            &format!(
-                "the upstream rejected the request: {} {reason}",
-                status.as_u16()
-            ),
-            "invalid_request_error",
-            "upstream_rejected",
-        )
-    };
-    let mut resp = Response::new(full_body(bytes));
-    *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    resp
 }
 
 /// A request refused before it reached a task: counted under task `unknown`.

@@ -214,6 +214,8 @@ pub struct Snapshot {
     pub providers: BTreeMap<String, Arc<Provider>>,
     /// Health thresholds.
     pub health: HealthConfig,
+    /// What upstream error text may reach clients.
+    pub sanitizer: crate::sanitize::Sanitizer,
     /// FNV-1a hash of the file's text, shown in logs and metrics.
     pub hash: u64,
 }
@@ -561,9 +563,36 @@ fn build(raw: &RawConfig, live: &LiveState, c: &mut Checks<'_>, hash: u64) -> Op
         c.warn("tasks", "no tasks: every request will get 404");
     }
 
+    let mut messages = HashMap::new();
+    for (status, text) in &raw.sanitize.messages {
+        match status.parse::<u16>() {
+            Ok(code) if (400..=599).contains(&code) => {
+                messages.insert(code, text.clone());
+            }
+            _ => c.error(
+                &format!("sanitize.messages.{status}"),
+                format!("`{status}` is not an HTTP error status (400-599)"),
+            ),
+        }
+    }
+    let hosts: Vec<String> = providers
+        .values()
+        .filter_map(|p| p.chat_url.host().map(str::to_owned))
+        .filter(|h| h != "127.0.0.1" && h != "localhost" && h != "[::1]")
+        .collect();
+    let sanitizer =
+        match crate::sanitize::Sanitizer::new(&raw.sanitize.sensitive_words, &hosts, messages) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                c.error("sanitize.sensitive_words", format!("cannot compile: {e}"));
+                None
+            }
+        };
+
     if c.has_errors() {
         return None;
     }
+    let sanitizer = sanitizer?;
     Some(Snapshot {
         listen,
         tasks,
@@ -572,6 +601,7 @@ fn build(raw: &RawConfig, live: &LiveState, c: &mut Checks<'_>, hash: u64) -> Op
         targets,
         providers,
         health,
+        sanitizer,
         hash,
     })
 }

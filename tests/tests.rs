@@ -19,4 +19,5 @@ mod error_classes;
 mod health;
 mod regressions;
 mod routing;
+mod sanitize;
 mod stream_edges;
