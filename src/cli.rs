@@ -33,6 +33,9 @@ pub enum Command {
         /// Listen address; overrides the file's `listen:` (default 127.0.0.1:8080).
         #[arg(long)]
         listen: Option<SocketAddr>,
+        /// Separate listener for `/admin/*`; overrides the file's `admin_listen:`.
+        #[arg(long)]
+        admin_listen: Option<SocketAddr>,
         /// Log format on stderr.
         #[arg(long, value_enum, default_value_t = LogFormat::Text)]
         log_format: LogFormat,
@@ -181,16 +184,21 @@ pub fn explain(config: &std::path::Path, args: &ExplainArgs) -> ExitCode {
 }
 
 /// Runs `serve` until SIGTERM or Ctrl-C.
-pub async fn serve(config: PathBuf, listen: Option<SocketAddr>) -> ExitCode {
-    let gateway = match Gateway::bind(&config, listen, CompileOptions::default()).await {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::FAILURE;
-        }
-    };
+pub async fn serve(
+    config: PathBuf,
+    listen: Option<SocketAddr>,
+    admin_listen: Option<SocketAddr>,
+) -> ExitCode {
+    let gateway =
+        match Gateway::bind_with(&config, listen, admin_listen, CompileOptions::default()).await {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        };
     if let Ok(addr) = gateway.local_addr() {
-        tracing::info!(%addr, config = %config.display(), "switchyard listening");
+        tracing::info!(%addr, admin = ?gateway.admin_addr(), config = %config.display(), "switchyard listening");
     }
     match gateway.run(shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,

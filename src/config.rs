@@ -26,6 +26,17 @@ pub struct RawConfig {
     pub version: Option<u64>,
     /// Address the gateway listens on, e.g. `127.0.0.1:8080`.
     pub listen: Option<String>,
+    /// Separate address for `/admin/*` (read at start; `--admin-listen` overrides).
+    pub admin_listen: Option<String>,
+    /// Environment variable holding a token that `/admin/*` then requires (`Authorization: Bearer`).
+    pub admin_token_env: Option<String>,
+    /// File holding that token instead.
+    pub admin_token_file: Option<String>,
+    /// Most chat requests in progress at once; more get 503 (default 1024; read at start).
+    pub max_concurrent_requests: Option<usize>,
+    /// How long shutdown waits for in-flight requests and streams (default 30s).
+    #[serde(default, deserialize_with = "duration_text")]
+    pub drain_timeout: Option<String>,
     /// Upstream accounts by name: URL, key, timeouts, retry policy.
     #[serde(default)]
     pub providers: BTreeMap<String, RawProvider>,
@@ -76,10 +87,13 @@ pub struct RawProvider {
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     /// Per-attempt timeout (humantime, e.g. `30s`); default 30 s.
+    #[serde(default, deserialize_with = "duration_text")]
     pub timeout: Option<String>,
     /// TCP (and TLS) connect timeout; default 2 s.
+    #[serde(default, deserialize_with = "duration_text")]
     pub connect_timeout: Option<String>,
     /// Longest silence between two stream chunks after the first; default 30 s.
+    #[serde(default, deserialize_with = "duration_text")]
     pub idle_timeout: Option<String>,
     /// Same-target retry policy for errors classed `retry`.
     pub retry: Option<RawRetry>,
@@ -99,6 +113,7 @@ pub struct RawRetry {
     /// Retries after the first attempt (default 1).
     pub max: Option<u32>,
     /// Base of the exponential backoff with full jitter (default 200ms).
+    #[serde(default, deserialize_with = "duration_text")]
     pub backoff: Option<String>,
 }
 
@@ -198,10 +213,12 @@ pub struct RawTask {
 #[serde(deny_unknown_fields)]
 pub struct RawBudget {
     /// End-to-end deadline from the request's arrival (default 30 s).
+    #[serde(default, deserialize_with = "duration_text")]
     pub total_timeout: Option<String>,
     /// Most switches to another target in one request (default: chain length - 1).
     pub max_failovers: Option<u32>,
     /// Streams: longest wait for the first content chunk from one target (default: none).
+    #[serde(default, deserialize_with = "duration_text")]
     pub first_token_timeout: Option<String>,
 }
 
@@ -217,6 +234,7 @@ pub struct RawRule {
     /// Whether the outcome counts against the target's health (default true).
     pub health: Option<bool>,
     /// Skip the target for this long (`retry_after` = the upstream's `Retry-After`).
+    #[serde(default, deserialize_with = "duration_text")]
     pub cooldown: Option<String>,
 }
 
@@ -253,10 +271,12 @@ pub struct RawHealth {
     /// Consecutive counted failures before -> DOWN, breaker open (default 5).
     pub down_after: Option<u32>,
     /// How long a DOWN target is skipped before one half-open trial (default 20s, ±20 % jitter).
+    #[serde(default, deserialize_with = "duration_text")]
     pub open_for: Option<String>,
     /// What to do when every target of a chain is DOWN: `trial` (default) or `fail`.
     pub all_down: Option<String>,
     /// Sliding window for the failure rate (default 30s).
+    #[serde(default, deserialize_with = "duration_text")]
     pub window: Option<String>,
     /// Fewest counted outcomes in the window before its rate is judged (default 10).
     pub min_requests: Option<u32>,
@@ -271,7 +291,27 @@ pub struct RawHealth {
 #[serde(deny_unknown_fields)]
 pub struct RawProbe {
     /// How often a DOWN target is probed (default 60s; `0` disables).
+    #[serde(default, deserialize_with = "duration_text")]
     pub interval: Option<String>,
+}
+
+/// Reads a duration as written: a humantime string, or a bare number (which
+/// `Snapshot::compile` then reports unless it is `0` where `0` means "off").
+/// Accepting both here keeps `interval: 0` and `timeout: 30` from being type
+/// errors that would hide the file's other problems.
+fn duration_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Text {
+        S(String),
+        U(u64),
+        F(f64),
+    }
+    Ok(Option::<Text>::deserialize(d)?.map(|t| match t {
+        Text::S(s) => s,
+        Text::U(n) => n.to_string(),
+        Text::F(f) => f.to_string(),
+    }))
 }
 
 /// A parsed file: its raw form plus the index that locates any path in it.
@@ -420,7 +460,11 @@ fn sweep(value: serde_yaml::Value, index: &LocationIndex) -> (Vec<Diagnostic>, V
             "targets" => sw.map::<RawTarget>(key, value),
             "tasks" => sw.map::<RawTask>(key, value),
             "version" => sw.check::<Option<u64>>(key, value),
-            "listen" | "default_task" => sw.check::<Option<String>>(key, value),
+            "listen" | "default_task" | "admin_listen" | "admin_token_env" | "admin_token_file"
+            | "drain_timeout" => {
+                sw.check::<Option<String>>(key, value);
+            }
+            "max_concurrent_requests" => sw.check::<Option<usize>>(key, value),
             "error_classes" => sw.check::<Vec<RawRule>>(key, value),
             "health" => sw.check::<RawHealth>(key, value),
             "sanitize" => sw.check::<RawSanitize>(key, value),
@@ -431,7 +475,7 @@ fn sweep(value: serde_yaml::Value, index: &LocationIndex) -> (Vec<Diagnostic>, V
                     other,
                     line,
                     column,
-                    format!("unknown field `{other}`, expected one of `version`, `listen`, `providers`, `targets`, `tasks`, `default_task`, `error_classes`, `health`, `sanitize`"),
+                    format!("unknown field `{other}`, expected one of `version`, `listen`, `admin_listen`, `admin_token_env`, `admin_token_file`, `max_concurrent_requests`, `drain_timeout`, `providers`, `targets`, `tasks`, `default_task`, `error_classes`, `health`, `sanitize`"),
                 ));
             }
         }

@@ -52,6 +52,12 @@ pub enum GatewayError {
     /// The task's client-facing token bucket is empty. 429, with `Retry-After`.
     #[error("rate limit exceeded; retry in {:.1} s", .0.as_secs_f64())]
     RateLimited(std::time::Duration),
+    /// More chat requests in progress than `max_concurrent_requests`. 503, with `Retry-After`.
+    #[error("too many requests in progress; retry shortly")]
+    Overloaded,
+    /// An admin endpoint without the configured token. 401.
+    #[error("this endpoint needs the admin token")]
+    Unauthorized,
     /// `total_timeout` passed before an answer. 504.
     #[error("the task's total_timeout of {0:?} was exhausted")]
     DeadlineExceeded(std::time::Duration),
@@ -70,7 +76,10 @@ impl GatewayError {
             GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::AllTargetsFailed { .. } => StatusCode::BAD_GATEWAY,
-            GatewayError::NoTargetAvailable => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::NoTargetAvailable | GatewayError::Overloaded => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
             GatewayError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -82,6 +91,7 @@ impl GatewayError {
             GatewayError::BadRequest(_)
             | GatewayError::NoEligibleTarget(_)
             | GatewayError::RateLimited(_)
+            | GatewayError::Unauthorized
             | GatewayError::UnknownModel(_)
             | GatewayError::NotFound(_)
             | GatewayError::MethodNotAllowed
@@ -89,6 +99,7 @@ impl GatewayError {
             GatewayError::AllTargetsFailed { .. }
             | GatewayError::NoTargetAvailable
             | GatewayError::DeadlineExceeded(_) => Culprit::Upstream,
+            GatewayError::Overloaded => Culprit::Internal,
         }
     }
 
@@ -118,6 +129,8 @@ impl GatewayError {
             GatewayError::PayloadTooLarge(_) => "payload_too_large",
             GatewayError::AllTargetsFailed { .. } => "all_targets_failed",
             GatewayError::NoTargetAvailable => "no_target_available",
+            GatewayError::Overloaded => "overloaded",
+            GatewayError::Unauthorized => "unauthorized",
             GatewayError::DeadlineExceeded(_) => "deadline_exceeded",
         }
     }

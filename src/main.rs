@@ -30,6 +30,7 @@ fn main() -> ExitCode {
         Command::Serve {
             config,
             listen,
+            admin_listen,
             log_format,
         } => {
             cli::init_tracing(log_format);
@@ -43,7 +44,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            runtime.block_on(cli::serve(config, listen))
+            runtime.block_on(cli::serve(config, listen, admin_listen))
         }
     }
 }

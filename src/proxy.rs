@@ -1055,7 +1055,9 @@ pub fn rejected(e: &GatewayError, request_id: &HeaderValue) -> Response<Body> {
     plain_error(e, request_id)
 }
 
-/// An OpenAI-format error response made by switchyard.
+/// An OpenAI-format error response made by switchyard. Errors that switchyard
+/// already retried and failed over on carry `x-should-retry: false`, which the
+/// official SDKs honour, so a client does not multiply the upstream calls.
 #[must_use]
 pub fn plain_error(e: &GatewayError, request_id: &HeaderValue) -> Response<Body> {
     let mut resp = Response::new(full_body(e.body()));
@@ -1064,6 +1066,17 @@ pub fn plain_error(e: &GatewayError, request_id: &HeaderValue) -> Response<Body>
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp.headers_mut()
         .insert(HeaderName::from_static(H_REQUEST_ID), request_id.clone());
+    if matches!(
+        e,
+        GatewayError::AllTargetsFailed { .. }
+            | GatewayError::DeadlineExceeded(_)
+            | GatewayError::NoTargetAvailable
+    ) {
+        resp.headers_mut().insert(
+            HeaderName::from_static("x-should-retry"),
+            HeaderValue::from_static("false"),
+        );
+    }
     resp
 }
 

@@ -60,6 +60,11 @@ pub fn publish_info(snapshot: &Snapshot) {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
     metrics::gauge!(m::CONFIG_LOADED_AT).set(now);
+    // Every target's gauge exists from the start, so "healthy" differs from "no data".
+    for target in snapshot.targets.values() {
+        metrics::gauge!(m::TARGET_HEALTH, "target" => target.name.clone())
+            .set(target.health.state().gauge());
+    }
 }
 
 /// Keeps the watcher alive; dropping it stops reloading.

@@ -11,7 +11,14 @@
 //! | `GET /healthz` | 200 while the process serves |
 //! | `GET /readyz` | 200 when every task has a target that is not DOWN, else 503 |
 //! | `GET /metrics` | Prometheus text |
-//! | `GET /admin/targets` | health per target (loopback clients only) |
+//! | `GET /admin/targets` | health per target |
+//! | `POST /admin/explain` | the routing plan for a request body |
+//!
+//! `/admin/*` is served on `admin_listen` when set (and then not on the main
+//! listener, which keeps health and metrics too, so the main listener can stay
+//! on loopback while probes and scrapers use the admin one), else on the main
+//! listener to loopback clients only; with an
+//! admin token configured it also needs `Authorization: Bearer <token>`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -35,7 +42,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tracing::{info, warn, Instrument};
 
@@ -53,8 +60,10 @@ pub type Body = BoxBody<Bytes, Infallible>;
 pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 /// A client must send its request head within this time (slowloris guard).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long shutdown waits for in-flight requests and streams.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most request headers accepted (HTTP/1: more gets 431).
+const MAX_HEADERS: usize = 100;
+/// Largest request head in bytes.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// A body of known bytes.
 #[must_use]
@@ -99,6 +108,10 @@ pub struct App {
     pub config_path: PathBuf,
     /// Compile options for reloads.
     pub options: CompileOptions,
+    /// Slots for chat requests in progress (`max_concurrent_requests`, read at start).
+    pub inflight: Arc<Semaphore>,
+    /// Whether `/admin/*` is on its own listener (and so not on the main one).
+    pub admin_separate: bool,
 }
 
 /// Why the gateway could not start.
@@ -133,14 +146,25 @@ fn render_diagnostics(path: &str, diags: &[Diagnostic]) -> String {
         .join("\n")
 }
 
-/// A gateway bound to its listener, ready to serve.
+/// A gateway bound to its listeners, ready to serve.
 pub struct Gateway {
     app: Arc<App>,
     listener: TcpListener,
+    admin: Option<TcpListener>,
+}
+
+/// Which listener a connection came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listener {
+    /// The main listener: the API, health, metrics (and admin when there is no admin listener).
+    Main,
+    /// The `admin_listen` listener: `/admin/*` only.
+    Admin,
 }
 
 impl Gateway {
-    /// Loads `config` and binds `listen` (or the file's `listen:`).
+    /// Loads `config` and binds `listen` (or the file's `listen:`), plus the
+    /// file's `admin_listen` if set.
     ///
     /// # Errors
     /// An invalid config (every problem, located) or a failed bind.
@@ -149,6 +173,21 @@ impl Gateway {
         listen: Option<SocketAddr>,
         options: CompileOptions,
     ) -> Result<Self, StartError> {
+        Self::bind_with(config, listen, None, options).await
+    }
+
+    /// As [`Gateway::bind`], with `admin_listen` overriding the file's.
+    ///
+    /// # Errors
+    /// An invalid config (every problem, located) or a failed bind.
+    pub async fn bind_with(
+        config: &Path,
+        listen: Option<SocketAddr>,
+        admin_listen: Option<SocketAddr>,
+        options: CompileOptions,
+    ) -> Result<Self, StartError> {
+        // The recorder first: what the first load records must not be lost.
+        let prometheus = m::install();
         let live = LiveState::default();
         let display = config.display().to_string();
         let snapshot =
@@ -162,14 +201,28 @@ impl Gateway {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| StartError::Bind { addr, source })?;
+        let admin = match admin_listen.or(snapshot.admin_listen) {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| StartError::Bind { addr, source })?,
+            ),
+            None => None,
+        };
         let app = Arc::new(App {
+            inflight: Arc::new(Semaphore::new(snapshot.max_concurrent_requests)),
+            admin_separate: admin.is_some(),
             snapshot: ArcSwap::from_pointee(snapshot),
             live,
-            metrics: m::install(),
+            metrics: prometheus,
             config_path: config.to_path_buf(),
             options,
         });
-        Ok(Self { app, listener })
+        Ok(Self {
+            app,
+            listener,
+            admin,
+        })
     }
 
     /// The bound address (useful with port 0).
@@ -180,6 +233,12 @@ impl Gateway {
         self.listener.local_addr()
     }
 
+    /// The admin listener's address, if there is one.
+    #[must_use]
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
     /// Shared state, for embedding and tests.
     #[must_use]
     pub fn app(&self) -> Arc<App> {
@@ -187,7 +246,8 @@ impl Gateway {
     }
 
     /// Serves until `shutdown` resolves, watching the config file for changes;
-    /// then stops accepting and lets in-flight requests finish (up to 30 s).
+    /// then stops accepting and lets in-flight requests and streams finish, for
+    /// at most the config's `drain_timeout`.
     ///
     /// # Errors
     /// If the config watcher cannot start.
@@ -199,49 +259,133 @@ impl Gateway {
             .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(HEADER_READ_TIMEOUT)
-            .max_headers(100);
+            .max_headers(MAX_HEADERS)
+            .max_buf_size(MAX_HEAD_BYTES);
+        builder
+            .http2()
+            .max_header_list_size(u32::try_from(MAX_HEAD_BYTES).unwrap_or(u32::MAX));
         let graceful = GracefulShutdown::new();
         tokio::pin!(shutdown);
         loop {
-            tokio::select! {
-                accepted = self.listener.accept() => {
-                    let (stream, peer) = match accepted {
-                        Ok(x) => x,
-                        Err(e) => {
-                            // Out of descriptors and the like: back off instead of spinning.
-                            warn!(error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    };
-                    let _ = stream.set_nodelay(true);
-                    let app = Arc::clone(&self.app);
-                    let service = service_fn(move |req| {
-                        let app = Arc::clone(&app);
-                        async move { Ok::<_, Infallible>(handle(app, req, peer).await) }
-                    });
-                    let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-                    let conn = graceful.watch(conn);
-                    tokio::spawn(async move {
-                        let _ = conn.await;
-                    });
-                }
+            let (accepted, kind) = tokio::select! {
+                a = self.listener.accept() => (a, Listener::Main),
+                a = accept_opt(self.admin.as_ref()) => (a, Listener::Admin),
                 () = &mut shutdown => break,
-            }
+            };
+            let (stream, peer) = match accepted {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of descriptors and the like: back off instead of spinning.
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let app = Arc::clone(&self.app);
+            let service = service_fn(move |req| {
+                let app = Arc::clone(&app);
+                async move { Ok::<_, Infallible>(handle(app, req, peer, kind).await) }
+            });
+            let conn = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .into_owned();
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
         }
         drop(self.listener);
+        drop(self.admin);
         prober.abort();
-        info!("shutting down: draining in-flight requests");
+        let drain = self.app.snapshot.load().drain_timeout;
+        info!(drain_timeout = ?drain, "shutting down: draining in-flight requests");
         tokio::select! {
             () = graceful.shutdown() => info!("drained"),
-            () = tokio::time::sleep(DRAIN_TIMEOUT) => warn!("drain timeout; closing remaining connections"),
+            () = tokio::time::sleep(drain) => warn!("drain timeout; closing remaining connections"),
         }
         Ok(())
     }
 }
 
+async fn accept_opt(
+    listener: Option<&TcpListener>,
+) -> std::io::Result<(tokio::net::TcpStream, SocketAddr)> {
+    match listener {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether the request may use `/admin/*`: on the admin listener, or from a
+/// loopback client on the main one when there is no admin listener; and with
+/// the configured token, if any.
+fn admin_allowed(
+    app: &App,
+    kind: Listener,
+    peer: SocketAddr,
+    headers: &http::HeaderMap,
+) -> Result<(), StatusCode> {
+    let reachable = match kind {
+        Listener::Admin => true,
+        Listener::Main => !app.admin_separate && peer.ip().is_loopback(),
+    };
+    if !reachable {
+        return Err(StatusCode::NOT_FOUND);
+    }
+    let snapshot = app.snapshot.load();
+    let Some(token) = &snapshot.admin_token else {
+        return Ok(());
+    };
+    let given = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    // Compare in constant time: the token is a secret.
+    let (a, b) = (given.as_bytes(), token.expose().as_bytes());
+    let same = a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0;
+    if same {
+        Ok(())
+    } else {
+        Err(StatusCode::UNAUTHORIZED)
+    }
+}
+
+/// A response body that holds a slot of the concurrency cap until the body is
+/// finished or dropped (so a long stream keeps its slot).
+struct PermitBody {
+    inner: Body,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl hyper::body::Body for PermitBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Routes one request to its endpoint.
-async fn handle(app: Arc<App>, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+async fn handle(
+    app: Arc<App>,
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    kind: Listener,
+) -> Response<Body> {
     let arrival = Instant::now();
     let request_id = req
         .headers()
@@ -250,8 +394,31 @@ async fn handle(app: Arc<App>, req: Request<Incoming>, peer: SocketAddr) -> Resp
         .cloned()
         .unwrap_or_else(new_request_id);
     let path = req.uri().path().to_owned();
+    if path.starts_with("/admin/") {
+        if let Err(status) = admin_allowed(&app, kind, peer, req.headers()) {
+            let e = if status == StatusCode::UNAUTHORIZED {
+                GatewayError::Unauthorized
+            } else {
+                GatewayError::NotFound(path.chars().take(200).collect())
+            };
+            return proxy::plain_error(&e, &request_id);
+        }
+    } else if kind == Listener::Admin
+        && !matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics")
+    {
+        return proxy::plain_error(
+            &GatewayError::NotFound(path.chars().take(200).collect()),
+            &request_id,
+        );
+    }
     match (req.method(), path.as_str()) {
         (&Method::POST, "/v1/chat/completions" | "/chat/completions") => {
+            let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
+                let mut resp = proxy::rejected(&GatewayError::Overloaded, &request_id);
+                resp.headers_mut()
+                    .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return resp;
+            };
             let snapshot = app.snapshot.load_full();
             let (parts, body) = req.into_parts();
             let bytes = match Limited::new(body, MAX_BODY_BYTES).collect().await {
@@ -273,6 +440,13 @@ async fn handle(app: Arc<App>, req: Request<Incoming>, peer: SocketAddr) -> Resp
             proxy::chat_completions(snapshot, &parts.headers, bytes, request_id, arrival)
                 .instrument(span)
                 .await
+                .map(|inner| {
+                    PermitBody {
+                        inner,
+                        _permit: permit,
+                    }
+                    .boxed()
+                })
         }
         (&Method::GET, "/v1/models" | "/models") => {
             json(StatusCode::OK, &models(&app.snapshot.load()))
@@ -292,10 +466,8 @@ async fn handle(app: Arc<App>, req: Request<Incoming>, peer: SocketAddr) -> Resp
             );
             resp
         }
-        (&Method::GET, "/admin/targets") if peer.ip().is_loopback() => {
-            json(StatusCode::OK, &targets(&app.snapshot.load()))
-        }
-        (&Method::POST, "/admin/explain") if peer.ip().is_loopback() => {
+        (&Method::GET, "/admin/targets") => json(StatusCode::OK, &targets(&app.snapshot.load())),
+        (&Method::POST, "/admin/explain") => {
             let snapshot = app.snapshot.load_full();
             let (parts, body) = req.into_parts();
             let Ok(bytes) = Limited::new(body, MAX_BODY_BYTES)

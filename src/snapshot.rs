@@ -202,6 +202,14 @@ pub struct Task {
 pub struct Snapshot {
     /// Listen address from the file (the `--listen` flag overrides it).
     pub listen: SocketAddr,
+    /// Separate admin address, if configured.
+    pub admin_listen: Option<SocketAddr>,
+    /// Token `/admin/*` requires, if configured.
+    pub admin_token: Option<Secret>,
+    /// Most chat requests in progress at once.
+    pub max_concurrent_requests: usize,
+    /// Shutdown drain limit.
+    pub drain_timeout: Duration,
     /// Tasks by name.
     pub tasks: BTreeMap<String, Arc<Task>>,
     /// Task by name or alias.
@@ -354,6 +362,62 @@ fn build(raw: &RawConfig, live: &LiveState, c: &mut Checks<'_>, hash: u64) -> Op
             "down_after must be at least degraded_after",
         );
     }
+
+    let admin_listen = raw.admin_listen.as_deref().and_then(|a| {
+        a.parse::<SocketAddr>()
+            .map_err(|_| {
+                c.error(
+                    "admin_listen",
+                    format!("bad listen address `{a}` (expected IP:PORT)"),
+                )
+            })
+            .ok()
+    });
+    let admin_token = match (&raw.admin_token_env, &raw.admin_token_file) {
+        (Some(_), Some(_)) => {
+            c.error(
+                "admin_token_file",
+                "set either admin_token_env or admin_token_file, not both",
+            );
+            None
+        }
+        (Some(var), None) => match std::env::var(var) {
+            Ok(v) if !v.trim().is_empty() => Some(Secret::new(v.trim().to_owned())),
+            // An admin token that was asked for but is missing must not open the
+            // endpoints to everyone: refuse the file.
+            _ => {
+                c.error(
+                    "admin_token_env",
+                    format!("environment variable `{var}` is not set"),
+                );
+                None
+            }
+        },
+        (None, Some(file)) => match std::fs::read_to_string(file) {
+            Ok(v) if !v.trim().is_empty() => Some(Secret::new(v.trim().to_owned())),
+            _ => {
+                c.error(
+                    "admin_token_file",
+                    format!("cannot read a token from `{file}`"),
+                );
+                None
+            }
+        },
+        (None, None) => None,
+    };
+    let max_concurrent_requests = match raw.max_concurrent_requests {
+        Some(0) => {
+            c.error("max_concurrent_requests", "must be at least 1");
+            1
+        }
+        Some(n) => n,
+        None => 1024,
+    };
+    let drain_timeout = c.duration(
+        "drain_timeout",
+        raw.drain_timeout.as_deref(),
+        Duration::from_secs(30),
+    );
 
     let file_rules = rules(&raw.error_classes, "error_classes", c);
     let mut defaults = file_rules.clone();
@@ -595,6 +659,10 @@ fn build(raw: &RawConfig, live: &LiveState, c: &mut Checks<'_>, hash: u64) -> Op
     let sanitizer = sanitizer?;
     Some(Snapshot {
         listen,
+        admin_listen,
+        admin_token,
+        max_concurrent_requests,
+        drain_timeout,
         tasks,
         models,
         default_task,
@@ -769,7 +837,7 @@ fn api_key(p: &crate::config::RawProvider, path: &str, c: &mut Checks<'_>) -> Op
             Err(e) => {
                 c.warn(
                     &format!("{path}.api_key_file"),
-                    format!("cannot read key file `{file}`: {}", e.kind()),
+                    format!("cannot read key file `{file}`: {e}"),
                 );
                 None
             }

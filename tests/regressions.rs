@@ -167,3 +167,58 @@ async fn all_down_trial_respects_retry_after() {
     );
     assert!(ans.status.is_server_error());
 }
+
+#[tokio::test]
+async fn first_config_load_and_every_target_show_in_metrics_from_the_start() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("routes.yaml");
+    std::fs::write(
+        &config,
+        chain_config(&[("a", &a.url()), ("b", &a.url())], "", ""),
+    )
+    .unwrap();
+    let served = crate::binary::Served::start(&config, dir.path(), &[]);
+    let page = get(served.addr, "/metrics").await.text();
+    assert!(
+        page.contains(r#"switchyard_config_reloads_total{result="ok"} 1"#),
+        "{page}"
+    );
+    assert!(page.contains("switchyard_config_hash "), "{page}");
+    assert!(
+        page.contains(r#"switchyard_target_health{target="a"} 0"#),
+        "{page}"
+    );
+    assert!(
+        page.contains(r#"switchyard_target_health{target="b"} 0"#),
+        "{page}"
+    );
+}
+
+#[test]
+fn probe_interval_zero_is_not_a_type_error_next_to_another_problem() {
+    let text = "version: 1\nbogus: 1\nhealth:\n  probe: { interval: 0 }\n  open_for: 30\n";
+    let parsed = switchyard::config::parse(text).unwrap();
+    assert_eq!(parsed.pending.len(), 1, "{:?}", parsed.pending);
+    assert!(parsed.pending[0].message.contains("bogus"));
+}
+
+#[tokio::test]
+async fn own_502_tells_sdks_not_to_retry_again() {
+    let dead = fake::dead_url().await;
+    let gw = gateway(&chain_config(&[("a", &dead)], "", "")).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 502);
+    assert_eq!(ans.header("x-should-retry"), "false");
+}
+
+#[tokio::test]
+async fn admin_listener_also_serves_health_and_metrics_for_probes() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let gw =
+        gateway(&(chain_config(&[("a", &a.url())], "", "") + "admin_listen: 127.0.0.1:0\n")).await;
+    let admin = gw.admin.unwrap();
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(get(admin, path).await.status, 200, "{path}");
+    }
+}

@@ -13,6 +13,7 @@ mod reload;
 mod resources;
 mod secrets;
 
+mod admin;
 mod budgets;
 mod edge_support;
 mod error_classes;

@@ -22,6 +22,8 @@ use tokio::sync::oneshot;
 /// A running gateway; stops when dropped.
 pub struct Gw {
     pub addr: SocketAddr,
+    /// The admin listener, when the config has `admin_listen`.
+    pub admin: Option<SocketAddr>,
     pub dir: tempfile::TempDir,
     pub config: PathBuf,
     stop: Option<oneshot::Sender<()>>,
@@ -62,6 +64,7 @@ pub async fn gateway(yaml: &str) -> Gw {
     .await
     .unwrap_or_else(|e| panic!("gateway did not start:\n{e}"));
     let addr = gw.local_addr().unwrap();
+    let admin = gw.admin_addr();
     let app = gw.app();
     let (tx, rx) = oneshot::channel();
     tokio::spawn(gw.run(async {
@@ -69,6 +72,7 @@ pub async fn gateway(yaml: &str) -> Gw {
     }));
     Gw {
         addr,
+        admin,
         dir,
         config,
         stop: Some(tx),
@@ -158,9 +162,15 @@ pub async fn chat(addr: SocketAddr, body: serde_json::Value) -> Answer {
 }
 
 pub async fn get(addr: SocketAddr, path: &str) -> Answer {
-    let req = Request::get(format!("http://{addr}{path}"))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    get_with(addr, path, &[]).await
+}
+
+pub async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut req = Request::get(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(Full::new(Bytes::new())).unwrap();
     let resp = client().request(req).await.unwrap();
     let (parts, body) = resp.into_parts();
     Answer {

@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# The official openai Python SDK against a real switchyard binary in front of
+# two fake upstreams (tests/sdk/fake_upstream.py). From the repo root:
+#
+#   bash tests/sdk/run.sh                 # builds target/debug/switchyard (cargo build) unless SWITCHYARD_BIN is set
+#   bash tests/sdk/run.sh Streaming       # only some tests (unittest names: Class or Class.test_name)
+#
+# Env: SWITCHYARD_BIN  a switchyard binary to test instead of building one
+#      SDK_VENV        the venv with openai (default ~/.cache/switchyard-sdk-venv; made if missing)
+#      PYTHON          the python that makes the venv (default python3, >= 3.9)
+#      KEEP_LOGS=1     keep the work dir (routes.yaml, logs) after the run
+#      SDK_TIMEOUT     seconds for the test run itself (default 180)
+#
+# Everything listens on 127.0.0.1 ports the OS picks (port 0): the fakes write
+# theirs to a file, switchyard's bound address is read from its JSON log.
+# The last line of the output is "N passed, M failed" (also on a setup failure).
+set -euo pipefail
+
+OPENAI_VERSION=3.57.0 # the version examples/real_llm and the peers venv use
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+VENV="${SDK_VENV:-$HOME/.cache/switchyard-sdk-venv}"
+WORK="$(mktemp -d -t switchyard-sdk.XXXXXX)"
+PIDS=()
+
+# shellcheck disable=SC2317  # called by the trap
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  if [ "${KEEP_LOGS:-0}" = 1 ]; then
+    echo "logs kept in $WORK" >&2
+  else
+    rm -rf "$WORK"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# setup_failed MESSAGE [LOG]: explain, show the log, and end with the summary line CI reads.
+setup_failed() {
+  echo "sdk tests: setup failed: $1" >&2
+  if [ -n "${2:-}" ] && [ -f "$2" ]; then
+    echo "--- $2 (last 40 lines) ---" >&2
+    tail -n 40 "$2" >&2
+  fi
+  echo "0 passed, 1 failed"
+  exit 1
+}
+
+# ---- the venv with the openai SDK -------------------------------------------
+PY="$VENV/bin/python"
+if ! "$PY" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; then
+  echo "== installing openai==$OPENAI_VERSION into $VENV"
+  if [ ! -x "$PY" ]; then
+    "${PYTHON:-python3}" -m venv "$VENV" >"$WORK/venv.log" 2>&1 || setup_failed "cannot create a venv at $VENV" "$WORK/venv.log"
+  fi
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$PY" -m pip install --quiet "openai==$OPENAI_VERSION" >"$WORK/pip.log" 2>&1 ||
+    setup_failed "pip install openai==$OPENAI_VERSION failed" "$WORK/pip.log"
+fi
+
+# ---- the switchyard binary --------------------------------------------------
+if [ -n "${SWITCHYARD_BIN:-}" ]; then
+  BIN="$SWITCHYARD_BIN"
+else
+  # Always ask cargo: a no-op when the binary is current, and never a stale binary.
+  echo "== cargo build (debug)"
+  (cd "$ROOT" && cargo build --locked --quiet --bin switchyard) >"$WORK/build.log" 2>&1 ||
+    setup_failed "cargo build failed" "$WORK/build.log"
+  TARGET_DIR="$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps 2>/dev/null |
+    "$PY" -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')" ||
+    TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+  BIN="$TARGET_DIR/debug/switchyard"
+fi
+[ -x "$BIN" ] || setup_failed "no switchyard binary at $BIN"
+echo "== switchyard: $BIN ($("$BIN" --version 2>/dev/null || echo '?'))"
+
+# ---- two fake upstreams on OS-chosen ports ------------------------------------
+for name in primary fallback; do
+  "$PY" "$HERE/fake_upstream.py" --name "$name" --port 0 --port-file "$WORK/$name.port" \
+    >"$WORK/$name.log" 2>&1 &
+  PIDS+=("$!")
+done
+for name in primary fallback; do
+  for _ in $(seq 100); do [ -s "$WORK/$name.port" ] && break; sleep 0.05; done
+  [ -s "$WORK/$name.port" ] || setup_failed "fake upstream $name did not start" "$WORK/$name.log"
+done
+PRIMARY_PORT="$(cat "$WORK/primary.port")"
+FALLBACK_PORT="$(cat "$WORK/fallback.port")"
+
+# ---- routes.yaml, keys, validate ------------------------------------------------
+export PRIMARY_KEY="sk-sdk-primary-$RANDOM$RANDOM-from-file"
+export FALLBACK_KEY="sk-sdk-fallback-$RANDOM$RANDOM-from-env"
+export SDK_TEST_FALLBACK_KEY="$FALLBACK_KEY"
+printf '%s\n' "$PRIMARY_KEY" >"$WORK/primary.key"
+mkdir -p "$WORK/config"
+sed -e "s|@PRIMARY_PORT@|$PRIMARY_PORT|" -e "s|@FALLBACK_PORT@|$FALLBACK_PORT|" \
+  -e "s|@PRIMARY_KEY_FILE@|$WORK/primary.key|" "$HERE/routes.template.yaml" >"$WORK/config/routes.yaml"
+"$BIN" validate --strict "$WORK/config/routes.yaml" >"$WORK/validate.log" 2>&1 ||
+  setup_failed "switchyard validate --strict rejected the test routes.yaml" "$WORK/validate.log"
+sed 's/^/   /' "$WORK/validate.log"
+
+# ---- switchyard on an OS-chosen port ---------------------------------------------
+RUST_LOG="${RUST_LOG:-info}" "$BIN" serve --config "$WORK/config/routes.yaml" --listen 127.0.0.1:0 \
+  --log-format json 2>"$WORK/switchyard.log" >/dev/null &
+SY_PID=$!
+PIDS+=("$SY_PID")
+ADDR=""
+for _ in $(seq 200); do
+  ADDR="$("$PY" - "$WORK/switchyard.log" <<'EOF'
+import json, sys
+for line in open(sys.argv[1], errors="replace"):
+    try:
+        fields = json.loads(line).get("fields", {})
+    except ValueError:
+        continue
+    if fields.get("message") == "switchyard listening" and fields.get("addr"):
+        print(fields["addr"])
+        break
+EOF
+)"
+  [ -n "$ADDR" ] && break
+  kill -0 "$SY_PID" 2>/dev/null || setup_failed "switchyard exited at start" "$WORK/switchyard.log"
+  sleep 0.05
+done
+[ -n "$ADDR" ] || setup_failed "switchyard did not report its address in 10 s" "$WORK/switchyard.log"
+"$PY" - "http://$ADDR/healthz" <<'EOF' || setup_failed "switchyard /healthz did not answer 200" "$WORK/switchyard.log"
+import sys, time, urllib.request
+for _ in range(100):
+    try:
+        with urllib.request.urlopen(sys.argv[1], timeout=1) as r:
+            if r.status == 200:
+                sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(0.05)
+sys.exit(1)
+EOF
+echo "== switchyard on $ADDR, fakes: primary :$PRIMARY_PORT, fallback :$FALLBACK_PORT (work dir $WORK)"
+
+# ---- the tests ----------------------------------------------------------------------
+export SWITCHYARD_URL="http://$ADDR"
+export SWITCHYARD_CONFIG="$WORK/config/routes.yaml"
+export SWITCHYARD_BIN_PATH="$BIN"
+export FAKE_PRIMARY_URL="http://127.0.0.1:$PRIMARY_PORT"
+export FAKE_FALLBACK_URL="http://127.0.0.1:$FALLBACK_PORT"
+export SDK_SUMMARY_FILE="$WORK/summary"
+export PYTHONDONTWRITEBYTECODE=1
+status=0
+# In the background and waited for, so that INT/TERM reach the trap at once.
+timeout -k 5 "${SDK_TIMEOUT:-180}" "$PY" "$HERE/test_openai_sdk.py" -v "$@" 2>&1 &
+TESTS_PID=$!
+PIDS+=("$TESTS_PID")
+wait "$TESTS_PID" || status=$?
+
+if [ "$status" -ne 0 ]; then
+  echo "--- switchyard log, last 40 lines ($WORK/switchyard.log) ---"
+  tail -n 40 "$WORK/switchyard.log" || true
+  [ "$status" -eq 124 ] && echo "sdk tests: timed out after ${SDK_TIMEOUT:-180} s"
+fi
+kill -0 "$SY_PID" 2>/dev/null || { echo "sdk tests: switchyard died during the run"; status=1; }
+if [ -s "$SDK_SUMMARY_FILE" ]; then
+  cat "$SDK_SUMMARY_FILE"
+else
+  echo "0 passed, 1 failed"
+  [ "$status" -ne 0 ] || status=1
+fi
+exit "$status"
