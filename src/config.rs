@@ -206,6 +206,12 @@ pub struct RawTask {
     pub rate_limit: Option<RawTaskLimit>,
     /// Spend cap on fallback targets.
     pub fallback_budget: Option<RawFallbackBudget>,
+    /// When answers' `tool_calls` are validated: `degraded` (default), `always`, `never`.
+    pub validate_tool_calls: Option<String>,
+    /// JSON Schema files (relative to this file's directory) that override the
+    /// request's `parameters`, by function name.
+    #[serde(default)]
+    pub tool_schemas: BTreeMap<String, String>,
 }
 
 /// Time and failover budget of one request of a task.
@@ -321,6 +327,8 @@ pub struct Parsed {
     pub raw: RawConfig,
     /// Locations of every key and value, for semantic diagnostics.
     pub index: LocationIndex,
+    /// The file's directory, for relative paths in it (`None` for text parsed on its own).
+    pub base_dir: Option<std::path::PathBuf>,
     /// Unknown-key errors found while parsing. The file was parsed without
     /// those keys so that the semantic checks still run and every problem is
     /// reported in one pass; compiling fails while this is not empty.
@@ -341,7 +349,8 @@ pub fn load(path: &Path) -> Result<(Parsed, String), Vec<Diagnostic>> {
             format!("cannot read file: {e}"),
         )]
     })?;
-    let parsed = parse(&text)?;
+    let mut parsed = parse(&text)?;
+    parsed.base_dir = path.parent().map(Path::to_path_buf);
     Ok((parsed, text))
 }
 
@@ -359,6 +368,7 @@ pub fn parse(text: &str) -> Result<Parsed, Vec<Diagnostic>> {
         Ok(raw) => Ok(Parsed {
             raw,
             index,
+            base_dir: None,
             pending: Vec::new(),
         }),
         Err(first) => {
@@ -394,6 +404,7 @@ pub fn parse(text: &str) -> Result<Parsed, Vec<Diagnostic>> {
                     return Ok(Parsed {
                         raw,
                         index,
+                        base_dir: None,
                         pending,
                     });
                 }

@@ -58,6 +58,10 @@ pub enum GatewayError {
     /// An admin endpoint without the configured token. 401.
     #[error("this endpoint needs the admin token")]
     Unauthorized,
+    /// The answer broke the request's tool call contract, and the one retry on
+    /// another candidate did not produce a valid one. 502.
+    #[error("degraded answer broke the tool call contract: {0}")]
+    ContractViolation(String),
     /// `total_timeout` passed before an answer. 504.
     #[error("the task's total_timeout of {0:?} was exhausted")]
     DeadlineExceeded(std::time::Duration),
@@ -75,7 +79,9 @@ impl GatewayError {
             GatewayError::UnknownModel(_) | GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
             GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            GatewayError::AllTargetsFailed { .. } => StatusCode::BAD_GATEWAY,
+            GatewayError::AllTargetsFailed { .. } | GatewayError::ContractViolation(_) => {
+                StatusCode::BAD_GATEWAY
+            }
             GatewayError::NoTargetAvailable | GatewayError::Overloaded => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -97,6 +103,7 @@ impl GatewayError {
             | GatewayError::MethodNotAllowed
             | GatewayError::PayloadTooLarge(_) => Culprit::Downstream,
             GatewayError::AllTargetsFailed { .. }
+            | GatewayError::ContractViolation(_)
             | GatewayError::NoTargetAvailable
             | GatewayError::DeadlineExceeded(_) => Culprit::Upstream,
             GatewayError::Overloaded => Culprit::Internal,
@@ -106,8 +113,10 @@ impl GatewayError {
     /// OpenAI `error.type`.
     #[must_use]
     pub fn error_type(&self) -> &'static str {
-        if matches!(self, GatewayError::RateLimited(_)) {
-            return "rate_limit_error";
+        match self {
+            GatewayError::RateLimited(_) => return "rate_limit_error",
+            GatewayError::ContractViolation(_) => return "degraded_contract_violation",
+            _ => {}
         }
         match self.culprit() {
             Culprit::Downstream => "invalid_request_error",
@@ -128,6 +137,7 @@ impl GatewayError {
             GatewayError::MethodNotAllowed => "method_not_allowed",
             GatewayError::PayloadTooLarge(_) => "payload_too_large",
             GatewayError::AllTargetsFailed { .. } => "all_targets_failed",
+            GatewayError::ContractViolation(_) => "degraded_contract_violation",
             GatewayError::NoTargetAvailable => "no_target_available",
             GatewayError::Overloaded => "overloaded",
             GatewayError::Unauthorized => "unauthorized",

@@ -27,6 +27,7 @@ pub mod proxy;
 pub mod reload;
 pub mod routing;
 pub mod sanitize;
+pub mod schema;
 pub mod server;
 pub mod snapshot;
 pub mod sse;

@@ -35,6 +35,8 @@ pub const COST: &str = "switchyard_cost_usd_total";
 pub const STREAM_INTERRUPTS: &str = "switchyard_stream_interrupts_total";
 /// Counter `{target}`: malformed events dropped from a committed stream.
 pub const STREAM_MALFORMED: &str = "switchyard_stream_malformed_events_total";
+/// Counter `{task, target}`: answers that broke the degraded-answer contract (tool calls).
+pub const CONTRACT_VIOLATIONS: &str = "switchyard_contract_violations_total";
 /// Counter `{task}`: requests whose client hung up before the answer was complete.
 pub const CLIENT_CANCELLED: &str = "switchyard_client_cancelled_total";
 /// Gauge `{target}`: 0 healthy, 1 degraded, 2 down.

@@ -42,6 +42,7 @@ use crate::error::{error_body, GatewayError};
 use crate::health::{Failure, Permit, Transition, Unavailable};
 use crate::metrics as m;
 use crate::routing::{self, Exclusion, Needs, Strategy};
+use crate::schema::{CallAssembler, Contract, Mode as ValidateMode, Violation};
 use crate::server::{channel_body, full_body, Body};
 use crate::snapshot::{Snapshot, Target, Task};
 use crate::sse::{self, Chunk};
@@ -51,6 +52,8 @@ use crate::upstream;
 const HOLD_MAX_EVENTS: usize = 64;
 /// Bytes held before the commit point, at most.
 const HOLD_MAX_BYTES: usize = 256 * 1024;
+/// Bytes of tool call deltas held for validation, at most; a larger call is a violation.
+const HOLD_MAX_TOOL_BYTES: usize = 1024 * 1024;
 /// Longest backoff between two retries of one target.
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
 
@@ -127,6 +130,10 @@ pub async fn chat_completions(
         }
     }
     let needs = Needs::from_request(&request);
+    let contract = match task.validate_tool_calls {
+        ValidateMode::Never => None,
+        _ => Contract::from_request(&request, &task.tool_schemas).map(Arc::new),
+    };
 
     let mut run = Run {
         snapshot: &snapshot,
@@ -142,6 +149,8 @@ pub async fn chat_completions(
         deadline_hit: false,
         needs,
         first_choice: None,
+        contract,
+        violation: None,
     };
     let mut guard = CancelGuard {
         task: &task.name,
@@ -194,6 +203,11 @@ enum AttemptEnd {
     },
     /// `total_timeout` ran out during the attempt.
     Deadline,
+    /// A well-formed answer that breaks the degraded-answer contract.
+    Violated {
+        violation: Violation,
+        permit: Permit,
+    },
 }
 
 /// How trying one target (with its retries) ended.
@@ -227,6 +241,10 @@ struct Run<'a> {
     needs: Needs,
     /// The target a healthy chain would have served from (for `x-switchyard-degraded`).
     first_choice: Option<Arc<Target>>,
+    /// The request's tool contract, when the task validates tool calls.
+    contract: Option<Arc<Contract>>,
+    /// The last contract violation seen.
+    violation: Option<Violation>,
 }
 
 impl Run<'_> {
@@ -259,7 +277,12 @@ impl Run<'_> {
         let mut min_context: Option<u64> = None;
         let mut previous: Option<(Arc<Target>, String)> = None;
         let mut context_answer: Option<(Response<Body>, u32)> = None;
+        let mut tries_after_violation = 0;
         for target in &plan.candidates {
+            if self.violation.is_some() && tries_after_violation >= 1 {
+                // A violation gets one more candidate, not the whole chain.
+                break;
+            }
             if let Some(min) = min_context {
                 if target.max_context.unwrap_or(0) <= min {
                     skip(&task, target, &Exclusion::SmallerContext);
@@ -286,6 +309,9 @@ impl Run<'_> {
                     metrics::counter!(m::RATE_LIMITED, "scope" => "provider").increment(1);
                     continue;
                 }
+            }
+            if self.violation.is_some() {
+                tries_after_violation += 1;
             }
             if let Some((from, reason)) = &previous {
                 if self.failovers >= task.budget.max_failovers {
@@ -342,6 +368,9 @@ impl Run<'_> {
         if self.attempts == 0 && !self.deadline_hit {
             return self.error(&GatewayError::NoTargetAvailable);
         }
+        if let Some(v) = self.violation.take() {
+            return self.error(&GatewayError::ContractViolation(v.to_string()));
+        }
         if let Some((answer, attempts_then)) = context_answer {
             if attempts_then == self.attempts {
                 // No larger context window got to try: the upstream's own
@@ -393,6 +422,35 @@ impl Run<'_> {
             match self.attempt(target, body.clone(), p).await {
                 AttemptEnd::Success(resp) => return TargetEnd::Served(self.decorate(resp, target)),
                 AttemptEnd::Deadline => return TargetEnd::Deadline,
+                AttemptEnd::Violated {
+                    violation,
+                    permit: p,
+                } => {
+                    warn!(target = %target.name, violation = %violation, "answer breaks the tool call contract");
+                    metrics::counter!(m::CONTRACT_VIOLATIONS, "task" => self.task.name.clone(), "target" => target.name.clone())
+                        .increment(1);
+                    metrics::counter!(m::UPSTREAM_ATTEMPTS, "target" => target.name.clone(), "outcome" => "contract_violation")
+                        .increment(1);
+                    // The upstream answered; it is the answer that is unusable: no health count.
+                    let failure = Failure {
+                        counted: false,
+                        cooldown: None,
+                        class: "contract_violation",
+                        jitter: 0.0,
+                    };
+                    target.health.record_failure(
+                        p,
+                        Instant::now(),
+                        &failure,
+                        &self.snapshot.health,
+                    );
+                    self.violation = Some(violation);
+                    return TargetEnd::Exhausted {
+                        context_window: false,
+                        reason: "contract_violation".to_owned(),
+                        context_answer: None,
+                    };
+                }
                 AttemptEnd::Failed {
                     decision,
                     label,
@@ -535,6 +593,11 @@ impl Run<'_> {
         };
         match provider.errors.classify(&outcome) {
             None => {
+                if let Some(contract) = self.contract_for(target) {
+                    if let Err(violation) = contract.check_completion(&bytes) {
+                        return AttemptEnd::Violated { violation, permit };
+                    }
+                }
                 if let Some(t) =
                     target
                         .health
@@ -574,8 +637,12 @@ impl Run<'_> {
     ) -> AttemptEnd {
         let (parts, mut incoming) = response.into_parts();
         let mut parser = sse::Parser::default();
-        let mut held = BytesMut::new();
-        let mut held_events = 0usize;
+        // Events held until the commit point, in order; `true` marks a tool call
+        // delta held for validation (it never commits the stream by itself).
+        let mut held: Vec<(Bytes, bool)> = Vec::new();
+        let mut held_bytes = 0usize;
+        let contract = self.contract_for(target);
+        let mut calls = CallAssembler::default();
         let mut finished = false;
         let mut done = false;
         let mut eof = false;
@@ -596,13 +663,21 @@ impl Run<'_> {
                 parser.push(&data);
             }
             while let Some(event) = parser.next_event(eof) {
+                let mut commit = false;
+                let mut tool = false;
                 match sse::classify_event(&event) {
                     Chunk::Empty | Chunk::NoContent { finished: false } => {}
                     Chunk::NoContent { finished: true } => finished = true,
                     Chunk::Content { finished: f } => {
                         finished |= f;
-                        held.extend_from_slice(&event.raw);
-                        break 'read true;
+                        let (tool_delta, text) = match (&contract, &event.data) {
+                            (Some(_), Some(data)) => calls.push_chunk(data),
+                            _ => (false, true),
+                        };
+                        // Under validation a tool call delta commits nothing: it
+                        // is held until the call is complete and checked.
+                        tool = tool_delta && !text;
+                        commit = !tool;
                     }
                     Chunk::Done => done = true,
                     Chunk::Error { code } => {
@@ -636,12 +711,21 @@ impl Run<'_> {
                         return network_failure(target, NetworkKind::Protocol, permit)
                     }
                 }
-                held.extend_from_slice(&event.raw);
-                held_events += 1;
-                if done
+                held_bytes += event.raw.len();
+                held.push((event.raw, tool));
+                if tool && held_bytes > HOLD_MAX_TOOL_BYTES {
+                    let violation = Violation {
+                        tool: None,
+                        detail: "tool call arguments exceed the 1 MiB hold".into(),
+                        schema_path: None,
+                    };
+                    return AttemptEnd::Violated { violation, permit };
+                }
+                let non_tool = held.iter().filter(|(_, t)| !t).count();
+                if commit
+                    || done
                     || finished
-                    || held_events >= HOLD_MAX_EVENTS
-                    || held.len() >= HOLD_MAX_BYTES
+                    || (!tool && (non_tool >= HOLD_MAX_EVENTS || held_bytes >= HOLD_MAX_BYTES))
                 {
                     break 'read true;
                 }
@@ -653,6 +737,23 @@ impl Run<'_> {
         if !committed {
             // The stream ended before any content, finish_reason or [DONE].
             return network_failure(target, NetworkKind::Reset, permit);
+        }
+        // What goes out now, and which tool deltas stay held for the relay.
+        let mut out = BytesMut::new();
+        let mut tool_held = BytesMut::new();
+        let complete = finished || done;
+        if let (Some(contract), true) = (&contract, complete) {
+            // The answer is complete: check its calls before a byte goes out.
+            if let Err(violation) = contract.check_calls(&calls.calls()) {
+                return AttemptEnd::Violated { violation, permit };
+            }
+        }
+        for (raw, tool) in held {
+            if tool && !complete {
+                tool_held.extend_from_slice(&raw);
+            } else {
+                out.extend_from_slice(&raw);
+            }
         }
 
         metrics::histogram!(m::TIME_TO_FIRST_TOKEN, "task" => self.task.name.clone(), "target" => target.name.clone())
@@ -676,10 +777,13 @@ impl Run<'_> {
             eof,
             deadline: self.deadline,
             health: self.snapshot.health,
+            contract: if complete { None } else { contract },
+            calls,
+            tool_held,
         };
         tokio::spawn(
             relay
-                .run(held.freeze(), permit)
+                .run(out.freeze(), permit)
                 .instrument(tracing::Span::current()),
         );
         let mut resp = Response::new(body);
@@ -687,6 +791,21 @@ impl Run<'_> {
         resp.headers_mut()
             .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         AttemptEnd::Success(resp)
+    }
+
+    /// The contract to hold `target`'s answer to, per the task's
+    /// `validate_tool_calls` (`degraded`: not the first choice).
+    fn contract_for(&self, target: &Arc<Target>) -> Option<Arc<Contract>> {
+        let contract = self.contract.as_ref()?;
+        let applies = match self.task.validate_tool_calls {
+            ValidateMode::Always => true,
+            ValidateMode::Never => false,
+            ValidateMode::Degraded => self
+                .first_choice
+                .as_ref()
+                .is_none_or(|f| !Arc::ptr_eq(f, target)),
+        };
+        applies.then(|| Arc::clone(contract))
     }
 
     fn account(&self) -> Account {
@@ -804,6 +923,11 @@ impl Account {
 /// Streams after the commit point: relays events as they arrive and decides
 /// the end-of-stream verdict for health and metrics.
 struct Relay {
+    /// The contract still to check at the end of the stream (tool calls under validation).
+    contract: Option<Arc<Contract>>,
+    calls: CallAssembler,
+    /// Tool call deltas held until the calls are complete and valid.
+    tool_held: BytesMut,
     account: Account,
     usage: Option<(u64, u64)>,
     content_chunks: u64,
@@ -874,6 +998,24 @@ impl Relay {
         bytes.is_empty() || self.tx.send(bytes).await.is_ok()
     }
 
+    /// At the end of the answer: checks the held tool calls and sends them if
+    /// they keep the contract. `Some(verdict)` ends the stream.
+    async fn release_tool_calls(&mut self) -> Option<Verdict> {
+        let contract = self.contract.take()?;
+        if let Err(v) = contract.check_calls(&self.calls.calls()) {
+            warn!(target = %self.target.name, violation = %v, "tool call breaks the contract after text was sent");
+            metrics::counter!(m::CONTRACT_VIOLATIONS, "task" => self.task.clone(), "target" => self.target.name.clone())
+                .increment(1);
+            return Some(Verdict::Interrupted("contract_violation"));
+        }
+        let held = std::mem::take(&mut self.tool_held).freeze();
+        if self.send(held).await {
+            None
+        } else {
+            Some(Verdict::ClientGone)
+        }
+    }
+
     async fn relay(&mut self, held: Bytes) -> Verdict {
         if !self.send(held).await {
             return Verdict::ClientGone;
@@ -894,6 +1036,16 @@ impl Relay {
                     Chunk::Content { finished } => {
                         self.content_chunks += 1;
                         self.finished |= finished;
+                        if let (Some(_), Some(data)) = (&self.contract, &event.data) {
+                            let (tool, text) = self.calls.push_chunk(data);
+                            if tool && !text && !finished {
+                                self.tool_held.extend_from_slice(&event.raw);
+                                if self.tool_held.len() > HOLD_MAX_TOOL_BYTES {
+                                    return Verdict::Interrupted("contract_violation");
+                                }
+                                continue;
+                            }
+                        }
                     }
                     Chunk::NoContent { finished } => {
                         if let Some(data) = &event.data {
@@ -905,6 +1057,11 @@ impl Relay {
                     }
                     Chunk::Empty => {}
                 }
+                if self.finished || self.done {
+                    if let Some(verdict) = self.release_tool_calls().await {
+                        return verdict;
+                    }
+                }
                 let raw = event.raw;
                 if !self.send(raw).await {
                     return Verdict::ClientGone;
@@ -915,6 +1072,9 @@ impl Relay {
             }
             if self.eof {
                 if self.finished {
+                    if let Some(verdict) = self.release_tool_calls().await {
+                        return verdict;
+                    }
                     // Ended cleanly without the sentinel: add it, never wait for it.
                     return if self.send(Bytes::from_static(sse::DONE)).await {
                         Verdict::Complete

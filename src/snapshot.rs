@@ -195,6 +195,10 @@ pub struct Task {
     pub fallback_budget: Option<f64>,
     /// Live routing state, kept across reloads by task name.
     pub state: Arc<TaskState>,
+    /// When answers' tool calls are validated.
+    pub validate_tool_calls: crate::schema::Mode,
+    /// Schema overrides by function name, compiled once per snapshot.
+    pub tool_schemas: Arc<crate::schema::Overrides>,
 }
 
 /// Everything a request needs, immutable; swapped whole on reload.
@@ -248,7 +252,13 @@ impl Snapshot {
     ) -> Result<(Snapshot, Vec<Diagnostic>), Vec<Diagnostic>> {
         let mut c = Checks::new(&parsed.index);
         c.diagnostics.extend(parsed.pending.iter().cloned());
-        let snapshot = build(&parsed.raw, live, &mut c, hash(text));
+        let snapshot = build(
+            &parsed.raw,
+            parsed.base_dir.as_deref(),
+            live,
+            &mut c,
+            hash(text),
+        );
         let failed = c.has_errors() || (opts.strict && !c.diagnostics.is_empty());
         c.diagnostics.sort_by_key(|d| (d.line, d.column));
         match snapshot {
@@ -297,7 +307,13 @@ fn hash(text: &str) -> u64 {
     })
 }
 
-fn build(raw: &RawConfig, live: &LiveState, c: &mut Checks<'_>, hash: u64) -> Option<Snapshot> {
+fn build(
+    raw: &RawConfig,
+    base_dir: Option<&std::path::Path>,
+    live: &LiveState,
+    c: &mut Checks<'_>,
+    hash: u64,
+) -> Option<Snapshot> {
     match raw.version {
         None => c.error("", "missing `version` (write `version: 1` at the top)"),
         Some(1) => {}
@@ -609,6 +625,17 @@ fn build(raw: &RawConfig, live: &LiveState, c: &mut Checks<'_>, hash: u64) -> Op
             rate_limit,
             fallback_budget,
             state: live.tasks.get(name),
+            validate_tool_calls: match t.validate_tool_calls.as_deref() {
+                None => crate::schema::Mode::Degraded,
+                Some(m) => crate::schema::Mode::parse(m).unwrap_or_else(|| {
+                    c.error(
+                        &format!("{path}.validate_tool_calls"),
+                        format!("unknown value `{m}`, expected degraded, always or never"),
+                    );
+                    crate::schema::Mode::Degraded
+                }),
+            },
+            tool_schemas: Arc::new(tool_schemas(&t.tool_schemas, &path, base_dir, c)),
         });
         models.insert(name.clone(), Arc::clone(&task));
         for alias in &t.aliases {
@@ -787,6 +814,44 @@ fn provider(
         },
         client: live.clients.get(connect_timeout),
     })
+}
+
+/// Reads and compiles a task's schema override files.
+fn tool_schemas(
+    files: &BTreeMap<String, String>,
+    task_path: &str,
+    base_dir: Option<&std::path::Path>,
+    c: &mut Checks<'_>,
+) -> crate::schema::Overrides {
+    let mut out = crate::schema::Overrides::new();
+    for (function, file) in files {
+        let spath = format!("{task_path}.tool_schemas.{function}");
+        let full = base_dir.map_or_else(|| std::path::PathBuf::from(file), |d| d.join(file));
+        let text = match std::fs::read_to_string(&full) {
+            Ok(t) => t,
+            Err(e) => {
+                c.error(&spath, format!("cannot read `{}`: {e}", full.display()));
+                continue;
+            }
+        };
+        let schema: serde_json::Value = match serde_json::from_str(&text) {
+            Ok(v) => v,
+            Err(e) => {
+                c.error(&spath, format!("`{}` is not JSON: {e}", full.display()));
+                continue;
+            }
+        };
+        match jsonschema::validator_for(&schema) {
+            Ok(v) => {
+                out.insert(function.clone(), Arc::new(v));
+            }
+            Err(e) => c.error(
+                &spath,
+                format!("`{}` is not a valid JSON Schema: {e}", full.display()),
+            ),
+        }
+    }
+    out
 }
 
 /// A probe interval: a duration, or `0` to disable probing.

@@ -15,6 +15,7 @@ mod secrets;
 
 mod admin;
 mod budgets;
+mod contract;
 mod edge_support;
 mod error_classes;
 mod health;

@@ -1,0 +1,400 @@
+//! The degraded-answer contract: `tool_calls` must name a tool the request
+//! offered, carry arguments that parse as JSON, and validate against that
+//! tool's JSON Schema (the request's `parameters`, or an override from
+//! `schemas/` named by the task's `tool_schemas`). A request that required a
+//! tool (`tool_choice: required` or a named function) and got none breaks it
+//! too. The seeds' sharpest warning: a fallback model that answers prose
+//! where the workflow expected a call, or a call with broken arguments, must
+//! not be passed off as a success.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use jsonschema::Validator;
+use serde_json::Value;
+
+/// When tool calls are validated (`validate_tool_calls` on a task).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Only answers from a target other than the first one chosen (default).
+    Degraded,
+    /// Every answer.
+    Always,
+    /// Never.
+    Never,
+}
+
+impl Mode {
+    /// Parses a `routes.yaml` name.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "degraded" => Some(Mode::Degraded),
+            "always" => Some(Mode::Always),
+            "never" => Some(Mode::Never),
+            _ => None,
+        }
+    }
+}
+
+/// Compiled schema overrides of a task, by function name.
+pub type Overrides = BTreeMap<String, Arc<Validator>>;
+
+/// What broke the contract.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The tool concerned, if any.
+    pub tool: Option<String>,
+    /// What is wrong, in words.
+    pub detail: String,
+    /// JSON pointer into the schema that failed, for schema violations.
+    pub schema_path: Option<String>,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(tool) = &self.tool {
+            write!(f, "tool `{tool}`: ")?;
+        }
+        f.write_str(&self.detail)?;
+        if let Some(p) = &self.schema_path {
+            write!(f, " (schema path {p})")?;
+        }
+        Ok(())
+    }
+}
+
+fn violation(tool: Option<&str>, detail: impl Into<String>) -> Violation {
+    Violation {
+        tool: tool.map(str::to_owned),
+        detail: detail.into(),
+        schema_path: None,
+    }
+}
+
+/// The request's side of the contract.
+#[derive(Debug)]
+pub struct Contract {
+    /// Offered functions and their `parameters` schema (if any).
+    offered: HashMap<String, Option<Value>>,
+    /// A call the request required: `Some(None)` any tool, `Some(Some(name))` that one.
+    required: Option<Option<String>>,
+    overrides: Arc<Overrides>,
+}
+
+impl Contract {
+    /// Reads the contract from a chat request; `None` when it offers no tools.
+    #[must_use]
+    pub fn from_request(
+        request: &serde_json::Map<String, Value>,
+        overrides: &Arc<Overrides>,
+    ) -> Option<Self> {
+        let mut offered = HashMap::new();
+        for t in request
+            .get("tools")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let f = t.get("function").unwrap_or(t);
+            if let Some(name) = f.get("name").and_then(Value::as_str) {
+                offered.insert(name.to_owned(), f.get("parameters").cloned());
+            }
+        }
+        for f in request
+            .get("functions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(name) = f.get("name").and_then(Value::as_str) {
+                offered.insert(name.to_owned(), f.get("parameters").cloned());
+            }
+        }
+        if offered.is_empty() {
+            return None;
+        }
+        let required = match request
+            .get("tool_choice")
+            .or_else(|| request.get("function_call"))
+        {
+            Some(Value::String(s)) if s == "required" => Some(None),
+            Some(Value::Object(o)) => o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .or_else(|| o.get("name"))
+                .and_then(Value::as_str)
+                .map(|n| Some(n.to_owned())),
+            _ => None,
+        };
+        Some(Self {
+            offered,
+            required,
+            overrides: Arc::clone(overrides),
+        })
+    }
+
+    /// Checks a non-streamed `chat.completion` body.
+    ///
+    /// # Errors
+    /// The first violation found.
+    pub fn check_completion(&self, body: &[u8]) -> Result<(), Violation> {
+        let v: Value =
+            serde_json::from_slice(body).map_err(|_| violation(None, "the answer is not JSON"))?;
+        let choices = v
+            .get("choices")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        for choice in &choices {
+            let message = choice.get("message").unwrap_or(&Value::Null);
+            let calls: Vec<(String, String)> = message
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|c| {
+                    let f = c.get("function").unwrap_or(&Value::Null);
+                    (
+                        f.get("name")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned(),
+                        f.get("arguments")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned(),
+                    )
+                })
+                .chain(message.get("function_call").map(|f| {
+                    (
+                        f.get("name")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned(),
+                        f.get("arguments")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned(),
+                    )
+                }))
+                .collect();
+            self.check_calls(&calls)?;
+        }
+        if choices.is_empty() {
+            self.check_calls(&[])?;
+        }
+        Ok(())
+    }
+
+    /// Checks assembled calls (name, arguments text).
+    ///
+    /// # Errors
+    /// The first violation found.
+    pub fn check_calls(&self, calls: &[(String, String)]) -> Result<(), Violation> {
+        match &self.required {
+            Some(None) if calls.is_empty() => {
+                return Err(violation(
+                    None,
+                    "the request required a tool call and the answer has none",
+                ));
+            }
+            Some(Some(name)) if !calls.iter().any(|(n, _)| n == name) => {
+                return Err(violation(
+                    Some(name),
+                    "the request required this tool and the answer did not call it",
+                ));
+            }
+            _ => {}
+        }
+        for (name, arguments) in calls {
+            let Some(parameters) = self.offered.get(name) else {
+                return Err(violation(Some(name), "the request did not offer this tool"));
+            };
+            let args: Value = serde_json::from_str(if arguments.trim().is_empty() {
+                "{}"
+            } else {
+                arguments
+            })
+            .map_err(|e| violation(Some(name), format!("arguments are not valid JSON: {e}")))?;
+            let result = match (self.overrides.get(name), parameters) {
+                (Some(validator), _) => validator
+                    .validate(&args)
+                    .map_err(|e| (e.to_string(), e.schema_path.to_string())),
+                (None, Some(schema)) => match jsonschema::validator_for(schema) {
+                    Ok(validator) => validator
+                        .validate(&args)
+                        .map_err(|e| (e.to_string(), e.schema_path.to_string())),
+                    // The caller's own schema does not compile: nothing to hold the answer to.
+                    Err(_) => Ok(()),
+                },
+                (None, None) => Ok(()),
+            };
+            if let Err((detail, path)) = result {
+                return Err(Violation {
+                    tool: Some(name.clone()),
+                    detail: format!("arguments do not match the schema: {detail}"),
+                    schema_path: Some(path),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Assembles streamed tool call deltas (`delta.tool_calls[i]` with `index`,
+/// `function.name` once, `function.arguments` in pieces).
+#[derive(Debug, Default, Clone)]
+pub struct CallAssembler {
+    calls: BTreeMap<u64, (String, String)>,
+}
+
+impl CallAssembler {
+    /// Adds the tool call deltas of one chunk's JSON; returns whether it had
+    /// any, and whether it also carried text.
+    pub fn push_chunk(&mut self, data: &str) -> (bool, bool) {
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            return (false, false);
+        };
+        let mut any = false;
+        let mut text = false;
+        for choice in v
+            .get("choices")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if choice
+                .get("delta")
+                .and_then(|d| d.get("content"))
+                .and_then(Value::as_str)
+                .is_some_and(|t| !t.is_empty())
+            {
+                text = true;
+            }
+            for call in choice
+                .get("delta")
+                .and_then(|d| d.get("tool_calls"))
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                any = true;
+                let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+                let entry = self.calls.entry(index).or_default();
+                if let Some(f) = call.get("function") {
+                    if let Some(name) = f.get("name").and_then(Value::as_str) {
+                        entry.0.push_str(name);
+                    }
+                    if let Some(args) = f.get("arguments").and_then(Value::as_str) {
+                        entry.1.push_str(args);
+                    }
+                }
+            }
+        }
+        (any, text)
+    }
+
+    /// The calls assembled so far, in index order.
+    #[must_use]
+    pub fn calls(&self) -> Vec<(String, String)> {
+        self.calls.values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn contract(extra: Value) -> Contract {
+        let mut req = serde_json::json!({
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+        });
+        if let (Some(r), Some(e)) = (req.as_object_mut(), extra.as_object()) {
+            r.extend(e.clone());
+        }
+        Contract::from_request(req.as_object().unwrap(), &Arc::new(Overrides::new())).unwrap()
+    }
+
+    fn answer(calls: Value) -> Vec<u8> {
+        serde_json::json!({"choices": [{"message": {"role": "assistant", "content": null, "tool_calls": calls}}]})
+            .to_string()
+            .into_bytes()
+    }
+
+    fn call(name: &str, args: &str) -> Value {
+        serde_json::json!([{"id": "c1", "type": "function", "function": {"name": name, "arguments": args}}])
+    }
+
+    #[test]
+    fn each_outcome() {
+        let c = contract(serde_json::json!({}));
+        assert!(c
+            .check_completion(&answer(call("get_weather", r#"{"city":"Oslo"}"#)))
+            .is_ok());
+        let e = c
+            .check_completion(&answer(call("delete_db", "{}")))
+            .unwrap_err();
+        assert!(e.detail.contains("did not offer"));
+        let e = c
+            .check_completion(&answer(call("get_weather", "{city: Oslo")))
+            .unwrap_err();
+        assert!(e.detail.contains("not valid JSON"));
+        let e = c
+            .check_completion(&answer(call("get_weather", r#"{"town":"Oslo"}"#)))
+            .unwrap_err();
+        assert_eq!(e.schema_path.as_deref(), Some("/required"));
+        let prose = br#"{"choices":[{"message":{"role":"assistant","content":"It is sunny."}}]}"#;
+        assert!(
+            c.check_completion(prose).is_ok(),
+            "tools offered but not required: prose is fine"
+        );
+        let required = contract(serde_json::json!({"tool_choice": "required"}));
+        assert!(required
+            .check_completion(prose)
+            .unwrap_err()
+            .detail
+            .contains("required a tool call"));
+        let named = contract(
+            serde_json::json!({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+        );
+        assert!(named.check_completion(prose).is_err());
+    }
+
+    #[test]
+    fn overrides_win_over_the_request_schema() {
+        let strict = jsonschema::validator_for(
+            &serde_json::json!({"type": "object", "required": ["city", "unit"]}),
+        )
+        .unwrap();
+        let overrides = Arc::new(Overrides::from([(
+            "get_weather".to_owned(),
+            Arc::new(strict),
+        )]));
+        let req = serde_json::json!({"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]});
+        let c = Contract::from_request(req.as_object().unwrap(), &overrides).unwrap();
+        assert!(c
+            .check_calls(&[("get_weather".into(), r#"{"city":"Oslo"}"#.into())])
+            .is_err());
+        assert!(c
+            .check_calls(&[("get_weather".into(), r#"{"city":"Oslo","unit":"C"}"#.into())])
+            .is_ok());
+    }
+
+    #[test]
+    fn streamed_deltas_assemble() {
+        let mut a = CallAssembler::default();
+        assert!(a.push_chunk(r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"get_weather","arguments":""}}]}}]}"#).0);
+        assert!(a.push_chunk(r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]}}]}"#).0);
+        assert!(a.push_chunk(r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Oslo\"}"}}]}}]}"#).0);
+        assert_eq!(
+            a.push_chunk(r#"{"choices":[{"delta":{"content":"x"}}]}"#),
+            (false, true)
+        );
+        assert_eq!(
+            a.calls(),
+            vec![("get_weather".to_owned(), r#"{"city":"Oslo"}"#.to_owned())]
+        );
+    }
+}

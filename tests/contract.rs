@@ -1,0 +1,309 @@
+//! The degraded-answer contract: tool calls from a fallback are validated;
+//! a violation fails over once, then answers 502, never a broken 200.
+
+use std::time::Duration;
+
+use crate::support::fake::{self, Fake, Reply};
+use crate::support::*;
+
+fn weather_request(extra: serde_json::Value) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "model": "gpt-4o",
+        "messages": [{"role": "user", "content": "weather in Oslo?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    });
+    if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+        o.extend(e.clone());
+    }
+    v
+}
+
+fn tool_answer(model: &str, name: &str, args: &str) -> Reply {
+    fake::json(
+        200,
+        &serde_json::json!({"id": "x", "object": "chat.completion", "created": 1, "model": model,
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": name, "arguments": args}}]}}]})
+        .to_string(),
+    )
+}
+
+fn tool_stream(model: &str, name: &str, arg_pieces: &[&str], text_first: Option<&str>) -> Reply {
+    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+        format!(
+            "data: {}\n\n",
+            serde_json::json!({"id": "s", "object": "chat.completion.chunk", "created": 1, "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        )
+    };
+    let mut pieces = vec![chunk(
+        serde_json::json!({"role": "assistant", "content": ""}),
+        None,
+    )];
+    if let Some(t) = text_first {
+        pieces.push(chunk(serde_json::json!({"content": t}), None));
+    }
+    pieces.push(chunk(
+        serde_json::json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": name, "arguments": ""}}]}),
+        None,
+    ));
+    for p in arg_pieces {
+        pieces.push(chunk(
+            serde_json::json!({"tool_calls": [{"index": 0, "function": {"arguments": p}}]}),
+            None,
+        ));
+    }
+    pieces.push(chunk(serde_json::json!({}), Some("tool_calls")));
+    pieces.push("data: [DONE]\n\n".to_owned());
+    Reply::Stream {
+        pieces,
+        delay: Duration::ZERO,
+        cut: false,
+    }
+}
+
+async fn three(a: Reply, b: Reply, c: Reply, task_extra: &str) -> (Fake, Fake, Fake, Gw) {
+    let (a, b, c) = (
+        Fake::always(a).await,
+        Fake::always(b).await,
+        Fake::always(c).await,
+    );
+    let gw = gateway(&with_tools(chain_config(
+        &[("a", &a.url()), ("b", &b.url()), ("c", &c.url())],
+        "",
+        task_extra,
+    )))
+    .await;
+    (a, b, c, gw)
+}
+
+/// Gives every target the `tools` capability (requests with tools need it).
+fn with_tools(cfg: String) -> String {
+    ["a", "b", "c"].iter().fold(cfg, |cfg, n| {
+        cfg.replace(
+            &format!("model: upstream-{n} }}"),
+            &format!("model: upstream-{n}, capabilities: [tools] }}"),
+        )
+    })
+}
+
+#[tokio::test]
+async fn a_degraded_call_to_an_unoffered_tool_fails_over_once() {
+    let (a, b, c, gw) = three(
+        fake::error(503, "down"),
+        tool_answer("model-b", "delete_everything", "{}"),
+        tool_answer("model-c", "get_weather", r#"{"city":"Oslo"}"#),
+        "",
+    )
+    .await;
+    let ans = chat(gw.addr, weather_request(serde_json::json!({}))).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-target"), "c");
+    assert_eq!(
+        ans.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "get_weather"
+    );
+    assert_eq!((a.calls(), b.calls(), c.calls()), (2, 1, 1));
+    let page = get(gw.addr, "/metrics").await.text();
+    assert!(
+        page.contains(
+            r#"switchyard_failovers_total{task="chat",from="b",to="c",reason="contract_violation"}"#
+        ),
+        "{page}"
+    );
+}
+
+#[tokio::test]
+async fn two_violations_answer_502_naming_tool_and_schema_path() {
+    let (_a, b, c, gw) = three(
+        fake::error(503, "down"),
+        tool_answer("model-b", "get_weather", "{city: Oslo"),
+        tool_answer("model-c", "get_weather", r#"{"town":"Oslo"}"#),
+        "",
+    )
+    .await;
+    let ans = chat(gw.addr, weather_request(serde_json::json!({}))).await;
+    assert_eq!(ans.status, 502);
+    let err = &ans.json()["error"];
+    assert_eq!(err["type"], "degraded_contract_violation");
+    let msg = err["message"].as_str().unwrap();
+    assert!(
+        msg.contains("get_weather") && msg.contains("/required"),
+        "{msg}"
+    );
+    assert_eq!((b.calls(), c.calls()), (1, 1));
+}
+
+#[tokio::test]
+async fn a_required_call_answered_with_prose_is_a_violation() {
+    let (_a, _b, c, gw) = three(
+        fake::error(503, "down"),
+        fake::completion("model-b", "It is sunny in Oslo."),
+        tool_answer("model-c", "get_weather", r#"{"city":"Oslo"}"#),
+        "",
+    )
+    .await;
+    let ans = chat(
+        gw.addr,
+        weather_request(serde_json::json!({"tool_choice": "required"})),
+    )
+    .await;
+    assert_eq!(ans.header("x-switchyard-target"), "c");
+    assert_eq!(c.calls(), 1);
+}
+
+#[tokio::test]
+async fn first_choice_is_trusted_under_degraded_and_checked_under_always() {
+    let (_a, b, _c, gw) = three(
+        tool_answer("model-a", "get_weather", "{bad"),
+        fake::completion("b", "x"),
+        fake::completion("c", "x"),
+        "",
+    )
+    .await;
+    let ans = chat(gw.addr, weather_request(serde_json::json!({}))).await;
+    assert_eq!(
+        ans.header("x-switchyard-target"),
+        "a",
+        "the first choice is not validated by default"
+    );
+    assert_eq!(b.calls(), 0);
+
+    let (_a, b, _c, gw) = three(
+        tool_answer("model-a", "get_weather", "{bad"),
+        tool_answer("model-b", "get_weather", r#"{"city":"Oslo"}"#),
+        fake::completion("c", "x"),
+        "    validate_tool_calls: always\n",
+    )
+    .await;
+    let ans = chat(gw.addr, weather_request(serde_json::json!({}))).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    assert_eq!(b.calls(), 1);
+
+    let (_a, b, _c, gw) = three(
+        fake::error(503, "down"),
+        tool_answer("model-b", "get_weather", "{bad"),
+        fake::completion("c", "x"),
+        "    validate_tool_calls: never\n",
+    )
+    .await;
+    let ans = chat(gw.addr, weather_request(serde_json::json!({}))).await;
+    assert_eq!(ans.status, 200, "never: passed through");
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+}
+
+#[tokio::test]
+async fn a_streamed_invalid_call_fails_over_invisibly() {
+    let (_a, _b, c, gw) = three(
+        fake::error(503, "down"),
+        tool_stream("model-b", "get_weather", &["{\"town\":", "\"Oslo\"}"], None),
+        tool_stream("model-c", "get_weather", &["{\"city\":", "\"Oslo\"}"], None),
+        "",
+    )
+    .await;
+    let mut body = weather_request(serde_json::json!({}));
+    body["stream"] = true.into();
+    let ans = chat(gw.addr, body).await;
+    assert_eq!(ans.status, 200);
+    assert_eq!(ans.header("x-switchyard-target"), "c");
+    let text = ans.text();
+    assert!(
+        !text.contains("model-b") && !text.contains("town"),
+        "nothing of b reached the client: {text}"
+    );
+    assert!(text.contains("\\\"city\\\":"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    assert_eq!(c.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_held_valid_streamed_call_is_released_in_order() {
+    let (_a, _b, _c, gw) = three(
+        fake::error(503, "down"),
+        tool_stream("model-b", "get_weather", &["{\"city\":", "\"Oslo\"}"], None),
+        fake::completion("c", "x"),
+        "",
+    )
+    .await;
+    let mut body = weather_request(serde_json::json!({}));
+    body["stream"] = true.into();
+    let ans = chat(gw.addr, body).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    let expected = match tool_stream("model-b", "get_weather", &["{\"city\":", "\"Oslo\"}"], None) {
+        Reply::Stream { pieces, .. } => pieces.concat(),
+        _ => unreachable!(),
+    };
+    assert_eq!(ans.text(), expected, "byte for byte, once validated");
+}
+
+#[tokio::test]
+async fn text_then_invalid_call_is_an_interrupt_not_a_broken_call() {
+    let (_a, _b, c, gw) = three(
+        fake::error(503, "down"),
+        tool_stream(
+            "model-b",
+            "get_weather",
+            &["{\"town\":\"Oslo\"}"],
+            Some("Let me check."),
+        ),
+        fake::completion("c", "x"),
+        "",
+    )
+    .await;
+    let mut body = weather_request(serde_json::json!({}));
+    body["stream"] = true.into();
+    let ans = chat(gw.addr, body).await;
+    let text = ans.text();
+    assert!(text.contains("Let me check."), "{text}");
+    assert!(
+        !text.contains("town"),
+        "the broken call never reaches the client: {text}"
+    );
+    assert!(
+        text.contains("stream_interrupted") && text.contains("contract_violation"),
+        "{text}"
+    );
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    assert_eq!(c.calls(), 0, "text was sent: no invisible failover");
+}
+
+#[tokio::test]
+async fn schema_override_file_is_used() {
+    let a = Fake::always(fake::error(503, "down")).await;
+    let b = Fake::always(tool_answer("model-b", "get_weather", r#"{"city":"Oslo"}"#)).await;
+    let cfg = with_tools(chain_config(
+        &[("a", &a.url()), ("b", &b.url())],
+        "",
+        "    tool_schemas: { get_weather: schemas/weather.json }\n",
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("schemas")).unwrap();
+    std::fs::write(
+        dir.path().join("schemas/weather.json"),
+        r#"{"type":"object","required":["city","unit"],"properties":{"unit":{"enum":["C","F"]}}}"#,
+    )
+    .unwrap();
+    let config = dir.path().join("routes.yaml");
+    std::fs::write(&config, cfg).unwrap();
+    let gw = switchyard::server::Gateway::bind(
+        &config,
+        Some("127.0.0.1:0".parse().unwrap()),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let addr = gw.local_addr().unwrap();
+    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(gw.run(async {
+        let _ = stopped.await;
+    }));
+    let ans = chat(addr, weather_request(serde_json::json!({}))).await;
+    assert_eq!(
+        ans.status,
+        502,
+        "the override requires `unit`: {}",
+        ans.text()
+    );
+    assert!(ans.text().contains("/required"));
+}
