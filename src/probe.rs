@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use tokio::time::{timeout, Instant};
 use tracing::{debug, info};
 
@@ -58,10 +57,9 @@ pub async fn probe(target: Arc<Target>) -> bool {
             Ok(req) => {
                 let call = async {
                     let resp = provider.client.request(req).await.ok()?;
-                    let status = resp.status();
-                    // Read the body so the pooled connection can be reused.
-                    let _ = resp.into_body().collect().await;
-                    Some(status)
+                    // Only the status matters; the body is dropped unread (a hostile
+                    // upstream could send gigabytes).
+                    Some(resp.status())
                 };
                 match timeout(provider.timeout, call).await {
                     Ok(Some(status)) => status.as_u16() < 500,

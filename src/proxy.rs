@@ -30,7 +30,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use http::{Response, StatusCode};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
@@ -54,6 +54,8 @@ const HOLD_MAX_EVENTS: usize = 64;
 const HOLD_MAX_BYTES: usize = 256 * 1024;
 /// Bytes of tool call deltas held for validation, at most; a larger call is a violation.
 const HOLD_MAX_TOOL_BYTES: usize = 1024 * 1024;
+/// Largest non-streamed upstream answer read; a larger one is a broken upstream.
+const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
 /// Longest backoff between two retries of one target.
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
 
@@ -575,9 +577,20 @@ impl Run<'_> {
 
         // Non-streaming (or an error status, which is never wrapped in a stream).
         let (parts, incoming) = response.into_parts();
-        let bytes = match timeout_at(attempt_deadline, incoming.collect()).await {
+        let bytes = match timeout_at(
+            attempt_deadline,
+            Limited::new(incoming, MAX_UPSTREAM_BODY).collect(),
+        )
+        .await
+        {
             Err(_) => return timed_out(attempt_deadline, permit),
-            Ok(Err(e)) => return network_failure(target, upstream::body_error_kind(&e), permit),
+            Ok(Err(e)) => {
+                // Too large, or broken mid-body.
+                let kind = e
+                    .downcast_ref::<hyper::Error>()
+                    .map_or(NetworkKind::Protocol, upstream::body_error_kind);
+                return network_failure(target, kind, permit);
+            }
             Ok(Ok(c)) => c.to_bytes(),
         };
         let status = parts.status.as_u16();
@@ -661,6 +674,9 @@ impl Run<'_> {
             };
             if let Some(data) = frame {
                 parser.push(&data);
+                if parser.pending() > sse::MAX_EVENT_BYTES {
+                    return network_failure(target, NetworkKind::Protocol, permit);
+                }
             }
             while let Some(event) = parser.next_event(eof) {
                 let mut commit = false;
@@ -863,7 +879,15 @@ impl Run<'_> {
         debug!(target = %target.name, status = status.as_u16(),
             body = %sanitizer.redact_keys(&String::from_utf8_lossy(&body)), "upstream error returned to the client");
         let bytes = sanitizer
-            .clean_error_body(status.as_u16(), &body)
+            .clean_error_body(
+                status.as_u16(),
+                &body,
+                target
+                    .provider
+                    .secret
+                    .as_ref()
+                    .map(crate::snapshot::Secret::expose),
+            )
             .unwrap_or_else(|| {
                 let reason = status.canonical_reason().unwrap_or("error");
                 let generic = format!(
@@ -1101,6 +1125,9 @@ impl Relay {
                 Ok(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
                         self.parser.push(&data);
+                        if self.parser.pending() > sse::MAX_EVENT_BYTES {
+                            return Verdict::Interrupted("event_too_large");
+                        }
                     }
                 }
             }
@@ -1176,12 +1203,21 @@ fn in_band_error(body: &[u8]) -> Option<Option<u16>> {
     }
 }
 
+/// Sets the content type switchyard answers with. Upstream header values are
+/// never copied: a hostile upstream could put anything in them.
 fn copy_content_type(from: &HeaderMap, to: &mut HeaderMap) {
-    let ct = from
+    let is_sse = from
         .get(CONTENT_TYPE)
-        .cloned()
-        .unwrap_or_else(|| HeaderValue::from_static("application/json"));
-    to.insert(CONTENT_TYPE, ct);
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    to.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(if is_sse {
+            "text/event-stream"
+        } else {
+            "application/json"
+        }),
+    );
 }
 
 /// Replaces every occurrence of the provider's key in upstream text (a hostile

@@ -164,7 +164,13 @@ async fn debounce_loop(
         }
         tokio::time::sleep(DEBOUNCE).await;
         while rx.try_recv().is_ok() {}
-        if reload_now(&app) {
+        // Reading and compiling may take a while on a large file: keep it off
+        // the threads that serve requests.
+        let app2 = Arc::clone(&app);
+        let applied = tokio::task::spawn_blocking(move || reload_now(&app2))
+            .await
+            .unwrap_or(false);
+        if applied {
             watches.update(&app);
         }
     }
@@ -175,7 +181,29 @@ async fn debounce_loop(
 pub fn reload_now(app: &App) -> bool {
     let path = app.config_path.display().to_string();
     let current = app.snapshot.load();
-    match prepare(&app.config_path, &app.live, app.options) {
+    let prepared = prepare(&app.config_path, &app.live, app.options).and_then(|next| {
+        // A key file that vanished (a Secret unmounted mid-rotation) must not
+        // turn a working provider into one that sends no key at all.
+        let lost: Vec<Diagnostic> = current
+            .providers
+            .iter()
+            .filter(|(name, p)| p.secret.is_some() && next.providers.get(*name).is_some_and(|q| q.secret.is_none()))
+            .map(|(name, _)| {
+                Diagnostic::error(
+                    &format!("providers.{name}"),
+                    1,
+                    1,
+                    format!("provider `{name}` had an API key and the new config has none; keeping the old config"),
+                )
+            })
+            .collect();
+        if lost.is_empty() {
+            Ok(next)
+        } else {
+            Err(lost)
+        }
+    });
+    match prepared {
         Ok(next) if next.same_as(&current) => false,
         Ok(next) => {
             info!(config = %path, hash = format_args!("{:016x}", next.hash), "config reloaded");

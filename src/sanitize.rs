@@ -89,23 +89,35 @@ impl Sanitizer {
     /// puts the configured message for `status` in `error.message`. `None` if
     /// the body is not such an error: the caller then writes its own.
     #[must_use]
-    pub fn clean_error_body(&self, status: u16, body: &[u8]) -> Option<Bytes> {
+    /// `secret` is the provider's key, removed from the decoded strings too (a
+    /// JSON body may carry it escaped, e.g. `\/` or `\u0073`).
+    pub fn clean_error_body(
+        &self,
+        status: u16,
+        body: &[u8],
+        secret: Option<&str>,
+    ) -> Option<Bytes> {
         let mut v: Value = serde_json::from_slice(body).ok()?;
         if !v.get("error").is_some_and(Value::is_object) {
             return None;
         }
-        self.clean_value(&mut v);
+        self.clean_value(&mut v, secret.filter(|s| s.len() >= 4));
         if let (Some(msg), Some(err)) = (self.message_for(status), v.get_mut("error")) {
             err["message"] = Value::String(msg.to_owned());
         }
         Some(Bytes::from(v.to_string()))
     }
 
-    fn clean_value(&self, v: &mut Value) {
+    fn clean_value(&self, v: &mut Value, secret: Option<&str>) {
         match v {
-            Value::String(s) => *s = self.clean_text(s),
-            Value::Array(items) => items.iter_mut().for_each(|i| self.clean_value(i)),
-            Value::Object(map) => map.values_mut().for_each(|i| self.clean_value(i)),
+            Value::String(s) => {
+                if let Some(key) = secret {
+                    *s = s.replace(key, REDACTED);
+                }
+                *s = self.clean_text(s);
+            }
+            Value::Array(items) => items.iter_mut().for_each(|i| self.clean_value(i, secret)),
+            Value::Object(map) => map.values_mut().for_each(|i| self.clean_value(i, secret)),
             _ => {}
         }
     }
@@ -148,14 +160,20 @@ mod tests {
     fn friendly_message_replaces_the_upstream_one() {
         let body =
             br#"{"error":{"message":"VendorCloud says slow down","type":"rate_limit","code":"x"}}"#;
-        let out = s().clean_error_body(429, body).unwrap();
+        let out = s().clean_error_body(429, body, None).unwrap();
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["error"]["message"], "The model is busy; retry shortly.");
         let out = s()
-            .clean_error_body(400, br#"{"error":{"message":"VendorCloud: bad"}}"#)
+            .clean_error_body(400, br#"{"error":{"message":"VendorCloud: bad"}}"#, None)
             .unwrap();
         assert!(!String::from_utf8_lossy(&out).contains("VendorCloud"));
-        assert!(s().clean_error_body(400, b"<html>").is_none());
+        assert!(s().clean_error_body(400, b"<html>", None).is_none());
+        // The key escaped in JSON (`\/`) is still found once decoded.
+        let body = br#"{"error":{"message":"bad key sk\/proj\/AbC+dEf"}}"#;
+        let out = s()
+            .clean_error_body(400, body, Some("sk/proj/AbC+dEf"))
+            .unwrap();
+        assert!(!String::from_utf8_lossy(&out).contains("AbC"), "{out:?}");
     }
 
     #[test]

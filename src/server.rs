@@ -60,6 +60,8 @@ pub type Body = BoxBody<Bytes, Infallible>;
 pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 /// A client must send its request head within this time (slowloris guard).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A client must send its whole request body within this time.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most request headers accepted (HTTP/1: more gets 431).
 const MAX_HEADERS: usize = 100;
 /// Largest request head in bytes.
@@ -328,7 +330,7 @@ fn admin_allowed(
 ) -> Result<(), StatusCode> {
     let reachable = match kind {
         Listener::Admin => true,
-        Listener::Main => !app.admin_separate && peer.ip().is_loopback(),
+        Listener::Main => !app.admin_separate && peer.ip().to_canonical().is_loopback(),
     };
     if !reachable {
         return Err(StatusCode::NOT_FOUND);
@@ -421,7 +423,27 @@ async fn handle(
             };
             let snapshot = app.snapshot.load_full();
             let (parts, body) = req.into_parts();
-            let bytes = match Limited::new(body, MAX_BODY_BYTES).collect().await {
+            let declared = parts
+                .headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+                return proxy::rejected(
+                    &GatewayError::PayloadTooLarge(MAX_BODY_BYTES),
+                    &request_id,
+                );
+            }
+            let read = tokio::time::timeout(
+                BODY_READ_TIMEOUT,
+                Limited::new(body, MAX_BODY_BYTES).collect(),
+            )
+            .await;
+            let Ok(read) = read else {
+                let e = GatewayError::BadRequest("the request body did not arrive in time".into());
+                return proxy::rejected(&e, &request_id);
+            };
+            let bytes = match read {
                 Ok(c) => c.to_bytes(),
                 Err(e) => {
                     let err = if e

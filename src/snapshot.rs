@@ -409,7 +409,7 @@ fn build(
                 None
             }
         },
-        (None, Some(file)) => match std::fs::read_to_string(file) {
+        (None, Some(file)) => match read_small(file) {
             Ok(v) if !v.trim().is_empty() => Some(Secret::new(v.trim().to_owned())),
             _ => {
                 c.error(
@@ -868,6 +868,19 @@ fn probe_interval(
     }
 }
 
+/// Reads a key or token file: at most 64 KiB, and only a regular file (a FIFO
+/// or a device such as /dev/zero would block or never end).
+fn read_small(path: &str) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut text = String::new();
+    file.take(64 * 1024).read_to_string(&mut text)?;
+    Ok(text)
+}
+
 /// Reads the provider's key from its env var or file. A missing key is a
 /// warning (an error under `--strict`): the upstream will answer 401, which
 /// the error table handles.
@@ -890,7 +903,7 @@ fn api_key(p: &crate::config::RawProvider, path: &str, c: &mut Checks<'_>) -> Op
                 None
             }
         },
-        (None, Some(file)) => match std::fs::read_to_string(file) {
+        (None, Some(file)) => match read_small(file) {
             Ok(v) if !v.trim().is_empty() => Some(Secret::new(v.trim().to_owned())),
             Ok(_) => {
                 c.warn(
@@ -941,6 +954,16 @@ fn rules(raw: &[RawRule], base: &str, c: &mut Checks<'_>) -> Vec<Rule> {
                 .as_ref()
                 .and_then(|r| c.regex(&format!("{hpath}.regex"), r));
             matcher.header = name.map(|n| (n, re));
+        }
+        let empty_list = m.network.as_ref().is_some_and(Vec::is_empty)
+            || m.status
+                .as_ref()
+                .is_some_and(|v| v.as_sequence().is_some_and(Vec::is_empty));
+        if empty_list {
+            c.error(
+                &format!("{path}.match"),
+                "an empty `status` or `network` list matches nothing: remove it or name values",
+            );
         }
         if m.status.is_none() && m.network.is_none() && m.body.is_none() && m.header.is_none() {
             c.error(

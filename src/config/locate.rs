@@ -10,6 +10,13 @@ use yaml_rust2::scanner::Marker;
 
 use super::validate::Diagnostic;
 
+/// Largest config file accepted, in bytes.
+pub const MAX_FILE_BYTES: usize = 1024 * 1024;
+/// Deepest nesting accepted (a real routes.yaml needs about 6).
+pub const MAX_DEPTH: usize = 32;
+/// Most YAML aliases accepted (each can expand to a whole subtree).
+pub const MAX_ALIASES: usize = 64;
+
 /// Maps paths (`providers.a.base_url`, `tasks.t.chain[0]`) to 1-based
 /// (line, column) of the key and of the value.
 #[derive(Debug, Default)]
@@ -25,10 +32,21 @@ impl LocationIndex {
     /// # Errors
     /// A YAML syntax error, located where the scanner stopped.
     pub fn build(text: &str) -> Result<Self, Diagnostic> {
+        if text.len() > MAX_FILE_BYTES {
+            return Err(Diagnostic::error(
+                "",
+                1,
+                1,
+                format!("the file is larger than {MAX_FILE_BYTES} bytes"),
+            ));
+        }
         let mut builder = Builder::default();
-        Parser::new_from_str(text)
-            .load(&mut builder, false)
-            .map_err(|e| {
+        let mut parser = Parser::new_from_str(text);
+        let mut aliases = 0usize;
+        // Events one by one, not `Parser::load`: that recurses once per nesting
+        // level and a hostile file could overflow the stack.
+        loop {
+            let (event, mark) = parser.next_token().map_err(|e| {
                 let m = e.marker();
                 Diagnostic::error(
                     "",
@@ -37,6 +55,34 @@ impl LocationIndex {
                     format!("YAML syntax error: {}", e.info()),
                 )
             })?;
+            match event {
+                Event::StreamEnd => break,
+                Event::MappingStart(..) | Event::SequenceStart(..)
+                    if builder.stack.len() >= MAX_DEPTH =>
+                {
+                    return Err(Diagnostic::error(
+                        "",
+                        mark.line(),
+                        mark.col() + 1,
+                        format!("nesting deeper than {MAX_DEPTH} levels"),
+                    ));
+                }
+                Event::Alias(_) => {
+                    aliases += 1;
+                    // Each alias may expand to a whole subtree: a few are fine, many are a bomb.
+                    if aliases > MAX_ALIASES {
+                        return Err(Diagnostic::error(
+                            "",
+                            mark.line(),
+                            mark.col() + 1,
+                            format!("more than {MAX_ALIASES} YAML aliases"),
+                        ));
+                    }
+                }
+                _ => {}
+            }
+            builder.on_event(event, mark);
+        }
         Ok(builder.index)
     }
 
@@ -188,6 +234,21 @@ mod tests {
         assert_eq!(idx.value_or_key("a.b"), (2, 6));
         assert_eq!(idx.value_or_key("a.c[1]"), (3, 10));
         assert_eq!(idx.value_or_key("a.nope"), idx.value_or_key("a"));
+    }
+
+    #[test]
+    fn hostile_files_are_refused_not_crashed_on() {
+        let deep = format!("version: 1\ntasks:\n{}x\n", "- ".repeat(6000));
+        let d = LocationIndex::build(&deep).unwrap_err();
+        assert!(d.message.contains("nesting"), "{d}");
+        let mut bomb = String::from("a: &a [x, x]\n");
+        for i in 0..100 {
+            bomb.push_str(&format!("k{i}: *a\n"));
+        }
+        assert!(LocationIndex::build(&bomb)
+            .unwrap_err()
+            .message
+            .contains("aliases"));
     }
 
     #[test]

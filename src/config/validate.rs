@@ -14,6 +14,10 @@ use regex::Regex;
 
 use super::locate::LocationIndex;
 
+/// Longest duration accepted anywhere: longer ones are mistakes, and would
+/// overflow deadline arithmetic.
+const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
 /// How bad a diagnostic is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Severity {
@@ -117,6 +121,13 @@ impl<'a> Checks<'a> {
         match value {
             None => default,
             Some(text) => match humantime::parse_duration(text) {
+                Ok(d) if d > MAX_DURATION => {
+                    self.error(
+                        path,
+                        format!("duration `{text}` is too long (at most 30 days)"),
+                    );
+                    default
+                }
                 Ok(d) if !d.is_zero() => d,
                 Ok(_) => {
                     self.error(path, "duration must be greater than zero");

@@ -1,0 +1,1515 @@
+//! OpenAI Chat Completions <-> Anthropic Messages, as pure translation: no I/O.
+//!
+//! The request side turns a parsed OpenAI chat request into a `POST /v1/messages`
+//! body (`x-api-key` and `anthropic-version: 2023-06-01` are the caller's
+//! business). The response side turns a Messages response, an error body, or a
+//! stream event by event back into what an OpenAI client expects.
+//!
+//! What does not map is handled on purpose, never silently wrong: OpenAI fields
+//! Anthropic has no counterpart for are dropped (Anthropic rejects unknown
+//! fields), while request content that would change meaning if dropped (audio
+//! or file parts, `n > 1`, non-function tools) is a [`TranslateError`].
+//! Anthropic `thinking` blocks are not passed to the client.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+/// Errors translating between the two protocols.
+#[derive(Debug, thiserror::Error)]
+pub enum TranslateError {
+    /// The OpenAI request is malformed (the client's fault).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// The OpenAI request uses something Anthropic cannot express.
+    #[error("not supported by the Anthropic Messages API: {0}")]
+    Unsupported(String),
+    /// An assistant tool call's `arguments` is not a JSON object.
+    #[error("tool call `{id}`: arguments are not a JSON object: {reason}")]
+    ToolArguments {
+        /// The tool call's id.
+        id: String,
+        /// Why the arguments were rejected.
+        reason: String,
+    },
+    /// The upstream body or stream event is not valid JSON.
+    #[error("upstream sent invalid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The upstream JSON is not the expected Messages shape.
+    #[error("unexpected upstream response: {0}")]
+    InvalidResponse(String),
+    /// The upstream answered with an Anthropic error body instead of a message.
+    #[error("upstream error ({kind}): {message}")]
+    Upstream {
+        /// Anthropic `error.type`, e.g. `overloaded_error`.
+        kind: String,
+        /// Anthropic `error.message`.
+        message: String,
+    },
+}
+
+fn invalid(msg: impl Into<String>) -> TranslateError {
+    TranslateError::InvalidRequest(msg.into())
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------
+// Request: OpenAI -> Anthropic
+// ---------------------------------------------------------------------------
+
+/// One Anthropic turn being built; consecutive same-role messages share one.
+struct Turn {
+    role: &'static str,
+    blocks: Vec<Value>,
+}
+
+/// OpenAI chat request (the parsed JSON object) -> Anthropic Messages request body.
+/// `model` is the upstream model name; `default_max_tokens` is used when the request has neither max_tokens nor max_completion_tokens (Anthropic requires it).
+///
+/// System and developer messages become the top-level `system` (joined by a
+/// blank line); consecutive same-role turns are merged; `tool` messages become
+/// `tool_result` blocks in a user turn. `temperature` is clamped to
+/// Anthropic's 0..=1. OpenAI fields without an Anthropic counterpart are dropped.
+pub fn to_messages_request(
+    openai: &Map<String, Value>,
+    model: &str,
+    default_max_tokens: u64,
+) -> Result<Value, TranslateError> {
+    let messages = openai
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or_else(|| invalid("`messages` must be an array"))?;
+
+    let mut system: Vec<String> = Vec::new();
+    let mut turns: Vec<Turn> = Vec::new();
+    for (i, message) in messages.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let message = message
+            .as_object()
+            .ok_or_else(|| invalid(format!("{at} must be an object")))?;
+        let role = message
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| invalid(format!("{at}.role must be a string")))?;
+        match role {
+            "system" | "developer" => system.extend(system_texts(message.get("content"), &at)?),
+            "user" => push_turn(
+                &mut turns,
+                "user",
+                user_blocks(message.get("content"), &at)?,
+            ),
+            "assistant" => push_turn(&mut turns, "assistant", assistant_blocks(message, &at)?),
+            "tool" => push_turn(&mut turns, "user", vec![tool_result(message, &at)?]),
+            other => return Err(TranslateError::Unsupported(format!("{at}: role `{other}`"))),
+        }
+    }
+    if turns.is_empty() {
+        return Err(invalid("no user or assistant message with content"));
+    }
+
+    let mut out = Map::new();
+    out.insert("model".into(), Value::from(model));
+    if !system.is_empty() {
+        out.insert("system".into(), Value::from(system.join("\n\n")));
+    }
+    let messages: Vec<Value> = turns.into_iter().map(turn_json).collect();
+    out.insert("messages".into(), Value::Array(messages));
+    out.insert(
+        "max_tokens".into(),
+        Value::from(max_tokens(openai)?.unwrap_or(default_max_tokens)),
+    );
+
+    if let Some(n) = non_null(openai, "n") {
+        if n.as_u64().is_none_or(|n| n > 1) {
+            return Err(TranslateError::Unsupported(format!("`n` = {n}")));
+        }
+    }
+    if let Some(stop) = stop_sequences(openai)? {
+        out.insert("stop_sequences".into(), stop);
+    }
+    if let Some(t) = non_null(openai, "temperature") {
+        let f = t
+            .as_f64()
+            .ok_or_else(|| invalid("`temperature` must be a number"))?;
+        let v = if (0.0..=1.0).contains(&f) {
+            t.clone()
+        } else {
+            Value::from(f.clamp(0.0, 1.0))
+        };
+        out.insert("temperature".into(), v);
+    }
+    if let Some(p) = non_null(openai, "top_p") {
+        if !p.is_number() {
+            return Err(invalid("`top_p` must be a number"));
+        }
+        out.insert("top_p".into(), p.clone());
+    }
+    if let Some(s) = non_null(openai, "stream") {
+        let s = s
+            .as_bool()
+            .ok_or_else(|| invalid("`stream` must be a boolean"))?;
+        out.insert("stream".into(), Value::Bool(s));
+    }
+    if let Some(user) = non_null(openai, "user").and_then(Value::as_str) {
+        out.insert("metadata".into(), json!({ "user_id": user }));
+    }
+
+    let tools = match non_null(openai, "tools") {
+        Some(t) => tools(t)?,
+        None => Vec::new(),
+    };
+    if !tools.is_empty() {
+        let parallel = match non_null(openai, "parallel_tool_calls") {
+            Some(p) => p
+                .as_bool()
+                .ok_or_else(|| invalid("`parallel_tool_calls` must be a boolean"))?,
+            None => true,
+        };
+        let choice = match non_null(openai, "tool_choice") {
+            Some(c) => Some(tool_choice(c)?),
+            None if !parallel => Some(json!({ "type": "auto" })),
+            None => None,
+        };
+        out.insert("tools".into(), Value::Array(tools));
+        if let Some(mut choice) = choice {
+            let kind = choice.get("type").and_then(Value::as_str).unwrap_or("");
+            if !parallel && kind != "none" {
+                choice["disable_parallel_tool_use"] = Value::Bool(true);
+            }
+            out.insert("tool_choice".into(), choice);
+        }
+    }
+    Ok(Value::Object(out))
+}
+
+/// A field's value unless absent or `null`.
+fn non_null<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    obj.get(key).filter(|v| !v.is_null())
+}
+
+fn max_tokens(openai: &Map<String, Value>) -> Result<Option<u64>, TranslateError> {
+    for key in ["max_completion_tokens", "max_tokens"] {
+        if let Some(v) = non_null(openai, key) {
+            let n = v
+                .as_u64()
+                .ok_or_else(|| invalid(format!("`{key}` must be a non-negative integer")))?;
+            return Ok(Some(n));
+        }
+    }
+    Ok(None)
+}
+
+fn stop_sequences(openai: &Map<String, Value>) -> Result<Option<Value>, TranslateError> {
+    let list = match non_null(openai, "stop") {
+        None => return Ok(None),
+        Some(Value::String(s)) => vec![Value::from(s.as_str())],
+        Some(Value::Array(items)) => {
+            if items.iter().any(|s| !s.is_string()) {
+                return Err(invalid("`stop` must be a string or a list of strings"));
+            }
+            items.clone()
+        }
+        Some(_) => return Err(invalid("`stop` must be a string or a list of strings")),
+    };
+    Ok((!list.is_empty()).then_some(Value::Array(list)))
+}
+
+/// Appends blocks to the last turn if it has the same role, else starts a turn.
+/// Messages that end up with no content are skipped (Anthropic rejects them).
+fn push_turn(turns: &mut Vec<Turn>, role: &'static str, blocks: Vec<Value>) {
+    if blocks.is_empty() {
+        return;
+    }
+    match turns.last_mut() {
+        Some(last) if last.role == role => last.blocks.extend(blocks),
+        _ => turns.push(Turn { role, blocks }),
+    }
+}
+
+/// A turn as JSON; a lone text block is sent as a plain string.
+fn turn_json(turn: Turn) -> Value {
+    let content = match turn.blocks.as_slice() {
+        [only] if only.get("type").and_then(Value::as_str) == Some("text") => {
+            only.get("text").cloned().unwrap_or_default()
+        }
+        _ => Value::Array(turn.blocks),
+    };
+    json!({ "role": turn.role, "content": content })
+}
+
+fn text_block(text: &str) -> Value {
+    json!({ "type": "text", "text": text })
+}
+
+/// The content parts of a message (a string counts as one text part).
+fn parts<'a>(content: Option<&'a Value>, at: &str) -> Result<Vec<&'a Value>, TranslateError> {
+    match content {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(s @ Value::String(_)) => Ok(vec![s]),
+        Some(Value::Array(items)) => Ok(items.iter().collect()),
+        Some(_) => Err(invalid(format!(
+            "{at}.content must be a string or an array"
+        ))),
+    }
+}
+
+/// The part's type, and its text if it is a text part (or a bare string).
+fn part_kind<'a>(part: &'a Value, at: &str) -> Result<(&'a str, Option<&'a str>), TranslateError> {
+    if let Some(s) = part.as_str() {
+        return Ok(("text", Some(s)));
+    }
+    let kind = part
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| invalid(format!("{at}: content part without a `type`")))?;
+    let text = match kind {
+        "text" => Some(
+            part.get("text")
+                .and_then(Value::as_str)
+                .ok_or_else(|| invalid(format!("{at}: text part without `text`")))?,
+        ),
+        "refusal" => part.get("refusal").and_then(Value::as_str),
+        _ => None,
+    };
+    Ok((kind, text))
+}
+
+fn system_texts(content: Option<&Value>, at: &str) -> Result<Vec<String>, TranslateError> {
+    let mut out = Vec::new();
+    for (j, part) in parts(content, at)?.into_iter().enumerate() {
+        let at = format!("{at}.content[{j}]");
+        match part_kind(part, &at)? {
+            ("text", Some(t)) if !t.is_empty() => out.push(t.to_owned()),
+            ("text", _) => {}
+            (kind, _) => {
+                return Err(TranslateError::Unsupported(format!(
+                    "{at}: `{kind}` part in a system message"
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn user_blocks(content: Option<&Value>, at: &str) -> Result<Vec<Value>, TranslateError> {
+    let mut out = Vec::new();
+    for (j, part) in parts(content, at)?.into_iter().enumerate() {
+        let at = format!("{at}.content[{j}]");
+        match part_kind(part, &at)? {
+            ("text", Some(t)) => {
+                if !t.is_empty() {
+                    out.push(text_block(t));
+                }
+            }
+            ("image_url", _) => out.push(image_block(part, &at)?),
+            (kind, _) => {
+                return Err(TranslateError::Unsupported(format!(
+                    "{at}: `{kind}` content part"
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `{"type":"image_url","image_url":{"url":...}}` -> an Anthropic image block.
+fn image_block(part: &Value, at: &str) -> Result<Value, TranslateError> {
+    let image = part.get("image_url");
+    let url = image
+        .and_then(|i| i.get("url"))
+        .or(image)
+        .and_then(Value::as_str)
+        .ok_or_else(|| invalid(format!("{at}: image_url part without a url")))?;
+    if let Some(rest) = url.strip_prefix("data:") {
+        let (meta, data) = rest
+            .split_once(',')
+            .ok_or_else(|| invalid(format!("{at}: malformed data URL")))?;
+        let mut params = meta.split(';');
+        let media_type = params.next().unwrap_or_default();
+        if media_type.is_empty() || !params.any(|p| p.eq_ignore_ascii_case("base64")) {
+            return Err(TranslateError::Unsupported(format!(
+                "{at}: data URL that is not base64 with a media type"
+            )));
+        }
+        Ok(json!({
+            "type": "image",
+            "source": { "type": "base64", "media_type": media_type, "data": data },
+        }))
+    } else if url.starts_with("https://") || url.starts_with("http://") {
+        Ok(json!({ "type": "image", "source": { "type": "url", "url": url } }))
+    } else {
+        Err(TranslateError::Unsupported(format!(
+            "{at}: image URL scheme (only data:, http: and https:)"
+        )))
+    }
+}
+
+fn assistant_blocks(message: &Map<String, Value>, at: &str) -> Result<Vec<Value>, TranslateError> {
+    if non_null(message, "function_call").is_some() {
+        return Err(TranslateError::Unsupported(format!(
+            "{at}: legacy `function_call` (use `tool_calls`)"
+        )));
+    }
+    let mut out = Vec::new();
+    for (j, part) in parts(message.get("content"), at)?.into_iter().enumerate() {
+        let at = format!("{at}.content[{j}]");
+        match part_kind(part, &at)? {
+            ("text" | "refusal", Some(t)) => {
+                if !t.is_empty() {
+                    out.push(text_block(t));
+                }
+            }
+            ("refusal", None) => {}
+            (kind, _) => {
+                return Err(TranslateError::Unsupported(format!(
+                    "{at}: `{kind}` part in an assistant message"
+                )))
+            }
+        }
+    }
+    let calls = match non_null(message, "tool_calls") {
+        None => &[][..],
+        Some(Value::Array(calls)) => calls.as_slice(),
+        Some(_) => return Err(invalid(format!("{at}.tool_calls must be an array"))),
+    };
+    for (k, call) in calls.iter().enumerate() {
+        out.push(tool_use_block(call, &format!("{at}.tool_calls[{k}]"))?);
+    }
+    Ok(out)
+}
+
+fn tool_use_block(call: &Value, at: &str) -> Result<Value, TranslateError> {
+    let id = call
+        .get("id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| invalid(format!("{at}.id must be a string")))?;
+    let kind = call
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("function");
+    if kind != "function" {
+        return Err(TranslateError::Unsupported(format!(
+            "{at}: tool call type `{kind}`"
+        )));
+    }
+    let function = call
+        .get("function")
+        .ok_or_else(|| invalid(format!("{at}.function is missing")))?;
+    let name = function
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| invalid(format!("{at}.function.name must be a string")))?;
+    let arguments = match function.get("arguments") {
+        None | Some(Value::Null) => "",
+        Some(Value::String(s)) => s.as_str(),
+        Some(_) => {
+            return Err(TranslateError::ToolArguments {
+                id: id.to_owned(),
+                reason: "`arguments` is not a string".into(),
+            })
+        }
+    };
+    let input = if arguments.trim().is_empty() {
+        Value::Object(Map::new())
+    } else {
+        serde_json::from_str::<Value>(arguments).map_err(|e| TranslateError::ToolArguments {
+            id: id.to_owned(),
+            reason: e.to_string(),
+        })?
+    };
+    if !input.is_object() {
+        return Err(TranslateError::ToolArguments {
+            id: id.to_owned(),
+            reason: "valid JSON but not an object".into(),
+        });
+    }
+    Ok(json!({ "type": "tool_use", "id": id, "name": name, "input": input }))
+}
+
+fn tool_result(message: &Map<String, Value>, at: &str) -> Result<Value, TranslateError> {
+    let id = message
+        .get("tool_call_id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| invalid(format!("{at}.tool_call_id must be a string")))?;
+    let mut block = Map::new();
+    block.insert("type".into(), Value::from("tool_result"));
+    block.insert("tool_use_id".into(), Value::from(id));
+    match message.get("content") {
+        Some(Value::String(s)) if !s.is_empty() => {
+            block.insert("content".into(), Value::from(s.as_str()));
+        }
+        content @ Some(Value::Array(_)) => {
+            let blocks = user_blocks(content, at)?;
+            if !blocks.is_empty() {
+                block.insert("content".into(), Value::Array(blocks));
+            }
+        }
+        None | Some(Value::Null | Value::String(_)) => {}
+        Some(_) => {
+            return Err(invalid(format!(
+                "{at}.content must be a string or an array"
+            )))
+        }
+    }
+    Ok(Value::Object(block))
+}
+
+fn tools(tools: &Value) -> Result<Vec<Value>, TranslateError> {
+    let tools = tools
+        .as_array()
+        .ok_or_else(|| invalid("`tools` must be an array"))?;
+    tools
+        .iter()
+        .enumerate()
+        .map(|(i, tool)| {
+            let at = format!("tools[{i}]");
+            let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
+            if kind != "function" {
+                return Err(TranslateError::Unsupported(format!(
+                    "{at}: tool type `{kind}`"
+                )));
+            }
+            let f = tool
+                .get("function")
+                .ok_or_else(|| invalid(format!("{at}.function is missing")))?;
+            let name = f
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| invalid(format!("{at}.function.name must be a string")))?;
+            let mut out = Map::new();
+            out.insert("name".into(), Value::from(name));
+            if let Some(d) = f.get("description").and_then(Value::as_str) {
+                out.insert("description".into(), Value::from(d));
+            }
+            let schema = match f.get("parameters") {
+                None | Some(Value::Null) => json!({ "type": "object", "properties": {} }),
+                Some(p) if p.is_object() => p.clone(),
+                Some(_) => {
+                    return Err(invalid(format!(
+                        "{at}.function.parameters must be an object"
+                    )))
+                }
+            };
+            out.insert("input_schema".into(), schema);
+            Ok(Value::Object(out))
+        })
+        .collect()
+}
+
+fn tool_choice(choice: &Value) -> Result<Value, TranslateError> {
+    match choice {
+        Value::String(s) => match s.as_str() {
+            "auto" => Ok(json!({ "type": "auto" })),
+            "required" => Ok(json!({ "type": "any" })),
+            "none" => Ok(json!({ "type": "none" })),
+            other => Err(invalid(format!("`tool_choice` = `{other}`"))),
+        },
+        Value::Object(o) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .filter(|_| o.get("type").and_then(Value::as_str) == Some("function"))
+                .ok_or_else(|| {
+                    invalid("`tool_choice` object must be {\"type\":\"function\",\"function\":{\"name\":...}}")
+                })?;
+            Ok(json!({ "type": "tool", "name": name }))
+        }
+        _ => Err(invalid("`tool_choice` must be a string or an object")),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Response: Anthropic -> OpenAI
+// ---------------------------------------------------------------------------
+
+/// Anthropic `usage` (a message's, or a stream event's).
+#[derive(Debug, Default, Deserialize)]
+struct Usage {
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
+}
+
+impl Usage {
+    /// OpenAI counts cached prompt tokens in `prompt_tokens`; Anthropic's
+    /// `input_tokens` leaves out cache writes and reads.
+    fn prompt_tokens(&self) -> Option<u64> {
+        let input = self.input_tokens?;
+        Some(
+            input
+                + self.cache_creation_input_tokens.unwrap_or(0)
+                + self.cache_read_input_tokens.unwrap_or(0),
+        )
+    }
+}
+
+/// OpenAI `usage` from counts.
+fn usage_json(prompt: u64, completion: u64, cached: u64) -> Value {
+    let mut u = json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    });
+    if cached > 0 {
+        u["prompt_tokens_details"] = json!({ "cached_tokens": cached });
+    }
+    u
+}
+
+/// Anthropic `stop_reason` -> OpenAI `finish_reason`.
+fn finish_reason(stop_reason: Option<&str>) -> Value {
+    match stop_reason {
+        None => Value::Null,
+        Some("max_tokens" | "model_context_window_exceeded") => Value::from("length"),
+        Some("tool_use") => Value::from("tool_calls"),
+        Some("refusal") => Value::from("content_filter"),
+        // end_turn, stop_sequence, pause_turn and anything newer.
+        Some(_) => Value::from("stop"),
+    }
+}
+
+/// The `{"type":"error","error":{...}}` body, if it is one: (type, message).
+fn anthropic_error(body: &[u8]) -> Option<(String, String)> {
+    #[derive(Deserialize)]
+    struct Wire {
+        #[serde(rename = "type")]
+        kind: String,
+        error: Inner,
+    }
+    #[derive(Deserialize)]
+    struct Inner {
+        #[serde(rename = "type")]
+        kind: String,
+        #[serde(default)]
+        message: Option<String>,
+    }
+    let w: Wire = serde_json::from_slice(body).ok()?;
+    (w.kind == "error").then(|| (w.error.kind, w.error.message.unwrap_or_default()))
+}
+
+/// Anthropic error type -> HTTP status (Anthropic's documented pairs; unknown -> 500).
+fn status_of(kind: &str) -> u16 {
+    match kind {
+        "invalid_request_error" => 400,
+        "authentication_error" => 401,
+        "billing_error" => 402,
+        "permission_error" => 403,
+        "not_found_error" => 404,
+        "request_too_large" => 413,
+        "rate_limit_error" => 429,
+        "timeout_error" => 504,
+        "overloaded_error" => 529,
+        _ => 500,
+    }
+}
+
+/// Whether an error message says the prompt exceeds the context window.
+fn is_context_message(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    [
+        "prompt is too long",
+        "context length",
+        "context window",
+        "too many tokens",
+    ]
+    .iter()
+    .any(|p| m.contains(p))
+}
+
+/// Anthropic error (type, message) -> OpenAI (`type`, `code`).
+fn openai_error_names(kind: &str, message: &str) -> (&'static str, &'static str) {
+    match kind {
+        "invalid_request_error" if is_context_message(message) => {
+            ("invalid_request_error", "context_length_exceeded")
+        }
+        "invalid_request_error" => ("invalid_request_error", "invalid_request"),
+        "authentication_error" => ("authentication_error", "invalid_api_key"),
+        "billing_error" => ("insufficient_quota", "insufficient_quota"),
+        "permission_error" => ("permission_error", "permission_denied"),
+        "not_found_error" => ("not_found_error", "not_found"),
+        "request_too_large" => ("invalid_request_error", "request_too_large"),
+        "rate_limit_error" => ("rate_limit_error", "rate_limit_exceeded"),
+        "timeout_error" => ("server_error", "timeout"),
+        "overloaded_error" => ("server_error", "overloaded"),
+        _ => ("server_error", "server_error"),
+    }
+}
+
+/// Anthropic Messages response body -> OpenAI `chat.completion` JSON (bytes).
+///
+/// Text blocks are concatenated into `message.content` (`null` when there is
+/// no text but there are tool calls); `tool_use` blocks become `tool_calls`;
+/// `thinking` and other block types are dropped. `prompt_tokens` includes
+/// cache reads and writes, and cache reads are also reported as
+/// `prompt_tokens_details.cached_tokens`.
+pub fn from_messages_response(body: &[u8]) -> Result<Bytes, TranslateError> {
+    #[derive(Deserialize)]
+    struct Message {
+        #[serde(rename = "type")]
+        kind: Option<String>,
+        id: String,
+        model: String,
+        #[serde(default)]
+        content: Vec<Value>,
+        stop_reason: Option<String>,
+        #[serde(default)]
+        usage: Usage,
+    }
+    if let Some((kind, message)) = anthropic_error(body) {
+        return Err(TranslateError::Upstream { kind, message });
+    }
+    let value: Value = serde_json::from_slice(body)?;
+    let m: Message = serde_json::from_value(value)
+        .map_err(|e| TranslateError::InvalidResponse(format!("not a Messages response: {e}")))?;
+    if m.kind.as_deref().is_some_and(|k| k != "message") {
+        return Err(TranslateError::InvalidResponse(format!(
+            "`type` is {:?}, not \"message\"",
+            m.kind.unwrap_or_default()
+        )));
+    }
+
+    let mut text = String::new();
+    let mut tool_calls = Vec::new();
+    for block in &m.content {
+        match block.get("type").and_then(Value::as_str) {
+            Some("text") => {
+                if let Some(t) = block.get("text").and_then(Value::as_str) {
+                    text.push_str(t);
+                }
+            }
+            Some("tool_use") => {
+                let field = |k: &str| block.get(k).and_then(Value::as_str).unwrap_or_default();
+                let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
+                tool_calls.push(json!({
+                    "id": field("id"),
+                    "type": "function",
+                    "function": { "name": field("name"), "arguments": input.to_string() },
+                }));
+            }
+            _ => {}
+        }
+    }
+    let mut message = json!({ "role": "assistant", "content": text });
+    if !tool_calls.is_empty() {
+        if text.is_empty() {
+            message["content"] = Value::Null;
+        }
+        message["tool_calls"] = Value::Array(tool_calls);
+    }
+    let out = json!({
+        "id": m.id,
+        "object": "chat.completion",
+        "created": now_secs(),
+        "model": m.model,
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "logprobs": null,
+            "finish_reason": finish_reason(m.stop_reason.as_deref()),
+        }],
+        "usage": usage_json(
+            m.usage.prompt_tokens().unwrap_or(0),
+            m.usage.output_tokens.unwrap_or(0),
+            m.usage.cache_read_input_tokens.unwrap_or(0),
+        ),
+    });
+    Ok(Bytes::from(out.to_string()))
+}
+
+/// HTTP-status-like code of an Anthropic error body ({"type":"error","error":{"type":...,"message":...}}),
+/// e.g. overloaded_error -> 529, rate_limit_error -> 429, authentication_error -> 401, permission_error -> 403,
+/// not_found_error -> 404, request_too_large -> 413, invalid_request_error -> 400, api_error -> 500. None if not such a body.
+///
+/// Also billing_error -> 402 and timeout_error -> 504; an error type not
+/// known here gives 500.
+#[must_use]
+pub fn error_status(body: &[u8]) -> Option<u16> {
+    anthropic_error(body).map(|(kind, _)| status_of(&kind))
+}
+
+/// An Anthropic error body -> an OpenAI-format error body {"error":{"message","type","code"}} (keeps the message;
+/// a context-length invalid_request_error keeps words like "prompt is too long" so the gateway's context-window
+/// detection, which looks for phrases like "prompt is too long" / "context length", still matches). None if not an Anthropic error.
+///
+/// `code` is an OpenAI-style string (`context_length_exceeded`,
+/// `rate_limit_exceeded`, `invalid_api_key`, `overloaded`, ...); the message is
+/// passed through unchanged.
+#[must_use]
+pub fn to_openai_error(body: &[u8]) -> Option<Bytes> {
+    let (kind, message) = anthropic_error(body)?;
+    let (error_type, code) = openai_error_names(&kind, &message);
+    let v = json!({
+        "error": { "message": message, "type": error_type, "code": code, "param": null }
+    });
+    Some(Bytes::from(v.to_string()))
+}
+
+// ---------------------------------------------------------------------------
+// Streams: Anthropic SSE -> OpenAI chunks
+// ---------------------------------------------------------------------------
+
+/// An open `tool_use` block of the stream.
+#[derive(Debug)]
+struct ToolBlock {
+    /// Anthropic's content block index.
+    block: u64,
+    /// OpenAI's `tool_calls[].index` (counts tool blocks only).
+    index: usize,
+    /// Whether any non-empty `arguments` piece was sent.
+    sent_arguments: bool,
+}
+
+/// Translates an Anthropic SSE stream, event by event, into OpenAI `chat.completion.chunk` SSE events.
+#[derive(Debug)]
+pub struct StreamTranslator {
+    include_usage: bool,
+    created: u64,
+    id: String,
+    model: String,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    cached_tokens: u64,
+    tools: Vec<ToolBlock>,
+    finished: bool,
+}
+
+impl StreamTranslator {
+    /// `include_usage`: the client asked `stream_options.include_usage` (emit a final usage chunk with empty choices).
+    #[must_use]
+    pub fn new(include_usage: bool) -> Self {
+        Self {
+            include_usage,
+            created: now_secs(),
+            id: String::new(),
+            model: String::new(),
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            cached_tokens: 0,
+            tools: Vec::new(),
+            finished: false,
+        }
+    }
+
+    /// One upstream event's `data:` JSON (Anthropic puts the event type in data.type too, so the `event:` line is not needed).
+    /// Returns zero or more complete OpenAI SSE events as raw bytes, each exactly `data: {json}\n\n`, and `data: [DONE]\n\n` after message_stop.
+    /// An Anthropic `error` event becomes `data: {"error":{"message","type","code": <numeric status from error_status rules>}}\n\n`
+    /// (the gateway reads a numeric `code` as an in-band status). `ping` produces nothing.
+    ///
+    /// Unknown event types, thinking/signature deltas and events after
+    /// `message_stop` produce nothing. A tool call whose input streamed no
+    /// JSON at all gets `"{}"` as its arguments when its block stops.
+    pub fn on_event(&mut self, data: &str) -> Result<Vec<Bytes>, TranslateError> {
+        let event: Value = serde_json::from_str(data)?;
+        let kind = event
+            .get("type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| TranslateError::InvalidResponse("stream event without `type`".into()))?;
+        if self.finished {
+            return Ok(Vec::new());
+        }
+        let out = match kind {
+            "message_start" => {
+                let message = event.get("message").ok_or_else(|| {
+                    TranslateError::InvalidResponse("message_start without `message`".into())
+                })?;
+                let field = |k: &str| message.get(k).and_then(Value::as_str).unwrap_or_default();
+                self.id = field("id").to_owned();
+                self.model = field("model").to_owned();
+                self.take_usage(message.get("usage"))?;
+                vec![self.chunk(json!({ "role": "assistant", "content": "" }), Value::Null)]
+            }
+            "content_block_start" => {
+                let block = event.get("content_block").unwrap_or(&Value::Null);
+                match block.get("type").and_then(Value::as_str) {
+                    Some("text") => match block.get("text").and_then(Value::as_str) {
+                        Some(t) if !t.is_empty() => vec![self.content(t)],
+                        _ => Vec::new(),
+                    },
+                    Some("tool_use") => {
+                        let index = self.tools.len();
+                        self.tools.push(ToolBlock {
+                            block: block_index(&event)?,
+                            index,
+                            sent_arguments: false,
+                        });
+                        let field =
+                            |k: &str| block.get(k).and_then(Value::as_str).unwrap_or_default();
+                        let call = json!({
+                            "index": index,
+                            "id": field("id"),
+                            "type": "function",
+                            "function": { "name": field("name"), "arguments": "" },
+                        });
+                        vec![self.chunk(json!({ "tool_calls": [call] }), Value::Null)]
+                    }
+                    _ => Vec::new(),
+                }
+            }
+            "content_block_delta" => {
+                let delta = event.get("delta").unwrap_or(&Value::Null);
+                match delta.get("type").and_then(Value::as_str) {
+                    Some("text_delta") => match delta.get("text").and_then(Value::as_str) {
+                        Some(t) if !t.is_empty() => vec![self.content(t)],
+                        _ => Vec::new(),
+                    },
+                    Some("input_json_delta") => {
+                        let piece = delta
+                            .get("partial_json")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default();
+                        let block = block_index(&event)?;
+                        match self.tools.iter_mut().find(|t| t.block == block) {
+                            Some(tool) if !piece.is_empty() => {
+                                tool.sent_arguments = true;
+                                let index = tool.index;
+                                vec![self.arguments(index, piece)]
+                            }
+                            _ => Vec::new(),
+                        }
+                    }
+                    _ => Vec::new(),
+                }
+            }
+            "content_block_stop" => {
+                let block = block_index(&event)?;
+                match self.tools.iter_mut().find(|t| t.block == block) {
+                    Some(tool) if !tool.sent_arguments => {
+                        tool.sent_arguments = true;
+                        let index = tool.index;
+                        vec![self.arguments(index, "{}")]
+                    }
+                    _ => Vec::new(),
+                }
+            }
+            "message_delta" => {
+                self.take_usage(event.get("usage"))?;
+                let stop = event
+                    .get("delta")
+                    .and_then(|d| d.get("stop_reason"))
+                    .and_then(Value::as_str);
+                vec![self.chunk(json!({}), finish_reason(stop))]
+            }
+            "message_stop" => {
+                self.finished = true;
+                let mut out = Vec::new();
+                if self.include_usage {
+                    let chunk = json!({
+                        "id": self.id,
+                        "object": "chat.completion.chunk",
+                        "created": self.created,
+                        "model": self.model,
+                        "choices": [],
+                        "usage": usage_json(self.prompt_tokens, self.completion_tokens, self.cached_tokens),
+                    });
+                    out.push(sse(&chunk));
+                }
+                out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+                out
+            }
+            "error" => {
+                let (kind, message) = anthropic_error(data.as_bytes()).ok_or_else(|| {
+                    TranslateError::InvalidResponse("malformed error event".into())
+                })?;
+                let (error_type, _) = openai_error_names(&kind, &message);
+                let body = json!({
+                    "error": { "message": message, "type": error_type, "code": status_of(&kind) }
+                });
+                vec![sse(&body)]
+            }
+            // "ping" and event types added later.
+            _ => Vec::new(),
+        };
+        Ok(out)
+    }
+
+    /// Reads token counts from a message_start or message_delta `usage`.
+    fn take_usage(&mut self, usage: Option<&Value>) -> Result<(), TranslateError> {
+        let Some(usage) = usage.filter(|u| !u.is_null()) else {
+            return Ok(());
+        };
+        let u = Usage::deserialize(usage)
+            .map_err(|e| TranslateError::InvalidResponse(format!("bad usage: {e}")))?;
+        if let Some(p) = u.prompt_tokens() {
+            self.prompt_tokens = p;
+            self.cached_tokens = u.cache_read_input_tokens.unwrap_or(0);
+        }
+        if let Some(o) = u.output_tokens {
+            self.completion_tokens = o;
+        }
+        Ok(())
+    }
+
+    fn chunk(&self, delta: Value, finish_reason: Value) -> Bytes {
+        sse(&json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{ "index": 0, "delta": delta, "finish_reason": finish_reason }],
+        }))
+    }
+
+    fn content(&self, text: &str) -> Bytes {
+        self.chunk(json!({ "content": text }), Value::Null)
+    }
+
+    fn arguments(&self, index: usize, piece: &str) -> Bytes {
+        let call = json!({ "index": index, "function": { "arguments": piece } });
+        self.chunk(json!({ "tool_calls": [call] }), Value::Null)
+    }
+}
+
+/// The Anthropic content block `index` of an event.
+fn block_index(event: &Value) -> Result<u64, TranslateError> {
+    event.get("index").and_then(Value::as_u64).ok_or_else(|| {
+        TranslateError::InvalidResponse("content block event without `index`".into())
+    })
+}
+
+/// One SSE event carrying `v`.
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    macro_rules! fixture {
+        ($name:literal) => {
+            include_str!(concat!("../tests/fixtures/anthropic/", $name))
+        };
+    }
+
+    fn object(text: &str) -> Map<String, Value> {
+        match serde_json::from_str(text).unwrap() {
+            Value::Object(o) => o,
+            other => panic!("not an object: {other}"),
+        }
+    }
+
+    fn request(v: Value) -> Result<Value, TranslateError> {
+        let Value::Object(o) = v else {
+            panic!("not an object")
+        };
+        to_messages_request(&o, "claude-x", 1000)
+    }
+
+    /// Parses produced JSON and zeroes `created` (the expected fixtures say
+    /// 0) after checking that it is a current Unix time.
+    fn without_created(text: &[u8]) -> Value {
+        let mut v: Value = serde_json::from_slice(text).unwrap();
+        if let Some(c) = v.get("created") {
+            assert!(c.as_u64().unwrap() > 1_600_000_000, "created = {c}");
+            v["created"] = json!(0);
+        }
+        v
+    }
+
+    fn parse(text: &str) -> Value {
+        serde_json::from_str(text).unwrap()
+    }
+
+    /// The `data:` payloads of an SSE fixture.
+    fn sse_data(text: &str) -> Vec<&str> {
+        text.split("\n\n")
+            .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data: ")))
+            .collect()
+    }
+
+    fn run_stream(text: &str, include_usage: bool) -> Vec<String> {
+        let mut t = StreamTranslator::new(include_usage);
+        let mut out = Vec::new();
+        for data in sse_data(text) {
+            for event in t.on_event(data).unwrap() {
+                let s = String::from_utf8(event.to_vec()).unwrap();
+                assert!(s.starts_with("data: ") && s.ends_with("\n\n"), "{s:?}");
+                assert_eq!(s.matches("\n\n").count(), 1, "one event per item: {s:?}");
+                out.push(s["data: ".len()..s.len() - 2].to_owned());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn chat_request_translates() {
+        let openai = object(fixture!("chat_request.openai.json"));
+        let got = to_messages_request(&openai, "claude-sonnet-4-5", 4096).unwrap();
+        let want: Value = serde_json::from_str(fixture!("chat_request.anthropic.json")).unwrap();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn tools_request_translates() {
+        let openai = object(fixture!("tools_request.openai.json"));
+        let got = to_messages_request(&openai, "claude-sonnet-4-5", 4096).unwrap();
+        let want: Value = serde_json::from_str(fixture!("tools_request.anthropic.json")).unwrap();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn text_response_translates() {
+        let got =
+            from_messages_response(fixture!("text_response.anthropic.json").as_bytes()).unwrap();
+        let want = parse(fixture!("text_response.openai.json"));
+        assert_eq!(without_created(&got), want);
+    }
+
+    #[test]
+    fn tool_use_response_translates() {
+        let got = from_messages_response(fixture!("tool_use_response.anthropic.json").as_bytes())
+            .unwrap();
+        let got = without_created(&got);
+        let want = parse(fixture!("tool_use_response.openai.json"));
+        // `arguments` is JSON text: compare it parsed, then the rest exactly.
+        let args = |v: &Value, i: usize| -> Value {
+            let a = v["choices"][0]["message"]["tool_calls"][i]["function"]["arguments"]
+                .as_str()
+                .unwrap();
+            serde_json::from_str(a).unwrap()
+        };
+        let (mut got, mut want) = (got, want);
+        for i in 0..2 {
+            assert_eq!(args(&got, i), args(&want, i));
+            got["choices"][0]["message"]["tool_calls"][i]["function"]["arguments"] = json!("");
+            want["choices"][0]["message"]["tool_calls"][i]["function"]["arguments"] = json!("");
+        }
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn tool_only_response_has_null_content() {
+        let body = json!({
+            "id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+            "content": [{ "type": "tool_use", "id": "toolu_1", "name": "f", "input": { "a": 1 } }],
+            "stop_reason": "tool_use", "usage": { "input_tokens": 1, "output_tokens": 2 }
+        });
+        let got = without_created(&from_messages_response(body.to_string().as_bytes()).unwrap());
+        assert_eq!(got["choices"][0]["message"]["content"], Value::Null);
+        assert_eq!(got["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(
+            got["usage"],
+            json!({ "prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3 })
+        );
+    }
+
+    #[test]
+    fn stop_reasons_map() {
+        for (anthropic, openai) in [
+            ("end_turn", json!("stop")),
+            ("stop_sequence", json!("stop")),
+            ("max_tokens", json!("length")),
+            ("tool_use", json!("tool_calls")),
+            ("refusal", json!("content_filter")),
+        ] {
+            let body = json!({
+                "id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+                "content": [{ "type": "text", "text": "x" }], "stop_reason": anthropic,
+                "usage": { "input_tokens": 1, "output_tokens": 1 }
+            });
+            let got: Value = serde_json::from_slice(
+                &from_messages_response(body.to_string().as_bytes()).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(got["choices"][0]["finish_reason"], openai, "{anthropic}");
+        }
+    }
+
+    #[test]
+    fn bad_responses_are_errors() {
+        assert!(matches!(
+            from_messages_response(fixture!("error_overloaded.json").as_bytes()),
+            Err(TranslateError::Upstream { kind, .. }) if kind == "overloaded_error"
+        ));
+        assert!(matches!(
+            from_messages_response(b"{nope"),
+            Err(TranslateError::Json(_))
+        ));
+        assert!(matches!(
+            from_messages_response(br#"{"type":"message"}"#),
+            Err(TranslateError::InvalidResponse(_))
+        ));
+    }
+
+    #[test]
+    fn stream_text_translates() {
+        let got = run_stream(fixture!("stream_text.anthropic.sse"), false);
+        let want = sse_data(fixture!("stream_text.openai.sse"));
+        assert_eq!(got.len(), want.len(), "{got:#?}");
+        for (g, w) in got.iter().zip(&want) {
+            if *w == "[DONE]" {
+                assert_eq!(g, w);
+            } else {
+                assert_eq!(without_created(g.as_bytes()), parse(w));
+            }
+        }
+        let created: Vec<Value> = got[..got.len() - 1]
+            .iter()
+            .map(|g| serde_json::from_str::<Value>(g).unwrap()["created"].clone())
+            .collect();
+        assert!(
+            created.windows(2).all(|w| w[0] == w[1]),
+            "one `created` per stream"
+        );
+    }
+
+    #[test]
+    fn stream_tool_use_assembles() {
+        let got = run_stream(fixture!("stream_tool_use.anthropic.sse"), true);
+        assert_eq!(got.last().map(String::as_str), Some("[DONE]"));
+        let chunks: Vec<Value> = got[..got.len() - 1]
+            .iter()
+            .map(|g| serde_json::from_str(g).unwrap())
+            .collect();
+
+        let mut text = String::new();
+        let mut calls: Vec<(String, String, String)> = Vec::new();
+        let mut finish = Vec::new();
+        for c in &chunks[..chunks.len() - 1] {
+            assert_eq!(c["object"], "chat.completion.chunk");
+            assert_eq!(c["id"], "msg_014p7gG3wDgGV9EUtLvnow3U");
+            assert_eq!(c["model"], "claude-sonnet-4-5-20250929");
+            let choice = &c["choices"][0];
+            assert_eq!(choice["index"], 0);
+            if !choice["finish_reason"].is_null() {
+                finish.push(choice["finish_reason"].clone());
+            }
+            let delta = &choice["delta"];
+            if let Some(t) = delta["content"].as_str() {
+                text.push_str(t);
+            }
+            for call in delta["tool_calls"].as_array().into_iter().flatten() {
+                let i = usize::try_from(call["index"].as_u64().unwrap()).unwrap();
+                if i == calls.len() {
+                    assert_eq!(call["type"], "function");
+                    calls.push(Default::default());
+                }
+                let entry = &mut calls[i];
+                if let Some(id) = call["id"].as_str() {
+                    entry.0.push_str(id);
+                }
+                if let Some(name) = call["function"]["name"].as_str() {
+                    entry.1.push_str(name);
+                }
+                if let Some(a) = call["function"]["arguments"].as_str() {
+                    entry.2.push_str(a);
+                }
+            }
+        }
+        assert_eq!(
+            text,
+            "Okay, let's check the weather for San Francisco, CA: And the time there:"
+        );
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].0, "toolu_01T1x1fJ34qAmk2tNTrN7Up6");
+        assert_eq!(calls[0].1, "get_weather");
+        assert_eq!(
+            serde_json::from_str::<Value>(&calls[0].2).unwrap(),
+            json!({ "location": "San Francisco, CA", "unit": "fahrenheit" })
+        );
+        assert_eq!(calls[1].0, "toolu_01GhT5kR8aNvYw3QmLp2XcBz");
+        assert_eq!(calls[1].1, "get_time");
+        assert_eq!(calls[1].2, "{}");
+        assert_eq!(finish, vec![json!("tool_calls")]);
+
+        let usage = chunks.last().unwrap();
+        assert_eq!(usage["choices"], json!([]));
+        assert_eq!(
+            usage["usage"],
+            json!({
+                "prompt_tokens": 500, "completion_tokens": 89, "total_tokens": 589,
+                "prompt_tokens_details": { "cached_tokens": 28 }
+            })
+        );
+    }
+
+    #[test]
+    fn stream_edges() {
+        let mut t = StreamTranslator::new(false);
+        assert!(t.on_event(r#"{"type":"ping"}"#).unwrap().is_empty());
+        assert!(t
+            .on_event(r#"{"type":"some_future_event"}"#)
+            .unwrap()
+            .is_empty());
+        assert!(matches!(t.on_event("{oops"), Err(TranslateError::Json(_))));
+        assert!(t
+            .on_event(r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hm"}}"#)
+            .unwrap()
+            .is_empty());
+        let out = t.on_event(r#"{"type":"message_stop"}"#).unwrap();
+        assert_eq!(out, vec![Bytes::from_static(b"data: [DONE]\n\n")]);
+        assert!(t.on_event(r#"{"type":"message_stop"}"#).unwrap().is_empty());
+    }
+
+    #[test]
+    fn stream_error_event_carries_numeric_status() {
+        let mut t = StreamTranslator::new(true);
+        let out = t
+            .on_event(fixture!("error_overloaded.json").trim())
+            .unwrap();
+        assert_eq!(out.len(), 1);
+        let s = std::str::from_utf8(&out[0]).unwrap();
+        let body: Value =
+            serde_json::from_str(s.strip_prefix("data: ").unwrap().trim_end()).unwrap();
+        assert_eq!(body["error"]["code"], json!(529));
+        assert_eq!(body["error"]["message"], "Overloaded");
+        assert_eq!(body["error"]["type"], "server_error");
+        assert_eq!(
+            crate::sse::error_code(&body["error"].to_string()),
+            Some(529),
+            "the gateway reads it as an in-band status"
+        );
+
+        let out = t
+            .on_event(fixture!("error_rate_limit.json").trim())
+            .unwrap();
+        let s = std::str::from_utf8(&out[0]).unwrap();
+        assert!(s.contains(r#""code":429"#), "{s}");
+    }
+
+    #[test]
+    fn error_statuses() {
+        assert_eq!(
+            error_status(fixture!("error_overloaded.json").as_bytes()),
+            Some(529)
+        );
+        assert_eq!(
+            error_status(fixture!("error_rate_limit.json").as_bytes()),
+            Some(429)
+        );
+        assert_eq!(
+            error_status(fixture!("error_auth.json").as_bytes()),
+            Some(401)
+        );
+        assert_eq!(
+            error_status(fixture!("error_context.json").as_bytes()),
+            Some(400)
+        );
+        for (kind, status) in [
+            ("permission_error", 403),
+            ("not_found_error", 404),
+            ("request_too_large", 413),
+            ("api_error", 500),
+            ("billing_error", 402),
+            ("timeout_error", 504),
+            ("brand_new_error", 500),
+        ] {
+            let body = json!({ "type": "error", "error": { "type": kind, "message": "m" } });
+            assert_eq!(
+                error_status(body.to_string().as_bytes()),
+                Some(status),
+                "{kind}"
+            );
+        }
+        // An OpenAI error body, a message and junk are not Anthropic errors.
+        let openai = br#"{"error":{"message":"x","type":"invalid_request_error","code":null}}"#;
+        assert_eq!(error_status(openai), None);
+        assert_eq!(
+            error_status(fixture!("text_response.anthropic.json").as_bytes()),
+            None
+        );
+        assert_eq!(error_status(b"<html>502</html>"), None);
+        assert_eq!(to_openai_error(openai), None);
+    }
+
+    #[test]
+    fn errors_become_openai_errors() {
+        let conv = |body: &str| -> Value {
+            serde_json::from_slice(&to_openai_error(body.as_bytes()).unwrap()).unwrap()
+        };
+        let e = conv(fixture!("error_context.json"));
+        assert_eq!(
+            e["error"]["message"],
+            "prompt is too long: 210000 tokens > 200000 maximum"
+        );
+        assert_eq!(e["error"]["type"], "invalid_request_error");
+        assert_eq!(e["error"]["code"], "context_length_exceeded");
+        let context = regex::Regex::new(crate::classify::CONTEXT_WINDOW_PATTERN).unwrap();
+        assert!(context.is_match(&e.to_string()));
+
+        let e = conv(fixture!("error_rate_limit.json"));
+        assert_eq!(e["error"]["type"], "rate_limit_error");
+        assert_eq!(e["error"]["code"], "rate_limit_exceeded");
+        assert!(e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("This request would exceed"));
+        assert!(!context.is_match(&e.to_string()));
+
+        let e = conv(fixture!("error_auth.json"));
+        assert_eq!(
+            e["error"],
+            json!({ "message": "invalid x-api-key", "type": "authentication_error", "code": "invalid_api_key", "param": null })
+        );
+        let e = conv(fixture!("error_overloaded.json"));
+        assert_eq!(e["error"]["code"], "overloaded");
+
+        let plain = conv(
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: Field required"}}"#,
+        );
+        assert_eq!(plain["error"]["code"], "invalid_request");
+    }
+
+    #[test]
+    fn tool_choice_variants() {
+        let tools = json!([{ "type": "function", "function": { "name": "f" } }]);
+        for (choice, want) in [
+            (json!("auto"), json!({ "type": "auto" })),
+            (json!("required"), json!({ "type": "any" })),
+            (json!("none"), json!({ "type": "none" })),
+            (
+                json!({ "type": "function", "function": { "name": "f" } }),
+                json!({ "type": "tool", "name": "f" }),
+            ),
+        ] {
+            let got = request(json!({
+                "messages": [{ "role": "user", "content": "hi" }],
+                "tools": tools, "tool_choice": choice,
+            }))
+            .unwrap();
+            assert_eq!(got["tool_choice"], want);
+        }
+        // Parallel calls off without a tool_choice; tool_choice without tools is dropped.
+        let got = request(json!({
+            "messages": [{ "role": "user", "content": "hi" }],
+            "tools": tools, "parallel_tool_calls": false,
+        }))
+        .unwrap();
+        assert_eq!(
+            got["tool_choice"],
+            json!({ "type": "auto", "disable_parallel_tool_use": true })
+        );
+        let got = request(json!({
+            "messages": [{ "role": "user", "content": "hi" }], "tool_choice": "auto", "tools": [],
+        }))
+        .unwrap();
+        assert!(got.get("tool_choice").is_none() && got.get("tools").is_none());
+        assert!(matches!(
+            request(
+                json!({ "messages": [{ "role": "user", "content": "hi" }], "tools": tools, "tool_choice": "sometimes" })
+            ),
+            Err(TranslateError::InvalidRequest(_))
+        ));
+    }
+
+    #[test]
+    fn request_parameters() {
+        let base = |extra: Value| {
+            let mut v = json!({ "messages": [{ "role": "user", "content": "hi" }] });
+            for (k, x) in extra.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            request(v).unwrap()
+        };
+        let got = base(json!({}));
+        assert_eq!(
+            got,
+            json!({ "model": "claude-x", "messages": [{ "role": "user", "content": "hi" }], "max_tokens": 1000 })
+        );
+        assert_eq!(base(json!({ "max_tokens": 7 }))["max_tokens"], 7);
+        assert_eq!(
+            base(json!({ "max_tokens": 7, "max_completion_tokens": 9 }))["max_tokens"],
+            9
+        );
+        assert_eq!(base(json!({ "max_tokens": null }))["max_tokens"], 1000);
+        assert_eq!(base(json!({ "stop": "x" }))["stop_sequences"], json!(["x"]));
+        assert_eq!(
+            base(json!({ "stop": ["a", "b"] }))["stop_sequences"],
+            json!(["a", "b"])
+        );
+        assert!(base(json!({ "stop": [] })).get("stop_sequences").is_none());
+        assert_eq!(
+            base(json!({ "temperature": 1.7 }))["temperature"],
+            json!(1.0)
+        );
+        assert_eq!(base(json!({ "temperature": 0 }))["temperature"], json!(0));
+        assert_eq!(base(json!({ "stream": false }))["stream"], json!(false));
+        assert_eq!(base(json!({ "n": 1 })).get("n"), None);
+    }
+
+    #[test]
+    fn request_errors() {
+        let bad_args = request(json!({ "messages": [
+            { "role": "user", "content": "hi" },
+            { "role": "assistant", "tool_calls": [
+                { "id": "call_1", "type": "function", "function": { "name": "f", "arguments": "{\"a\": " } }
+            ] },
+        ] }));
+        assert!(
+            matches!(&bad_args, Err(TranslateError::ToolArguments { id, .. }) if id == "call_1"),
+            "{bad_args:?}"
+        );
+        let not_object = request(json!({ "messages": [
+            { "role": "assistant", "tool_calls": [
+                { "id": "call_2", "type": "function", "function": { "name": "f", "arguments": "[1]" } }
+            ] },
+        ] }));
+        assert!(matches!(
+            not_object,
+            Err(TranslateError::ToolArguments { .. })
+        ));
+
+        assert!(matches!(
+            request(json!({})),
+            Err(TranslateError::InvalidRequest(_))
+        ));
+        assert!(matches!(
+            request(json!({ "messages": [{ "role": "system", "content": "only" }] })),
+            Err(TranslateError::InvalidRequest(_))
+        ));
+        assert!(matches!(
+            request(json!({ "messages": [{ "role": "function", "name": "f", "content": "x" }] })),
+            Err(TranslateError::Unsupported(_))
+        ));
+        assert!(matches!(
+            request(json!({ "messages": [{ "role": "user", "content": "hi" }], "n": 2 })),
+            Err(TranslateError::Unsupported(_))
+        ));
+        let audio = json!({ "messages": [{ "role": "user", "content": [
+            { "type": "input_audio", "input_audio": { "data": "AAAA", "format": "wav" } }
+        ] }] });
+        assert!(matches!(
+            request(audio),
+            Err(TranslateError::Unsupported(_))
+        ));
+        let not_base64 = json!({ "messages": [{ "role": "user", "content": [
+            { "type": "image_url", "image_url": { "url": "data:image/svg+xml,<svg/>" } }
+        ] }] });
+        assert!(matches!(
+            request(not_base64),
+            Err(TranslateError::Unsupported(_))
+        ));
+        assert!(matches!(
+            request(json!({ "messages": [{ "role": "user", "content": "hi" }],
+                "tools": [{ "type": "code_interpreter" }] })),
+            Err(TranslateError::Unsupported(_))
+        ));
+    }
+
+    #[test]
+    fn empty_messages_are_skipped_and_neighbours_merged() {
+        let got = request(json!({ "messages": [
+            { "role": "user", "content": "a" },
+            { "role": "assistant", "content": "" },
+            { "role": "user", "content": "b" },
+        ] }))
+        .unwrap();
+        assert_eq!(
+            got["messages"],
+            json!([{ "role": "user", "content": [
+                { "type": "text", "text": "a" }, { "type": "text", "text": "b" }
+            ] }])
+        );
+    }
+}
