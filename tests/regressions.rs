@@ -222,3 +222,41 @@ async fn admin_listener_also_serves_health_and_metrics_for_probes() {
         assert_eq!(get(admin, path).await.status, 200, "{path}");
     }
 }
+
+#[tokio::test]
+async fn deeply_nested_reload_is_rejected_and_the_old_config_keeps_serving() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let gw = gateway(&chain_config(&[("a", &a.url())], "", "")).await;
+    gw.rewrite(&format!("version: 1\ntasks:\n{}x\n", "- ".repeat(20_000)));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(chat(gw.addr, hello("gpt-4o")).await.status, 200);
+}
+
+#[test]
+fn absurd_durations_are_rejected() {
+    let text = "version: 1\nproviders:\n  p: { base_url: 'http://127.0.0.1:9/v1', timeout: 300000000000y }\n";
+    let parsed = switchyard::config::parse(text).unwrap();
+    let err = switchyard::snapshot::Snapshot::compile(
+        &parsed,
+        text,
+        &switchyard::snapshot::LiveState::default(),
+        switchyard::snapshot::CompileOptions::default(),
+    )
+    .unwrap_err();
+    assert!(err.iter().any(|d| d.line == 3), "{err:?}");
+}
+
+#[tokio::test]
+async fn an_sse_event_that_never_ends_is_a_broken_stream_not_unbounded_memory() {
+    let endless = fake::Reply::Stream {
+        pieces: vec![format!("data: {}", "x".repeat(1_200_000)), "x".repeat(10)],
+        delay: Duration::from_millis(20),
+        cut: false,
+    };
+    let a = Fake::always(endless).await;
+    let b = Fake::always(fake::stream("model-b", &["fine"])).await;
+    let gw = gateway(&chain_config(&[("a", &a.url()), ("b", &b.url())], "", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    assert_eq!(stream_text(&ans.text()), "fine");
+}
