@@ -16,6 +16,7 @@
 //! [`probe`] checks DOWN targets in the background; [`reload`] swaps a new one in when the file changes; [`cli`] is the
 //! command line.
 
+pub mod anthropic;
 pub mod classify;
 pub mod cli;
 pub mod config;

@@ -37,6 +37,7 @@ use tokio::sync::mpsc;
 use tokio::time::{timeout_at, Instant};
 use tracing::{debug, info, warn, Instrument};
 
+use crate::anthropic;
 use crate::classify::{Action, Decision, NetworkKind, Outcome};
 use crate::error::{error_body, GatewayError};
 use crate::health::{Failure, Permit, Transition, Unavailable};
@@ -44,7 +45,7 @@ use crate::metrics as m;
 use crate::routing::{self, Exclusion, Needs, Strategy};
 use crate::schema::{CallAssembler, Contract, Mode as ValidateMode, Violation};
 use crate::server::{channel_body, full_body, Body};
-use crate::snapshot::{Snapshot, Target, Task};
+use crate::snapshot::{Protocol, Snapshot, Target, Task};
 use crate::sse::{self, Chunk};
 use crate::upstream;
 
@@ -56,6 +57,9 @@ const HOLD_MAX_BYTES: usize = 256 * 1024;
 const HOLD_MAX_TOOL_BYTES: usize = 1024 * 1024;
 /// Largest non-streamed upstream answer read; a larger one is a broken upstream.
 const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
+/// `max_tokens` sent to an Anthropic target when neither the request nor the
+/// target's `max_output` gives one (the Messages API requires it).
+const DEFAULT_ANTHROPIC_MAX_TOKENS: u64 = 4096;
 /// Longest backoff between two retries of one target.
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
 
@@ -153,6 +157,7 @@ pub async fn chat_completions(
         first_choice: None,
         contract,
         violation: None,
+        untranslatable: None,
     };
     let mut guard = CancelGuard {
         task: &task.name,
@@ -247,6 +252,8 @@ struct Run<'a> {
     contract: Option<Arc<Contract>>,
     /// The last contract violation seen.
     violation: Option<Violation>,
+    /// Why a target could not take the request in its protocol, if one could not.
+    untranslatable: Option<String>,
 }
 
 impl Run<'_> {
@@ -368,6 +375,9 @@ impl Run<'_> {
             }
         }
         if self.attempts == 0 && !self.deadline_hit {
+            if let Some(why) = self.untranslatable.take() {
+                return self.error(&GatewayError::BadRequest(why));
+            }
             return self.error(&GatewayError::NoTargetAvailable);
         }
         if let Some(v) = self.violation.take() {
@@ -393,16 +403,38 @@ impl Run<'_> {
     /// Step 4: the inner (retry) loop on one target.
     async fn try_target(&mut self, target: &Arc<Target>, permit: Permit) -> TargetEnd {
         let provider = &target.provider;
-        self.request
-            .insert("model".to_owned(), Value::String(target.model.clone()));
-        let body = match serde_json::to_vec(&*self.request) {
-            Ok(b) => Bytes::from(b),
-            Err(_) => {
+        let body = match provider.protocol {
+            Protocol::OpenAi => {
+                self.request
+                    .insert("model".to_owned(), Value::String(target.model.clone()));
+                serde_json::to_vec(&*self.request)
+                    .map(Bytes::from)
+                    .map_err(|e| e.to_string())
+            }
+            Protocol::Anthropic => anthropic::to_messages_request(
+                self.request,
+                &target.model,
+                target.max_output.unwrap_or(DEFAULT_ANTHROPIC_MAX_TOKENS),
+            )
+            .map_err(|e| e.to_string())
+            .and_then(|v| {
+                serde_json::to_vec(&v)
+                    .map(Bytes::from)
+                    .map_err(|e| e.to_string())
+            }),
+        };
+        let body = match body {
+            Ok(b) => b,
+            Err(why) => {
+                // This target cannot express the request (e.g. `n > 1` for
+                // Anthropic): skip it; if nothing else can, the client hears why.
+                debug!(target = %target.name, %why, "request not translatable for this target");
+                self.untranslatable = Some(why);
                 return TargetEnd::Exhausted {
                     context_window: false,
-                    reason: "internal".to_owned(),
+                    reason: "untranslatable".to_owned(),
                     context_answer: None,
-                }
+                };
             }
         };
         let mut permit = Some(permit);
@@ -593,6 +625,17 @@ impl Run<'_> {
             }
             Ok(Ok(c)) => c.to_bytes(),
         };
+        let bytes = match (target.provider.protocol, parts.status.is_success()) {
+            (Protocol::OpenAi, _) => bytes,
+            (Protocol::Anthropic, true) => match anthropic::from_messages_response(&bytes) {
+                Ok(b) => b,
+                Err(e) => {
+                    debug!(target = %target.name, error = %e, "untranslatable Anthropic answer");
+                    return network_failure(target, NetworkKind::Protocol, permit);
+                }
+            },
+            (Protocol::Anthropic, false) => anthropic::to_openai_error(&bytes).unwrap_or(bytes),
+        };
         let status = parts.status.as_u16();
         let classified_status = if parts.status.is_success() {
             in_band_error(&bytes).map_or(status, |code| code.unwrap_or(502))
@@ -649,7 +692,13 @@ impl Run<'_> {
         started: Instant,
     ) -> AttemptEnd {
         let (parts, mut incoming) = response.into_parts();
-        let mut parser = sse::Parser::default();
+        let include_usage = self
+            .request
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let mut parser = UpstreamEvents::new(target.provider.protocol, include_usage);
         // Events held until the commit point, in order; `true` marks a tool call
         // delta held for validation (it never commits the stream by itself).
         let mut held: Vec<(Bytes, bool)> = Vec::new();
@@ -905,6 +954,66 @@ impl Run<'_> {
     }
 }
 
+/// Upstream SSE events as OpenAI chunks: parsed, and for an Anthropic
+/// provider translated event by event, so the commit point, the relay and the
+/// end-of-stream verdict work the same for both protocols.
+struct UpstreamEvents {
+    parser: sse::Parser,
+    translator: Option<anthropic::StreamTranslator>,
+    ready: std::collections::VecDeque<sse::Event>,
+}
+
+impl UpstreamEvents {
+    fn new(protocol: Protocol, include_usage: bool) -> Self {
+        Self {
+            parser: sse::Parser::default(),
+            translator: (protocol == Protocol::Anthropic)
+                .then(|| anthropic::StreamTranslator::new(include_usage)),
+            ready: std::collections::VecDeque::new(),
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        self.parser.push(bytes);
+    }
+
+    fn pending(&self) -> usize {
+        self.parser.pending()
+    }
+
+    fn next_event(&mut self, eof: bool) -> Option<sse::Event> {
+        loop {
+            if let Some(e) = self.ready.pop_front() {
+                return Some(e);
+            }
+            let event = self.parser.next_event(eof)?;
+            let Some(translator) = &mut self.translator else {
+                return Some(event);
+            };
+            // Comments and `event:`-only lines carry nothing to translate.
+            let Some(data) = &event.data else { continue };
+            match translator.on_event(data) {
+                Ok(frames) => {
+                    for raw in frames {
+                        let data = std::str::from_utf8(&raw)
+                            .ok()
+                            .and_then(|t| t.strip_prefix("data: "))
+                            .map(|t| t.trim_end().to_owned());
+                        self.ready.push_back(sse::Event { raw, data });
+                    }
+                }
+                // Data that is not a Messages event reads as a malformed event.
+                Err(_) => {
+                    return Some(sse::Event {
+                        raw: Bytes::new(),
+                        data: Some("{".to_owned()),
+                    })
+                }
+            }
+        }
+    }
+}
+
 /// Who pays for an answer: token and cost metrics, the task's fallback
 /// spend, and the provider's tokens-per-minute correction.
 #[derive(Clone)]
@@ -958,7 +1067,7 @@ struct Relay {
     tx: mpsc::Sender<Bytes>,
     target: Arc<Target>,
     task: String,
-    parser: sse::Parser,
+    parser: UpstreamEvents,
     incoming: Incoming,
     finished: bool,
     done: bool,

@@ -98,14 +98,28 @@ pub struct RetryPolicy {
     pub backoff: Duration,
 }
 
+/// The wire protocol of a provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// OpenAI Chat Completions (`POST {base_url}/chat/completions`): requests are forwarded as they are.
+    OpenAi,
+    /// Anthropic Messages (`POST {base_url}/messages`): translated both ways by [`crate::anthropic`].
+    Anthropic,
+}
+
+/// The `anthropic-version` header sent unless a provider sets its own.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
 /// One upstream account, compiled.
 #[derive(Debug)]
 pub struct Provider {
+    /// Wire protocol.
+    pub protocol: Protocol,
     /// Name in routes.yaml.
     pub name: String,
     /// `base_url` without a trailing slash (half of the target identity).
     pub base_url: String,
-    /// `{base_url}/chat/completions`.
+    /// `{base_url}/chat/completions` (OpenAI) or `{base_url}/messages` (Anthropic).
     pub chat_url: Uri,
     /// Whether the host is a DNS name (not an IP literal).
     pub host_is_name: bool,
@@ -710,17 +724,31 @@ fn provider(
     live: &LiveState,
     c: &mut Checks<'_>,
 ) -> Option<Provider> {
-    match p.protocol.as_deref() {
-        None | Some("openai") => {}
-        Some(other) => c.error(
-            &format!("{path}.protocol"),
-            format!("unsupported protocol `{other}` (supported: openai)"),
-        ),
-    }
+    let protocol = match p.protocol.as_deref() {
+        None | Some("openai") => Protocol::OpenAi,
+        Some("anthropic") => Protocol::Anthropic,
+        Some(other) => {
+            c.error(
+                &format!("{path}.protocol"),
+                format!("unsupported protocol `{other}` (supported: openai, anthropic)"),
+            );
+            Protocol::OpenAi
+        }
+    };
     let base_url = p.base_url.trim_end_matches('/').to_owned();
     let base = c.url(&format!("{path}.base_url"), &base_url);
+    if base.as_ref().is_some_and(|u| u.query().is_some()) {
+        c.error(
+            &format!("{path}.base_url"),
+            "a query string in base_url would end up before the path; not supported",
+        );
+    }
+    let endpoint = match protocol {
+        Protocol::OpenAi => "chat/completions",
+        Protocol::Anthropic => "messages",
+    };
     let chat_url = base.and_then(|_| {
-        format!("{base_url}/chat/completions")
+        format!("{base_url}/{endpoint}")
             .parse::<Uri>()
             .map_err(|e| c.error(&format!("{path}.base_url"), format!("bad URL: {e}")))
             .ok()
@@ -739,11 +767,24 @@ fn provider(
         }
     }
     let secret = api_key(p, path, c);
+    if protocol == Protocol::Anthropic && !headers.contains_key("anthropic-version") {
+        headers.insert(
+            "anthropic-version",
+            HeaderValue::from_static(ANTHROPIC_VERSION),
+        );
+    }
     if let Some(key) = &secret {
-        match HeaderValue::from_str(&format!("Bearer {}", key.expose())) {
+        let (name, value) = match protocol {
+            Protocol::OpenAi => (AUTHORIZATION, format!("Bearer {}", key.expose())),
+            Protocol::Anthropic => (
+                http::header::HeaderName::from_static("x-api-key"),
+                key.expose().to_owned(),
+            ),
+        };
+        match HeaderValue::from_str(&value) {
             Ok(mut v) => {
                 v.set_sensitive(true);
-                headers.insert(AUTHORIZATION, v);
+                headers.insert(name, v);
             }
             Err(_) => c.error(
                 path,
@@ -791,6 +832,7 @@ fn provider(
     let mut table = rules(&p.error_classes, &format!("{path}.error_classes"), c);
     table.extend_from_slice(file_rules);
     Some(Provider {
+        protocol,
         name: name.to_owned(),
         base_url,
         chat_url: chat_url?,

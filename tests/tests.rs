@@ -14,6 +14,7 @@ mod resources;
 mod secrets;
 
 mod admin;
+mod anthropic;
 mod budgets;
 mod contract;
 mod edge_support;

@@ -1,0 +1,139 @@
+//! Mixed chains: an Anthropic Messages provider behind the OpenAI API,
+//! against a fake upstream that answers with recorded Messages fixtures.
+
+use std::time::Duration;
+
+use crate::support::fake::{self, Fake, Reply};
+use crate::support::*;
+
+const TEXT: &str = include_str!("fixtures/anthropic/text_response.anthropic.json");
+const STREAM_TEXT: &str = include_str!("fixtures/anthropic/stream_text.anthropic.sse");
+const STREAM_TOOLS: &str = include_str!("fixtures/anthropic/stream_tool_use.anthropic.sse");
+const OVERLOADED: &str = include_str!("fixtures/anthropic/error_overloaded.json");
+const CONTEXT: &str = include_str!("fixtures/anthropic/error_context.json");
+
+/// An Anthropic SSE fixture as one piece per event.
+fn sse(fixture: &str) -> Reply {
+    let pieces = fixture
+        .split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| format!("{e}\n\n"))
+        .collect();
+    Reply::Stream {
+        pieces,
+        delay: Duration::ZERO,
+        cut: false,
+    }
+}
+
+/// Chain [a, b] where `anthropic` names which providers speak Messages.
+async fn setup(a: Reply, b: Reply, anthropic: &[&str]) -> (Fake, Fake, Gw, tempfile::TempDir) {
+    let (a, b) = (Fake::always(a).await, Fake::always(b).await);
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("key");
+    std::fs::write(&key, "sk-ant-test-0123456789").unwrap();
+    let mut cfg = chain_config(&[("a", &a.url()), ("b", &b.url())], "", "");
+    for name in anthropic {
+        cfg = cfg.replace(
+            &format!("  p-{name}:\n"),
+            &format!(
+                "  p-{name}:\n    protocol: anthropic\n    api_key_file: {}\n",
+                key.display()
+            ),
+        );
+    }
+    let gw = gateway(&cfg).await;
+    (a, b, gw, keys)
+}
+
+#[tokio::test]
+async fn a_messages_answer_comes_back_as_a_chat_completion() {
+    let (a, _b, gw, _k) = setup(fake::json(200, TEXT), fake::completion("b", "b"), &["a"]).await;
+    let body = serde_json::json!({"model": "gpt-4o", "max_tokens": 64, "messages": [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]});
+    let ans = chat(gw.addr, body).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let v = ans.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        "Hello! How can I help you today?"
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let seen = &a.seen()[0];
+    assert_eq!(seen.headers["x-api-key"], "sk-ant-test-0123456789");
+    assert_eq!(seen.headers["anthropic-version"], "2023-06-01");
+    assert!(seen.headers.get("authorization").is_none());
+    assert_eq!(seen.body["system"], "be brief");
+    assert_eq!(seen.body["model"], "upstream-a");
+    assert_eq!(seen.body["max_tokens"], 64);
+}
+
+#[tokio::test]
+async fn a_messages_stream_comes_back_as_chat_chunks() {
+    let (_a, _b, gw, _k) = setup(sse(STREAM_TEXT), fake::completion("b", "b"), &["a"]).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(ans.status, 200);
+    let text = ans.text();
+    assert!(text.contains("chat.completion.chunk"), "{text}");
+    assert!(!stream_text(&text).is_empty());
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    assert!(
+        !text.contains("content_block_delta"),
+        "no Anthropic event reaches the client"
+    );
+}
+
+#[tokio::test]
+async fn streamed_tool_use_becomes_tool_call_deltas() {
+    let (_a, _b, gw, _k) = setup(sse(STREAM_TOOLS), fake::completion("b", "b"), &["a"]).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    let text = ans.text();
+    assert!(text.contains("\"tool_calls\""), "{text}");
+    assert!(text.contains("\"finish_reason\":\"tool_calls\""), "{text}");
+}
+
+#[tokio::test]
+async fn overloaded_anthropic_retries_then_fails_over_to_openai() {
+    let (a, b, gw, _k) = setup(
+        fake::json(529, OVERLOADED),
+        fake::completion("model-b", "from b"),
+        &["a"],
+    )
+    .await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    assert_eq!((a.calls(), b.calls()), (2, 1));
+}
+
+#[tokio::test]
+async fn openai_failure_fails_over_to_anthropic() {
+    let (_a, b, gw, _k) = setup(fake::error(503, "down"), fake::json(200, TEXT), &["b"]).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    assert_eq!(
+        ans.json()["choices"][0]["message"]["content"],
+        "Hello! How can I help you today?"
+    );
+    assert!(b.seen()[0].body.get("messages").is_some());
+}
+
+#[tokio::test]
+async fn anthropic_context_error_is_returned_in_openai_format() {
+    let (_a, _b, gw, _k) = setup(
+        fake::json(400, CONTEXT),
+        fake::json(400, CONTEXT),
+        &["a", "b"],
+    )
+    .await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 400, "{}", ans.text());
+    let err = &ans.json()["error"];
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("prompt is too long"),
+        "{err}"
+    );
+}
