@@ -191,6 +191,7 @@ async fn first_choice_is_trusted_under_degraded_and_checked_under_always() {
     let ans = chat(gw.addr, weather_request(serde_json::json!({}))).await;
     assert_eq!(ans.status, 200, "never: passed through");
     assert_eq!(ans.header("x-switchyard-target"), "b");
+    assert_eq!(b.calls(), 1);
 }
 
 #[tokio::test]
