@@ -64,6 +64,8 @@ pub enum Command {
         #[arg(long)]
         vision: bool,
     },
+    /// Print the JSON Schema of routes.yaml (what schemas/routes.schema.json holds).
+    Schema,
     /// Check routes files: prints `PATH:LINE:COLUMN: message` per problem, exit 1 if any is invalid.
     Validate {
         /// Files to check.

@@ -12,6 +12,7 @@ pub mod validate;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
@@ -19,7 +20,7 @@ use locate::LocationIndex;
 use validate::Diagnostic;
 
 /// The whole file, version 1. Every key is documented in README.md.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     /// Format version; must be `1`. Required.
@@ -36,6 +37,7 @@ pub struct RawConfig {
     pub max_concurrent_requests: Option<usize>,
     /// How long shutdown waits for in-flight requests and streams (default 30s).
     #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<DurationText>")]
     pub drain_timeout: Option<String>,
     /// Upstream accounts by name: URL, key, timeouts, retry policy.
     #[serde(default)]
@@ -60,7 +62,7 @@ pub struct RawConfig {
 }
 
 /// What upstream error text may reach clients.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawSanitize {
     /// Phrases removed from upstream error text (case-insensitive), e.g. a vendor's sales pitch.
@@ -72,7 +74,7 @@ pub struct RawSanitize {
 }
 
 /// One upstream account.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawProvider {
     /// Wire protocol; `openai` (the default) is the only one supported so far.
@@ -88,12 +90,15 @@ pub struct RawProvider {
     pub headers: BTreeMap<String, String>,
     /// Per-attempt timeout (humantime, e.g. `30s`); default 30 s.
     #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<DurationText>")]
     pub timeout: Option<String>,
     /// TCP (and TLS) connect timeout; default 2 s.
     #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<DurationText>")]
     pub connect_timeout: Option<String>,
     /// Longest silence between two stream chunks after the first; default 30 s.
     #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<DurationText>")]
     pub idle_timeout: Option<String>,
     /// Same-target retry policy for errors classed `retry`.
     pub retry: Option<RawRetry>,
@@ -107,18 +112,19 @@ pub struct RawProvider {
 }
 
 /// Same-target retry policy.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawRetry {
     /// Retries after the first attempt (default 1).
     pub max: Option<u32>,
     /// Base of the exponential backoff with full jitter (default 200ms).
     #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<DurationText>")]
     pub backoff: Option<String>,
 }
 
 /// One model at one provider.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawTarget {
     /// Name of a provider in `providers`.
@@ -139,7 +145,7 @@ pub struct RawTarget {
 }
 
 /// Price of a target, USD per 1,000 tokens.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawCost {
     /// Per 1,000 prompt tokens.
@@ -151,7 +157,7 @@ pub struct RawCost {
 }
 
 /// A token bucket for clients of a task.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawTaskLimit {
     /// Sustained requests per second (may be fractional).
@@ -165,7 +171,7 @@ pub struct RawTaskLimit {
 }
 
 /// Limits of a provider account.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawProviderLimit {
     /// Requests per minute.
@@ -177,7 +183,7 @@ pub struct RawProviderLimit {
 }
 
 /// Spend cap on fallback targets.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawFallbackBudget {
     /// USD per clock hour that non-first targets of the chain may cost.
@@ -185,7 +191,7 @@ pub struct RawFallbackBudget {
 }
 
 /// A task type: what a request asks for, and where it may go.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawTask {
     /// Public model names that select this task (besides its own name).
@@ -215,21 +221,23 @@ pub struct RawTask {
 }
 
 /// Time and failover budget of one request of a task.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawBudget {
     /// End-to-end deadline from the request's arrival (default 30 s).
     #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<DurationText>")]
     pub total_timeout: Option<String>,
     /// Most switches to another target in one request (default: chain length - 1).
     pub max_failovers: Option<u32>,
     /// Streams: longest wait for the first content chunk from one target (default: none).
     #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<DurationText>")]
     pub first_token_timeout: Option<String>,
 }
 
 /// One error-class rule: when every given test in `match` holds, take `action`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawRule {
     /// The tests; all given ones must hold. An empty match matches everything.
@@ -241,14 +249,16 @@ pub struct RawRule {
     pub health: Option<bool>,
     /// Skip the target for this long (`retry_after` = the upstream's `Retry-After`).
     #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<DurationText>")]
     pub cooldown: Option<String>,
 }
 
 /// The tests of an error-class rule.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawMatch {
     /// Status codes or classes: `503`, `"5xx"`, or a list of them.
+    #[schemars(with = "Option<serde_json::Value>")]
     pub status: Option<serde_yaml::Value>,
     /// Network error kinds: `connect`, `reset`, `timeout`, `tls`, `dns`, `protocol`.
     pub network: Option<Vec<String>>,
@@ -259,7 +269,7 @@ pub struct RawMatch {
 }
 
 /// A header test of an error-class rule.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawHeaderMatch {
     /// Header name, case-insensitive.
@@ -269,7 +279,7 @@ pub struct RawHeaderMatch {
 }
 
 /// Health thresholds and breaker timing (see the state machine in README.md).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawHealth {
     /// Consecutive counted failures before HEALTHY -> DEGRADED (default 3).
@@ -278,11 +288,13 @@ pub struct RawHealth {
     pub down_after: Option<u32>,
     /// How long a DOWN target is skipped before one half-open trial (default 20s, ±20 % jitter).
     #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<DurationText>")]
     pub open_for: Option<String>,
     /// What to do when every target of a chain is DOWN: `trial` (default) or `fail`.
     pub all_down: Option<String>,
     /// Sliding window for the failure rate (default 30s).
     #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<DurationText>")]
     pub window: Option<String>,
     /// Fewest counted outcomes in the window before its rate is judged (default 10).
     pub min_requests: Option<u32>,
@@ -293,12 +305,31 @@ pub struct RawHealth {
 }
 
 /// Active probe settings.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawProbe {
     /// How often a DOWN target is probed (default 60s; `0` disables).
     #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<DurationText>")]
     pub interval: Option<String>,
+}
+
+/// Schema of a duration: humantime text (`30s`, `1m 30s`) or a bare number.
+#[derive(JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum DurationText {
+    /// `250ms`, `30s`, `2m`.
+    Text(String),
+    /// `0` (where zero means "off").
+    Number(u64),
+}
+
+/// The JSON Schema of routes.yaml, as `schemas/routes.schema.json` holds it.
+#[must_use]
+pub fn json_schema() -> String {
+    let schema = schemars::schema_for!(RawConfig);
+    serde_json::to_string_pretty(&schema).unwrap_or_default() + "\n"
 }
 
 /// Reads a duration as written: a humantime string, or a bare number (which
@@ -609,6 +640,34 @@ mod tests {
         let diags = parse("version: 1\nproviders: [\n").unwrap_err();
         assert_eq!(diags.len(), 1);
         assert!(diags[0].line >= 2, "{diags:?}");
+    }
+
+    #[test]
+    fn checked_in_schema_is_current() {
+        let checked_in = include_str!("../schemas/routes.schema.json");
+        assert!(
+            checked_in == json_schema(),
+            "schemas/routes.schema.json is stale: run `cargo run -- schema > schemas/routes.schema.json`"
+        );
+    }
+
+    #[test]
+    fn example_routes_yaml_validates_against_the_schema() {
+        let schema: serde_json::Value =
+            serde_json::from_str(include_str!("../schemas/routes.schema.json")).unwrap();
+        let example: serde_json::Value =
+            serde_yaml::from_str(include_str!("../routes.yaml")).unwrap();
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let errors: Vec<String> = validator
+            .iter_errors(&example)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{errors:#?}");
+        let bad: serde_json::Value = serde_yaml::from_str("version: 1\nprovidres: {}\n").unwrap();
+        assert!(
+            !validator.is_valid(&bad),
+            "unknown keys are schema errors too"
+        );
     }
 
     #[test]

@@ -9,6 +9,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Validate { paths, strict } => cli::validate(&paths, strict),
+        Command::Schema => {
+            print!("{}", switchyard::config::json_schema());
+            ExitCode::SUCCESS
+        }
         Command::Explain {
             config,
             task,

@@ -11,7 +11,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 /// Counter `{task, target, status}`: requests answered, by final status.
 /// `target` is the serving target, or `none`.
 pub const REQUESTS: &str = "switchyard_requests_total";
-/// Histogram `{task}`: seconds from arrival to the response head (streams: to commit).
+/// Histogram `{task, target}`: seconds from arrival to the response head (streams: to commit);
+/// `target` is the serving target or `none`.
 pub const REQUEST_DURATION: &str = "switchyard_request_duration_seconds";
 /// Histogram `{task, target}`: seconds from arrival to the first content chunk of a stream.
 pub const TIME_TO_FIRST_TOKEN: &str = "switchyard_time_to_first_token_seconds";

@@ -166,14 +166,14 @@ pub async fn chat_completions(
     let response = run.walk_chain().await;
     guard.armed = false;
     let status = response.status();
-    metrics::histogram!(m::REQUEST_DURATION, "task" => task.name.clone())
-        .record(arrival.elapsed().as_secs_f64());
     let target = response
         .headers()
         .get(H_TARGET)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("none")
         .to_owned();
+    metrics::histogram!(m::REQUEST_DURATION, "task" => task.name.clone(), "target" => target.clone())
+        .record(arrival.elapsed().as_secs_f64());
     metrics::counter!(m::REQUESTS, "task" => task.name.clone(), "target" => target, "status" => status.as_str().to_owned())
         .increment(1);
     response

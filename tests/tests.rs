@@ -20,6 +20,7 @@ mod contract;
 mod edge_support;
 mod error_classes;
 mod health;
+mod readme;
 mod regressions;
 mod routing;
 mod sanitize;

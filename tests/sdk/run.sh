@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The official openai Python SDK against a real switchyard binary in front of
-# two fake upstreams (tests/sdk/fake_upstream.py). From the repo root:
+# two fake upstreams (tests/sdk/fake_upstream.py) and the third-party mock
+# fakellm (PyPI) as an Anthropic-protocol upstream (tests/sdk/fakellm.yaml,
+# tests in test_anthropic_upstream.py). From the repo root:
 #
 #   bash tests/sdk/run.sh                 # builds target/debug/switchyard (cargo build) unless SWITCHYARD_BIN is set
 #   bash tests/sdk/run.sh Streaming       # only some tests (unittest names: Class or Class.test_name)
@@ -17,6 +19,7 @@
 set -euo pipefail
 
 OPENAI_VERSION=3.57.0 # the version examples/real_llm and the peers venv use
+FAKELLM_VERSION=0.3.5 # third-party mock of the OpenAI + Anthropic APIs (the peers use it too)
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 VENV="${SDK_VENV:-$HOME/.cache/switchyard-sdk-venv}"
@@ -59,6 +62,12 @@ if ! "$PY" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSI
     setup_failed "pip install openai==$OPENAI_VERSION failed" "$WORK/pip.log"
 fi
 
+if ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('fakellm') != '$FAKELLM_VERSION')" 2>/dev/null; then
+  echo "== installing fakellm==$FAKELLM_VERSION into $VENV"
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$PY" -m pip install --quiet "fakellm==$FAKELLM_VERSION" "openai==$OPENAI_VERSION" \
+    >"$WORK/pip-fakellm.log" 2>&1 || setup_failed "pip install fakellm==$FAKELLM_VERSION failed" "$WORK/pip-fakellm.log"
+fi
+
 # ---- the switchyard binary --------------------------------------------------
 if [ -n "${SWITCHYARD_BIN:-}" ]; then
   BIN="$SWITCHYARD_BIN"
@@ -88,14 +97,41 @@ done
 PRIMARY_PORT="$(cat "$WORK/primary.port")"
 FALLBACK_PORT="$(cat "$WORK/fallback.port")"
 
+# ---- fakellm (third-party Anthropic + OpenAI mock) on an OS-chosen port -----------
+# uvicorn takes a port number, not a port file: let the OS pick a free one, then
+# pass it (a tiny race with other processes; a bind failure shows in the log).
+MOCK_PORT="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
+FAKELLM_CONFIG="$HERE/fakellm.yaml" "$PY" -m uvicorn fakellm.server:app --host 127.0.0.1 --port "$MOCK_PORT" \
+  --log-level warning --no-access-log >"$WORK/fakellm.log" 2>&1 &
+MOCK_PID=$!
+PIDS+=("$MOCK_PID")
+"$PY" - "http://127.0.0.1:$MOCK_PORT/_fakellm/stats" "$MOCK_PID" <<'EOF' || setup_failed "fakellm did not answer on :$MOCK_PORT in 20 s" "$WORK/fakellm.log"
+import os, sys, time, urllib.request
+for _ in range(200):
+    try:
+        os.kill(int(sys.argv[2]), 0)
+    except OSError:
+        sys.exit(1)  # it exited (e.g. the port was taken meanwhile)
+    try:
+        with urllib.request.urlopen(sys.argv[1], timeout=1) as r:
+            if r.status == 200:
+                sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(0.1)
+sys.exit(1)
+EOF
+
 # ---- routes.yaml, keys, validate ------------------------------------------------
 export PRIMARY_KEY="sk-sdk-primary-$RANDOM$RANDOM-from-file"
 export FALLBACK_KEY="sk-sdk-fallback-$RANDOM$RANDOM-from-env"
 export SDK_TEST_FALLBACK_KEY="$FALLBACK_KEY"
+export SDK_TEST_ANTHROPIC_KEY="sk-ant-sdk-$RANDOM$RANDOM-dummy" # fakellm accepts any key
 printf '%s\n' "$PRIMARY_KEY" >"$WORK/primary.key"
 mkdir -p "$WORK/config"
 sed -e "s|@PRIMARY_PORT@|$PRIMARY_PORT|" -e "s|@FALLBACK_PORT@|$FALLBACK_PORT|" \
-  -e "s|@PRIMARY_KEY_FILE@|$WORK/primary.key|" "$HERE/routes.template.yaml" >"$WORK/config/routes.yaml"
+  -e "s|@PRIMARY_KEY_FILE@|$WORK/primary.key|" -e "s|@ANTHROPIC_MOCK_PORT@|$MOCK_PORT|" \
+  "$HERE/routes.template.yaml" >"$WORK/config/routes.yaml"
 "$BIN" validate --strict "$WORK/config/routes.yaml" >"$WORK/validate.log" 2>&1 ||
   setup_failed "switchyard validate --strict rejected the test routes.yaml" "$WORK/validate.log"
 sed 's/^/   /' "$WORK/validate.log"
@@ -136,7 +172,7 @@ for _ in range(100):
     time.sleep(0.05)
 sys.exit(1)
 EOF
-echo "== switchyard on $ADDR, fakes: primary :$PRIMARY_PORT, fallback :$FALLBACK_PORT (work dir $WORK)"
+echo "== switchyard on $ADDR, fakes: primary :$PRIMARY_PORT, fallback :$FALLBACK_PORT, fakellm (anthropic-mock) :$MOCK_PORT (work dir $WORK)"
 
 # ---- the tests ----------------------------------------------------------------------
 export SWITCHYARD_URL="http://$ADDR"
@@ -144,6 +180,7 @@ export SWITCHYARD_CONFIG="$WORK/config/routes.yaml"
 export SWITCHYARD_BIN_PATH="$BIN"
 export FAKE_PRIMARY_URL="http://127.0.0.1:$PRIMARY_PORT"
 export FAKE_FALLBACK_URL="http://127.0.0.1:$FALLBACK_PORT"
+export FAKELLM_URL="http://127.0.0.1:$MOCK_PORT"
 export SDK_SUMMARY_FILE="$WORK/summary"
 export PYTHONDONTWRITEBYTECODE=1
 status=0
@@ -156,6 +193,8 @@ wait "$TESTS_PID" || status=$?
 if [ "$status" -ne 0 ]; then
   echo "--- switchyard log, last 40 lines ($WORK/switchyard.log) ---"
   tail -n 40 "$WORK/switchyard.log" || true
+  echo "--- fakellm log, last 20 lines ($WORK/fakellm.log) ---"
+  tail -n 20 "$WORK/fakellm.log" || true
   [ "$status" -eq 124 ] && echo "sdk tests: timed out after ${SDK_TIMEOUT:-180} s"
 fi
 kill -0 "$SY_PID" 2>/dev/null || { echo "sdk tests: switchyard died during the run"; status=1; }

@@ -746,7 +746,7 @@ class Metrics(unittest.TestCase):
         src = (ROOT / "src" / "metrics.rs").read_text()
         exported = set(re.findall(r'pub const \w+: &str = "(switchyard_\w+)"', src))
         self.assertGreater(len(exported), 10)
-        histograms = set(re.findall(r'/// Histogram[^\n]*\npub const \w+: &str = "(switchyard_\w+)"', src))
+        histograms = set(re.findall(r'/// Histogram[^\n]*\n(?:///[^\n]*\n)*pub const \w+: &str = "(switchyard_\w+)"', src))
         self.assertEqual(len(histograms), 2, histograms)
         allowed = set(exported)
         for h in histograms:
@@ -840,6 +840,11 @@ class Reload(unittest.TestCase):
         # The old config keeps serving.
         r = client().chat.completions.create(model="sdk-reloaded", messages=msgs())
         self.assertEqual(r.choices[0].message.content, "Hello from primary")
+
+
+# ---- an Anthropic-protocol upstream (fakellm), in its own file ----------------------
+
+from test_anthropic_upstream import AnthropicUpstream  # noqa: E402,F401  (run with the rest)
 
 
 # ---- runner -----------------------------------------------------------------------
