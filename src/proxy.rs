@@ -1127,6 +1127,15 @@ impl Relay {
         }
     }
 
+    /// Sends what is batched; `Some(ClientGone)` if the client went away.
+    async fn flush(&self, batch: &mut BytesMut) -> Option<Verdict> {
+        if batch.is_empty() || self.send(batch.split().freeze()).await {
+            None
+        } else {
+            Some(Verdict::ClientGone)
+        }
+    }
+
     async fn send(&self, bytes: Bytes) -> bool {
         bytes.is_empty() || self.tx.send(bytes).await.is_ok()
     }
@@ -1153,6 +1162,9 @@ impl Relay {
         if !self.send(held).await {
             return Verdict::ClientGone;
         }
+        // Events parsed from one upstream read go out in one write: fewer
+        // syscalls and frames, the same bytes, no added wait.
+        let mut batch = BytesMut::new();
         loop {
             while let Some(event) = self.parser.next_event(self.eof) {
                 if self.done {
@@ -1164,7 +1176,12 @@ impl Relay {
                         metrics::counter!(m::STREAM_MALFORMED, "target" => self.target.name.clone()).increment(1);
                         continue;
                     }
-                    Chunk::Error { .. } => return Verdict::Interrupted("upstream_error"),
+                    Chunk::Error { .. } => {
+                        return self
+                            .flush(&mut batch)
+                            .await
+                            .unwrap_or(Verdict::Interrupted("upstream_error"));
+                    }
                     Chunk::Done => self.done = true,
                     Chunk::Content { finished } => {
                         self.content_chunks += 1;
@@ -1174,7 +1191,10 @@ impl Relay {
                             if tool && !text && !finished {
                                 self.tool_held.extend_from_slice(&event.raw);
                                 if self.tool_held.len() > HOLD_MAX_TOOL_BYTES {
-                                    return Verdict::Interrupted("contract_violation");
+                                    return self
+                                        .flush(&mut batch)
+                                        .await
+                                        .unwrap_or(Verdict::Interrupted("contract_violation"));
                                 }
                                 continue;
                             }
@@ -1190,15 +1210,18 @@ impl Relay {
                     }
                     Chunk::Empty => {}
                 }
-                if self.finished || self.done {
+                if (self.finished || self.done) && self.contract.is_some() {
+                    if let Some(verdict) = self.flush(&mut batch).await {
+                        return verdict;
+                    }
                     if let Some(verdict) = self.release_tool_calls().await {
                         return verdict;
                     }
                 }
-                let raw = event.raw;
-                if !self.send(raw).await {
-                    return Verdict::ClientGone;
-                }
+                batch.extend_from_slice(&event.raw);
+            }
+            if let Some(verdict) = self.flush(&mut batch).await {
+                return verdict;
             }
             if self.done {
                 return Verdict::Complete;
