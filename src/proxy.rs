@@ -60,6 +60,8 @@ const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
 /// `max_tokens` sent to an Anthropic target when neither the request nor the
 /// target's `max_output` gives one (the Messages API requires it).
 const DEFAULT_ANTHROPIC_MAX_TOKENS: u64 = 4096;
+/// Relayed bytes batched before a write to the client, at most.
+const BATCH_MAX_BYTES: usize = 64 * 1024;
 /// Longest backoff between two retries of one target.
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
 
@@ -675,7 +677,8 @@ impl Run<'_> {
                     "in_band_error".to_owned()
                 },
                 decision,
-                status: Some(status),
+                // An in-band error names its own status; the client hears that one.
+                status: Some(classified_status),
                 answer: Some((parts.status, bytes)),
                 permit,
             },
@@ -1220,8 +1223,10 @@ impl Relay {
                 }
                 batch.extend_from_slice(&event.raw);
             }
-            if let Some(verdict) = self.flush(&mut batch).await {
-                return verdict;
+            if self.done || self.eof {
+                if let Some(verdict) = self.flush(&mut batch).await {
+                    return verdict;
+                }
             }
             if self.done {
                 return Verdict::Complete;
@@ -1240,12 +1245,32 @@ impl Relay {
                 }
                 return Verdict::Interrupted("truncated");
             }
+            // hyper hands a chunked body over one frame (one HTTP chunk; most
+            // upstreams send one SSE event per chunk) at a time. Frames it has
+            // already read join this batch (after one scheduler turn for its
+            // connection task to decode the next); the batch goes out when the
+            // next frame must be waited for.
+            let mut ready = None;
+            if batch.len() < BATCH_MAX_BYTES {
+                ready = futures_util::FutureExt::now_or_never(self.incoming.frame());
+                if ready.is_none() && !batch.is_empty() {
+                    tokio::task::yield_now().await;
+                    ready = futures_util::FutureExt::now_or_never(self.incoming.frame());
+                }
+            }
             let idle_deadline = self
                 .deadline
                 .min(Instant::now() + self.target.provider.idle_timeout);
-            let frame = tokio::select! {
-                () = self.tx.closed() => return Verdict::ClientGone,
-                f = timeout_at(idle_deadline, self.incoming.frame()) => f,
+            let frame = if let Some(f) = ready {
+                Ok(f)
+            } else {
+                if let Some(verdict) = self.flush(&mut batch).await {
+                    return verdict;
+                }
+                tokio::select! {
+                    () = self.tx.closed() => return Verdict::ClientGone,
+                    f = timeout_at(idle_deadline, self.incoming.frame()) => f,
+                }
             };
             match frame {
                 Err(_) if idle_deadline >= self.deadline => {
@@ -1253,12 +1278,20 @@ impl Relay {
                 }
                 Err(_) => return Verdict::Interrupted("idle_timeout"),
                 Ok(None) => self.eof = true,
-                Ok(Some(Err(_))) => return Verdict::Interrupted("reset"),
+                Ok(Some(Err(_))) => {
+                    return self
+                        .flush(&mut batch)
+                        .await
+                        .unwrap_or(Verdict::Interrupted("reset"))
+                }
                 Ok(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
                         self.parser.push(&data);
                         if self.parser.pending() > sse::MAX_EVENT_BYTES {
-                            return Verdict::Interrupted("event_too_large");
+                            return self
+                                .flush(&mut batch)
+                                .await
+                                .unwrap_or(Verdict::Interrupted("event_too_large"));
                         }
                     }
                 }

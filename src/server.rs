@@ -256,6 +256,18 @@ impl Gateway {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
         let _watcher = reload::watch(Arc::clone(&self.app))?;
         let prober = crate::probe::spawn(Arc::clone(&self.app));
+        // The Prometheus recorder keeps every histogram sample until it is
+        // drained: by a scrape of /metrics, or by this upkeep. Without it an
+        // unscraped sidecar grows by ~20 bytes per request, forever.
+        let upkeep = self.app.metrics.clone().map(|handle| {
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(Duration::from_secs(5));
+                loop {
+                    every.tick().await;
+                    handle.run_upkeep();
+                }
+            })
+        });
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -300,6 +312,9 @@ impl Gateway {
         drop(self.listener);
         drop(self.admin);
         prober.abort();
+        if let Some(upkeep) = upkeep {
+            upkeep.abort();
+        }
         let drain = self.app.snapshot.load().drain_timeout;
         info!(drain_timeout = ?drain, "shutting down: draining in-flight requests");
         tokio::select! {

@@ -16,6 +16,7 @@ mod secrets;
 mod admin;
 mod anthropic;
 mod budgets;
+mod chaos;
 mod contract;
 mod edge_support;
 mod error_classes;
