@@ -67,14 +67,7 @@ async fn admin_token_is_required_when_configured() {
 #[tokio::test]
 async fn a_missing_admin_token_rejects_the_config() {
     let text = "version: 1\nadmin_token_env: SWITCHYARD_TEST_NO_SUCH_TOKEN_VAR\n";
-    let parsed = switchyard::config::parse(text).unwrap();
-    let err = switchyard::snapshot::Snapshot::compile(
-        &parsed,
-        text,
-        &switchyard::snapshot::LiveState::default(),
-        switchyard::snapshot::CompileOptions::default(),
-    )
-    .unwrap_err();
+    let err = compile_errors(text);
     assert!(
         err.iter()
             .any(|d| d.line == 2 && d.message.contains("not set")),

@@ -58,14 +58,7 @@ async fn friendly_messages_replace_upstream_and_own_ones() {
 #[tokio::test]
 async fn bad_sanitize_status_is_rejected_with_location() {
     let text = "version: 1\nproviders: {}\ntargets: {}\ntasks: {}\nsanitize:\n  messages:\n    \"200\": fine\n";
-    let parsed = switchyard::config::parse(text).unwrap();
-    let diags = switchyard::snapshot::Snapshot::compile(
-        &parsed,
-        text,
-        &switchyard::snapshot::LiveState::default(),
-        switchyard::snapshot::CompileOptions::default(),
-    )
-    .unwrap_err();
+    let diags = compile_errors(text);
     assert!(
         diags
             .iter()

@@ -201,3 +201,16 @@ pub fn stream_text(body: &str) -> String {
         })
         .collect()
 }
+
+/// Parses and compiles `text` (a whole routes.yaml), expecting it to be rejected.
+pub fn compile_errors(text: &str) -> Vec<switchyard::config::validate::Diagnostic> {
+    let parsed = switchyard::config::parse(text).unwrap();
+    switchyard::snapshot::Snapshot::compile(
+        &parsed,
+        text,
+        &switchyard::snapshot::LiveState::default(),
+        switchyard::snapshot::CompileOptions::default(),
+    )
+    .map(|_| ())
+    .unwrap_err()
+}
