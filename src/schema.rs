@@ -153,31 +153,8 @@ impl Contract {
                 .and_then(Value::as_array)
                 .into_iter()
                 .flatten()
-                .map(|c| {
-                    let f = c.get("function").unwrap_or(&Value::Null);
-                    (
-                        f.get("name")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned(),
-                        f.get("arguments")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned(),
-                    )
-                })
-                .chain(message.get("function_call").map(|f| {
-                    (
-                        f.get("name")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned(),
-                        f.get("arguments")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned(),
-                    )
-                }))
+                .map(|c| name_and_arguments(c.get("function").unwrap_or(&Value::Null)))
+                .chain(message.get("function_call").map(name_and_arguments))
                 .collect();
             self.check_calls(&calls)?;
         }
@@ -240,6 +217,13 @@ impl Contract {
         }
         Ok(())
     }
+}
+
+/// `(name, arguments)` of a `function` object (a tool call's or a legacy
+/// `function_call`); missing fields read as empty.
+fn name_and_arguments(f: &Value) -> (String, String) {
+    let text = |key: &str| f.get(key).and_then(Value::as_str).unwrap_or("").to_owned();
+    (text("name"), text("arguments"))
 }
 
 /// Assembles streamed tool call deltas (`delta.tool_calls[i]` with `index`,
