@@ -4,11 +4,15 @@
 //! which target answered and how many attempts and failovers it took.
 //!
 //! Run: `cargo run --example failover_demo`
+// A demo and bench tool, not the gateway: it may stop on a broken invariant.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "support/fake.rs"]
 mod fake;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use fake::{Fake, Reply};

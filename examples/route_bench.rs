@@ -2,12 +2,15 @@
 //! strategy, without the token estimate (measured separately).
 //!
 //! Run: `cargo run --release --example route_bench`
+// A demo and bench tool, not the gateway: it may stop on a broken invariant.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use switchyard::config::parse;
+use switchyard::request::ChatRequest;
 use switchyard::routing::{plan, Needs};
-use switchyard::snapshot::{CompileOptions, LiveState, Snapshot};
+use switchyard::snapshot::{compile::compile, CompileOptions, LiveState};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut yaml = String::from(
@@ -30,13 +33,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ));
     }
     let parsed = parse(&yaml).map_err(|d| format!("{d:?}"))?;
-    let (snapshot, _) = Snapshot::compile(
+    let snapshot = compile(
         &parsed,
         &yaml,
         &LiveState::default(),
         CompileOptions::default(),
     )
-    .map_err(|d| format!("{d:?}"))?;
+    .map_err(|d| format!("{d:?}"))?
+    .snapshot;
     let needs = Needs {
         tools: true,
         prompt_tokens: 1200,
@@ -59,14 +63,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             t.elapsed().as_secs_f64() * 1e6 / f64::from(n)
         );
     }
-    let body: serde_json::Map<String, serde_json::Value> = serde_json::from_value(
-        serde_json::json!({
-            "messages": [{"role": "user", "content": "The quick brown fox jumps over the lazy dog. ".repeat(2300)}]
-        }),
-    )?;
+    let body = serde_json::json!({
+        "messages": [{"role": "user", "content": "The quick brown fox jumps over the lazy dog. ".repeat(2300)}]
+    })
+    .to_string();
     let t = Instant::now();
     for _ in 0..200 {
-        std::hint::black_box(Needs::from_request(std::hint::black_box(&body)));
+        let request = ChatRequest::parse(std::hint::black_box(body.as_bytes()))?;
+        std::hint::black_box(Needs::of(&request));
     }
     println!(
         "token estimate of a ~100 KB prompt: {:.1} µs",

@@ -3,11 +3,15 @@
 //!
 //! Run: `cargo run --release --example skip_bench [REQUESTS]` (default 5000,
 //! sequential, keep-alive, against an in-process fake upstream).
+// A demo and bench tool, not the gateway: it may stop on a broken invariant.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "support/fake.rs"]
 mod fake;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use fake::Fake;

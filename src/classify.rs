@@ -1,10 +1,21 @@
-//! Attempt outcome -> action, by the error-class table.
+//! Verdicts: what an attempt's outcome means, decided apart from the code
+//! that produced it.
 //!
-//! The table is data: a provider's own rules, then the file's top-level
-//! `error_classes`, then the built-in default table ([`default_rules`],
-//! documented in README.md). The first rule whose every test holds decides. A 2xx
-//! answer that no rule matches is a success.
+//! - [`ErrorTable::classify`]: a response head and body, or a network error,
+//!   -> a [`Decision`] (retry / failover / return, whether health counts it,
+//!   a cooldown). The table is data: a provider's own rules, then the file's
+//!   top-level `error_classes`, then the built-in default table
+//!   ([`default_rules`], documented in README.md). The first rule whose every
+//!   test holds decides; a 2xx answer no rule claims is a success.
+//! - [`end_of_stream`]: how a committed stream ended -> a [`StreamVerdict`]
+//!   (linkerd2-proxy's `ClassifyEos` is the model: a 200 that dies half-way is
+//!   a failure, decided when the stream ends).
+//! - [`AttemptOutcome`]: the typed label every attempt is counted under.
+//!
+//! Health, metrics and the failover loop consume these; none of them decides
+//! on its own what an outcome means.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::header::{HeaderMap, HeaderName, RETRY_AFTER};
@@ -212,7 +223,7 @@ impl Match {
 pub struct Rule {
     /// Where the rule comes from, for logs: `providers.a.error_classes[0]`,
     /// `error_classes[2]` or `default:5xx`.
-    pub name: String,
+    pub name: Arc<str>,
     /// The tests.
     pub matcher: Match,
     /// What to do.
@@ -237,7 +248,20 @@ pub struct Decision {
     /// Fail over only to a larger context window.
     pub context_window: bool,
     /// Name of the rule that decided (for the per-attempt log line).
-    pub rule: String,
+    pub rule: Arc<str>,
+}
+
+impl Decision {
+    /// The decision for a failure no rule claims: fail over, counted.
+    fn unmatched(rule: &'static str) -> Self {
+        Self {
+            action: Action::Failover,
+            health: true,
+            cooldown: None,
+            context_window: false,
+            rule: Arc::from(rule),
+        }
+    }
 }
 
 /// A compiled table: provider rules, file rules, then the defaults.
@@ -257,26 +281,29 @@ impl ErrorTable {
     /// A non-2xx that no rule claims fails over and counts against health.
     #[must_use]
     pub fn classify(&self, outcome: &Outcome<'_>) -> Option<Decision> {
-        let decision = |rule: &Rule| Decision {
-            action: rule.action,
-            health: rule.health,
-            cooldown: rule.cooldown.map(|c| cooldown_for(c, outcome)),
-            context_window: rule.context_window,
-            rule: rule.name.clone(),
-        };
         if let Some(rule) = self.rules.iter().find(|r| r.matcher.matches(outcome)) {
-            return Some(decision(rule));
+            return Some(Decision {
+                action: rule.action,
+                health: rule.health,
+                cooldown: rule.cooldown.map(|c| cooldown_for(c, outcome)),
+                context_window: rule.context_window,
+                rule: Arc::clone(&rule.name),
+            });
         }
         match outcome {
             Outcome::Response { status, .. } if (200..300).contains(status) => None,
-            _ => Some(Decision {
-                action: Action::Failover,
-                health: true,
-                cooldown: None,
-                context_window: false,
-                rule: "default:unmatched".to_owned(),
-            }),
+            Outcome::Response { .. } | Outcome::Network(_) => {
+                Some(Decision::unmatched("default:unmatched"))
+            }
         }
+    }
+
+    /// Classifies an outcome already known to be a failure (an in-band error
+    /// event in a stream): one whose code reads as a success still fails over.
+    #[must_use]
+    pub fn classify_failure(&self, outcome: &Outcome<'_>) -> Decision {
+        self.classify(outcome)
+            .unwrap_or_else(|| Decision::unmatched("default:stream_error"))
     }
 }
 
@@ -332,7 +359,7 @@ pub fn default_rules() -> Vec<Rule> {
     use StatusPattern::{Class, Code};
     let rule =
         |name: &str, status: Vec<StatusPattern>, network: Vec<NetworkKind>, action, health| Rule {
-            name: format!("default:{name}"),
+            name: Arc::from(format!("default:{name}")),
             matcher: Match {
                 status,
                 network,
@@ -393,6 +420,157 @@ pub fn default_rules() -> Vec<Rule> {
     ]
 }
 
+/// For a 2xx JSON body that is really an error (`{"error": ...}` without
+/// `choices`): `Some(code)` with its numeric code, if any.
+#[must_use]
+pub fn in_band_error(body: &[u8]) -> Option<Option<u16>> {
+    #[derive(serde::Deserialize)]
+    struct Probe<'a> {
+        #[serde(borrow)]
+        error: Option<&'a serde_json::value::RawValue>,
+        choices: Option<serde::de::IgnoredAny>,
+    }
+    let first = body.iter().find(|b| !b.is_ascii_whitespace())?;
+    if *first != b'{' {
+        return None;
+    }
+    let probe: Probe<'_> = serde_json::from_slice(body).ok()?;
+    match (probe.error, probe.choices) {
+        (Some(e), None) if e.get() != "null" => Some(crate::sse::error_code(e.get())),
+        _ => None,
+    }
+}
+
+/// What one attempt came to, as counted in `switchyard_upstream_attempts_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    /// An answer was given (a non-streamed body, or a stream that finished).
+    Success,
+    /// An HTTP status the table classified as a failure.
+    Status(u16),
+    /// No usable response.
+    Network(NetworkKind),
+    /// A 2xx body that is really an error (`{"error": ...}` without `choices`).
+    InBandError,
+    /// An in-band error event before a stream's commit point.
+    StreamError,
+    /// A committed stream that broke.
+    StreamInterrupted,
+    /// A well-formed answer that broke the request's tool call contract.
+    ContractViolation,
+}
+
+impl AttemptOutcome {
+    /// The `outcome` label (also the `reason` of a failover).
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            AttemptOutcome::Success => "success",
+            AttemptOutcome::Status(s) => crate::metrics::status_class(s),
+            AttemptOutcome::Network(k) => k.as_str(),
+            AttemptOutcome::InBandError => "in_band_error",
+            AttemptOutcome::StreamError => "stream_error",
+            AttemptOutcome::StreamInterrupted => "stream_interrupted",
+            AttemptOutcome::ContractViolation => "contract_violation",
+        }
+    }
+}
+
+/// What the relay saw last of a committed stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// `data: [DONE]`.
+    Done,
+    /// The body ended; `finished` says whether a `finish_reason` was seen.
+    Eof {
+        /// A chunk carried a `finish_reason`.
+        finished: bool,
+    },
+    /// The connection broke mid-body.
+    BodyError,
+    /// No chunk for the provider's `idle_timeout`.
+    Idle,
+    /// The task's `total_timeout` passed.
+    Deadline,
+    /// An in-band `{"error": ...}` event.
+    InBandError,
+    /// An event (or a line) over the size limit.
+    EventTooLarge,
+    /// Tool calls held for validation broke the contract.
+    ContractViolation,
+    /// The client hung up.
+    ClientGone,
+}
+
+/// Why a committed stream counts as broken (the `reason` label of
+/// `switchyard_stream_interrupts_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interruption {
+    /// The connection broke.
+    Reset,
+    /// EOF without `finish_reason` or `[DONE]`.
+    Truncated,
+    /// No chunk for `idle_timeout`.
+    IdleTimeout,
+    /// An in-band error event.
+    UpstreamError,
+    /// `total_timeout` passed.
+    Deadline,
+    /// An event over the size limit.
+    EventTooLarge,
+    /// The held tool calls broke the contract.
+    ContractViolation,
+}
+
+impl Interruption {
+    /// The `reason` label, also written in the error event the client gets.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Interruption::Reset => "reset",
+            Interruption::Truncated => "truncated",
+            Interruption::IdleTimeout => "idle_timeout",
+            Interruption::UpstreamError => "upstream_error",
+            Interruption::Deadline => "deadline",
+            Interruption::EventTooLarge => "event_too_large",
+            Interruption::ContractViolation => "contract_violation",
+        }
+    }
+}
+
+/// The end-of-stream verdict that health, metrics and the client's stream consume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamVerdict {
+    /// The answer is complete; `add_done` when the upstream ended cleanly
+    /// without `[DONE]` (switchyard adds it at once).
+    Complete {
+        /// Send `data: [DONE]` on the upstream's behalf.
+        add_done: bool,
+    },
+    /// Broken after the commit point: ends with an error event, counts
+    /// against the target's health, never replayed.
+    Interrupted(Interruption),
+    /// The client left: no one's failure.
+    ClientGone,
+}
+
+/// Classifies how a committed stream ended.
+#[must_use]
+pub fn end_of_stream(end: StreamEnd) -> StreamVerdict {
+    match end {
+        StreamEnd::Done => StreamVerdict::Complete { add_done: false },
+        StreamEnd::Eof { finished: true } => StreamVerdict::Complete { add_done: true },
+        StreamEnd::Eof { finished: false } => StreamVerdict::Interrupted(Interruption::Truncated),
+        StreamEnd::BodyError => StreamVerdict::Interrupted(Interruption::Reset),
+        StreamEnd::Idle => StreamVerdict::Interrupted(Interruption::IdleTimeout),
+        StreamEnd::Deadline => StreamVerdict::Interrupted(Interruption::Deadline),
+        StreamEnd::InBandError => StreamVerdict::Interrupted(Interruption::UpstreamError),
+        StreamEnd::EventTooLarge => StreamVerdict::Interrupted(Interruption::EventTooLarge),
+        StreamEnd::ContractViolation => StreamVerdict::Interrupted(Interruption::ContractViolation),
+        StreamEnd::ClientGone => StreamVerdict::ClientGone,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,6 +619,58 @@ mod tests {
             d > Duration::from_secs(27) && d <= Duration::from_secs(30),
             "{d:?}"
         );
+    }
+
+    #[test]
+    fn in_band_errors_are_recognised() {
+        assert_eq!(
+            in_band_error(br#"{"error":{"message":"quota","code":429}}"#),
+            Some(Some(429))
+        );
+        assert_eq!(
+            in_band_error(br#"{"error":{"message":"balance exhausted"}}"#),
+            Some(None)
+        );
+        assert_eq!(in_band_error(br#"{"choices":[],"error":null}"#), None);
+        assert_eq!(
+            in_band_error(br#"{"choices":[{"message":{"content":"{\"error\":1}"}}]}"#),
+            None
+        );
+        assert_eq!(in_band_error(b"[1,2]"), None);
+    }
+
+    #[test]
+    fn end_of_stream_verdicts() {
+        assert_eq!(
+            end_of_stream(StreamEnd::Done),
+            StreamVerdict::Complete { add_done: false }
+        );
+        assert_eq!(
+            end_of_stream(StreamEnd::Eof { finished: true }),
+            StreamVerdict::Complete { add_done: true }
+        );
+        assert_eq!(
+            end_of_stream(StreamEnd::Eof { finished: false }),
+            StreamVerdict::Interrupted(Interruption::Truncated)
+        );
+        assert_eq!(
+            end_of_stream(StreamEnd::ClientGone),
+            StreamVerdict::ClientGone
+        );
+        assert_eq!(Interruption::IdleTimeout.label(), "idle_timeout");
+    }
+
+    #[test]
+    fn in_band_failures_always_fail_over() {
+        let t = ErrorTable::new(default_rules());
+        let headers = HeaderMap::new();
+        let d = t.classify_failure(&Outcome::Response {
+            status: 200,
+            headers: &headers,
+            body: b"",
+        });
+        assert_eq!(d.action, Action::Failover);
+        assert_eq!(&*d.rule, "default:stream_error");
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! The command line: `serve`, `validate`, and what each does with its result.
+//! The command line: `serve`, `validate`, `explain` and `schema`, and what
+//! each does with its result.
 //!
-//! Exit codes: 0 success; 1 an invalid config (validate) or a failed start
-//! (serve); 2 bad arguments (clap's own).
+//! Exit codes: 0 success; 1 an invalid config (`validate`, `explain`), no
+//! such task (`explain`) or a failed start (`serve`); 2 bad arguments (clap's own).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,9 +10,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::config::validate::Severity;
+use crate::config::diagnostic::Severity;
 use crate::server::Gateway;
-use crate::snapshot::{CompileOptions, LiveState, Snapshot};
+use crate::snapshot::{self, CompileOptions, LiveState};
 
 /// switchyard: a sidecar LLM gateway with failover along declared degradation chains.
 #[derive(Debug, Parser)]
@@ -105,24 +106,18 @@ pub fn validate(paths: &[PathBuf], strict: bool) -> ExitCode {
     let mut ok = true;
     for path in paths {
         let shown = path.display().to_string();
-        let result = crate::config::load(path).and_then(|(parsed, text)| {
-            Snapshot::compile(
-                &parsed,
-                &text,
-                &LiveState::default(),
-                CompileOptions { strict },
-            )
-        });
+        let result = snapshot::load(path, &LiveState::default(), CompileOptions { strict });
         match result {
-            Ok((snapshot, warnings)) => {
-                for w in &warnings {
+            Ok(compiled) => {
+                for w in &compiled.warnings {
                     println!("{}", w.render(&shown));
                 }
+                let s = &compiled.snapshot;
                 println!(
                     "{shown}: ok ({} tasks, {} targets, config hash {:016x})",
-                    snapshot.tasks.len(),
-                    snapshot.targets.len(),
-                    snapshot.hash
+                    s.tasks.len(),
+                    s.targets.len(),
+                    s.hash
                 );
             }
             Err(diags) => {
@@ -159,16 +154,9 @@ pub struct ExplainArgs {
 #[must_use]
 pub fn explain(config: &std::path::Path, args: &ExplainArgs) -> ExitCode {
     let shown = config.display().to_string();
-    let result = crate::config::load(config).and_then(|(parsed, text)| {
-        Snapshot::compile(
-            &parsed,
-            &text,
-            &LiveState::default(),
-            CompileOptions::default(),
-        )
-    });
+    let result = snapshot::load(config, &LiveState::default(), CompileOptions::default());
     let snapshot = match result {
-        Ok((s, _)) => s,
+        Ok(compiled) => compiled.snapshot,
         Err(diags) => {
             for d in &diags {
                 println!("{}", d.render(&shown));

@@ -6,6 +6,7 @@
 //! strings here; [`crate::snapshot::Snapshot::compile`] turns them into typed,
 //! resolved values and reports every problem at once through [`validate`].
 
+pub mod diagnostic;
 pub mod locate;
 pub mod validate;
 
@@ -16,8 +17,8 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
+use diagnostic::Diagnostic;
 use locate::LocationIndex;
-use validate::Diagnostic;
 
 /// The whole file, version 1. Every key is documented in README.md.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -544,7 +545,13 @@ impl Sweep<'_> {
                 }
             }
             serde_yaml::Value::Null => {}
-            other => self.check::<BTreeMap<String, T>>(section, other),
+            other @ (serde_yaml::Value::Bool(_)
+            | serde_yaml::Value::Number(_)
+            | serde_yaml::Value::String(_)
+            | serde_yaml::Value::Sequence(_)
+            | serde_yaml::Value::Tagged(_)) => {
+                self.check::<BTreeMap<String, T>>(section, other);
+            }
         }
     }
 
@@ -617,7 +624,7 @@ mod tests {
         let text = "version: 1\nproviders:\n  a:\n    base_url: http://x\n    colour: red\n    size: 3\n    timeout: soon\ntargets: {}\ntasks:\n  t: { chain: [nope] }\n";
         let parsed = parse(text).unwrap();
         assert_eq!(parsed.pending.len(), 2, "{:?}", parsed.pending);
-        let diags = crate::snapshot::Snapshot::compile(
+        let diags = crate::snapshot::compile::compile(
             &parsed,
             text,
             &crate::snapshot::LiveState::default(),

@@ -1,5 +1,6 @@
 //! The errors switchyard answers with itself, each carrying its classification:
-//! HTTP status, who failed, and the OpenAI-format body.
+//! HTTP status, who failed, whether a client's retry could help, and the
+//! OpenAI-format body.
 //!
 //! Upstream error bodies are never copied into these messages; only the
 //! upstream status is named, so no key, URL or vendor text can leak.
@@ -22,8 +23,13 @@ pub enum Culprit {
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
     /// The body is not a JSON object, or a field has the wrong type. 400.
-    #[error("invalid request: {0}")]
-    BadRequest(String),
+    #[error("invalid request: {message}")]
+    BadRequest {
+        /// What is wrong.
+        message: String,
+        /// The offending top-level field, if one is to blame.
+        param: Option<&'static str>,
+    },
     /// No task by that name, alias or `x-task-type`, and no default task. 404.
     #[error("unknown model or task `{0}`")]
     UnknownModel(String),
@@ -72,7 +78,7 @@ impl GatewayError {
     #[must_use]
     pub fn status(&self) -> StatusCode {
         match self {
-            GatewayError::BadRequest(_) | GatewayError::NoEligibleTarget(_) => {
+            GatewayError::BadRequest { .. } | GatewayError::NoEligibleTarget(_) => {
                 StatusCode::BAD_REQUEST
             }
             GatewayError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -94,7 +100,7 @@ impl GatewayError {
     #[must_use]
     pub fn culprit(&self) -> Culprit {
         match self {
-            GatewayError::BadRequest(_)
+            GatewayError::BadRequest { .. }
             | GatewayError::NoEligibleTarget(_)
             | GatewayError::RateLimited(_)
             | GatewayError::Unauthorized
@@ -110,18 +116,77 @@ impl GatewayError {
         }
     }
 
-    /// OpenAI `error.type`.
+    /// Whether a client's own retry of the same request could help: false
+    /// when switchyard already retried and failed over, or when the request
+    /// itself is at fault. Such errors carry `x-should-retry: false`.
+    #[must_use]
+    pub fn retryable(&self) -> bool {
+        match self {
+            GatewayError::RateLimited(_) | GatewayError::Overloaded => true,
+            GatewayError::BadRequest { .. }
+            | GatewayError::UnknownModel(_)
+            | GatewayError::NotFound(_)
+            | GatewayError::MethodNotAllowed
+            | GatewayError::PayloadTooLarge(_)
+            | GatewayError::AllTargetsFailed { .. }
+            | GatewayError::NoTargetAvailable
+            | GatewayError::NoEligibleTarget(_)
+            | GatewayError::Unauthorized
+            | GatewayError::ContractViolation(_)
+            | GatewayError::DeadlineExceeded(_) => false,
+        }
+    }
+
+    /// Whole seconds for `Retry-After`, for errors that pass in time.
+    #[must_use]
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            GatewayError::RateLimited(wait) => Some(wait.as_secs_f64().ceil().max(1.0) as u64),
+            GatewayError::Overloaded => Some(1),
+            GatewayError::BadRequest { .. }
+            | GatewayError::UnknownModel(_)
+            | GatewayError::NotFound(_)
+            | GatewayError::MethodNotAllowed
+            | GatewayError::PayloadTooLarge(_)
+            | GatewayError::AllTargetsFailed { .. }
+            | GatewayError::NoTargetAvailable
+            | GatewayError::NoEligibleTarget(_)
+            | GatewayError::Unauthorized
+            | GatewayError::ContractViolation(_)
+            | GatewayError::DeadlineExceeded(_) => None,
+        }
+    }
+
+    /// OpenAI `error.type`: what went wrong, by who failed.
     #[must_use]
     pub fn error_type(&self) -> &'static str {
-        match self {
-            GatewayError::RateLimited(_) => return "rate_limit_error",
-            GatewayError::ContractViolation(_) => return "degraded_contract_violation",
-            _ => {}
+        match (self, self.culprit()) {
+            (GatewayError::RateLimited(_), _) => "rate_limit_error",
+            (GatewayError::ContractViolation(_), _) => "degraded_contract_violation",
+            (_, Culprit::Downstream) => "invalid_request_error",
+            (_, Culprit::Upstream) => "upstream_error",
+            (_, Culprit::Internal) => "server_error",
         }
-        match self.culprit() {
-            Culprit::Downstream => "invalid_request_error",
-            Culprit::Upstream => "upstream_error",
-            Culprit::Internal => "server_error",
+    }
+
+    /// OpenAI `error.param`: the request field at fault, if one is.
+    #[must_use]
+    pub fn param(&self) -> Option<&'static str> {
+        match self {
+            GatewayError::BadRequest { param, .. } => *param,
+            GatewayError::UnknownModel(_)
+            | GatewayError::RateLimited(_)
+            | GatewayError::NotFound(_)
+            | GatewayError::MethodNotAllowed
+            | GatewayError::PayloadTooLarge(_)
+            | GatewayError::AllTargetsFailed { .. }
+            | GatewayError::NoTargetAvailable
+            | GatewayError::NoEligibleTarget(_)
+            | GatewayError::Overloaded
+            | GatewayError::Unauthorized
+            | GatewayError::ContractViolation(_)
+            | GatewayError::DeadlineExceeded(_) => None,
         }
     }
 
@@ -129,7 +194,7 @@ impl GatewayError {
     #[must_use]
     pub fn code(&self) -> &'static str {
         match self {
-            GatewayError::BadRequest(_) => "invalid_request",
+            GatewayError::BadRequest { .. } => "invalid_request",
             GatewayError::NoEligibleTarget(_) => "no_eligible_target",
             GatewayError::RateLimited(_) => "rate_limit_exceeded",
             GatewayError::UnknownModel(_) => "model_not_found",
@@ -145,18 +210,38 @@ impl GatewayError {
         }
     }
 
-    /// The OpenAI-format body: `{"error": {"message", "type", "code"}}`.
+    /// The OpenAI-format body: `{"error": {"message", "type", "code", "param"}}`.
     #[must_use]
     pub fn body(&self) -> Bytes {
-        error_body(&self.to_string(), self.error_type(), self.code())
+        error_body_with(
+            &self.to_string(),
+            self.error_type(),
+            self.code(),
+            self.param(),
+        )
+    }
+
+    /// A 400 for a request that is not one the gateway can take.
+    #[must_use]
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        GatewayError::BadRequest {
+            message: message.into(),
+            param: None,
+        }
     }
 }
 
 /// An OpenAI-format error body.
 #[must_use]
 pub fn error_body(message: &str, error_type: &str, code: &str) -> Bytes {
+    error_body_with(message, error_type, code, None)
+}
+
+/// An OpenAI-format error body naming the offending field.
+#[must_use]
+pub fn error_body_with(message: &str, error_type: &str, code: &str, param: Option<&str>) -> Bytes {
     let v = serde_json::json!({
-        "error": { "message": message, "type": error_type, "code": code, "param": null }
+        "error": { "message": message, "type": error_type, "code": code, "param": param }
     });
     Bytes::from(v.to_string())
 }

@@ -16,9 +16,10 @@
 //! method takes `now` so tests drive time by hand.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
 /// Health thresholds and timing, from `health:` in routes.yaml.
@@ -128,7 +129,7 @@ struct Inner {
     cooldown_until: Option<Instant>,
     last_failure: Option<Instant>,
     last_change: Instant,
-    last_class: Option<String>,
+    last_class: Option<Arc<str>>,
     last_probe: Option<Instant>,
     window: Window,
     /// Peak-EWMA of time to first byte, seconds, and when it was last updated.
@@ -207,14 +208,6 @@ pub struct Permit {
     trial: bool,
 }
 
-impl Permit {
-    /// Whether this attempt is the half-open trial.
-    #[must_use]
-    pub fn is_trial(&self) -> bool {
-        self.trial
-    }
-}
-
 impl Drop for Permit {
     fn drop(&mut self) {
         if self.trial {
@@ -231,7 +224,7 @@ pub struct HealthView {
     /// Counted failures since the last success.
     pub consecutive_failures: u32,
     /// Rule that classified the last failure.
-    pub last_class: Option<String>,
+    pub last_class: Option<Arc<str>>,
     /// Failure rate over the sliding window (counted outcomes only).
     pub window_failure_rate: f64,
     /// Counted outcomes in the sliding window.
@@ -267,8 +260,7 @@ impl TargetHealth {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // The lock guards plain counters; a panic elsewhere cannot leave them torn.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner.lock()
     }
 
     /// Current state.
@@ -438,7 +430,7 @@ impl TargetHealth {
         &self,
         mut permit: Permit,
         now: Instant,
-        failure: &Failure<'_>,
+        failure: &Failure,
         cfg: &HealthConfig,
     ) -> Option<Transition> {
         let mut inner = self.lock();
@@ -454,7 +446,7 @@ impl TargetHealth {
             return None;
         }
         inner.last_failure = Some(now);
-        inner.last_class = Some(failure.class.to_owned());
+        inner.last_class = Some(Arc::clone(&failure.class));
         inner.consecutive_failures = inner.consecutive_failures.saturating_add(1);
         let second = self.second(now);
         inner
@@ -492,7 +484,7 @@ impl TargetHealth {
             since_change: now.saturating_duration_since(inner.last_change),
             next_trial_in: match inner.state {
                 State::Down => inner.reopen_at.map(|t| t.saturating_duration_since(now)),
-                _ => None,
+                State::Healthy | State::Degraded => None,
             },
             cooldown_left: inner.cooldown_until.filter(|t| *t > now).map(|t| t - now),
         }
@@ -500,14 +492,14 @@ impl TargetHealth {
 }
 
 /// One counted or uncounted failure, as the error-class table decided it.
-#[derive(Debug, Clone, Copy)]
-pub struct Failure<'a> {
+#[derive(Debug, Clone)]
+pub struct Failure {
     /// Counts against health.
     pub counted: bool,
     /// Skip the target for this long.
     pub cooldown: Option<Duration>,
     /// Name of the rule, kept as the "last error class".
-    pub class: &'a str,
+    pub class: Arc<str>,
     /// In `[-1.0, 1.0]`: where in the ±20 % band the reopen time falls.
     pub jitter: f64,
 }
@@ -522,33 +514,38 @@ fn change(inner: &mut Inner, to: State, now: Instant) -> Option<Transition> {
     Some(Transition { from, to })
 }
 
+/// A target's identity: what health follows across reloads. Renaming a
+/// target keeps it; pointing it at another URL or model starts it fresh.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TargetId {
+    /// The provider's `base_url`, without a trailing slash.
+    pub base_url: String,
+    /// The upstream model name.
+    pub model: String,
+}
+
 /// Where a target's health lives across reloads: keyed by identity.
 #[derive(Debug, Default)]
 pub struct Registry {
-    by_identity: Mutex<HashMap<(String, String), Arc<TargetHealth>>>,
+    by_identity: Mutex<HashMap<TargetId, Arc<TargetHealth>>>,
 }
 
 impl Registry {
-    /// The health of the target at `base_url` serving `model`, created HEALTHY
-    /// the first time that identity is seen.
-    pub fn get(&self, base_url: &str, model: &str) -> Arc<TargetHealth> {
-        let mut map = self
-            .by_identity
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+    /// The health of the target `id`, created HEALTHY the first time that
+    /// identity is seen.
+    pub fn get(&self, id: &TargetId) -> Arc<TargetHealth> {
+        let mut map = self.by_identity.lock();
         Arc::clone(
-            map.entry((base_url.to_owned(), model.to_owned()))
+            map.entry(id.clone())
                 .or_insert_with(|| Arc::new(TargetHealth::new(Instant::now()))),
         )
     }
 
     /// Forgets identities no snapshot uses any more (only the registry holds them).
     pub fn prune(&self) {
-        let mut map = self
-            .by_identity
+        self.by_identity
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        map.retain(|_, h| Arc::strong_count(h) > 1);
+            .retain(|_, h| Arc::strong_count(h) > 1);
     }
 }
 
@@ -556,11 +553,11 @@ impl Registry {
 mod tests {
     use super::*;
 
-    fn fail(class: &str) -> Failure<'_> {
+    fn fail(class: &str) -> Failure {
         Failure {
             counted: true,
             cooldown: None,
-            class,
+            class: Arc::from(class),
             jitter: 0.0,
         }
     }
@@ -590,7 +587,7 @@ mod tests {
         assert_eq!(h.admit(Instant::now()).unwrap_err(), Unavailable::Down);
         tokio::time::advance(Duration::from_secs(20)).await;
         let trial = h.admit(Instant::now()).unwrap();
-        assert!(trial.is_trial());
+        assert!(trial.trial);
         assert_eq!(
             h.admit(Instant::now()).unwrap_err(),
             Unavailable::Down,
@@ -618,7 +615,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(21)).await;
         drop(h.admit(Instant::now()).unwrap());
         let trial = h.admit(Instant::now()).unwrap();
-        assert!(trial.is_trial());
+        assert!(trial.trial);
         h.record_failure(trial, Instant::now(), &fail("x"), &cfg);
         tokio::time::advance(Duration::from_secs(19)).await;
         assert!(h.admit(Instant::now()).is_err());
@@ -753,6 +750,6 @@ mod tests {
             held.extend(t.await.unwrap());
         }
         assert_eq!(held.len(), 1);
-        assert!(held[0].is_trial());
+        assert!(held[0].trial);
     }
 }

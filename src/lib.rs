@@ -2,21 +2,32 @@
 //!
 //! It speaks the OpenAI Chat Completions protocol to the application next to
 //! it and sends each request along a declared degradation chain of upstream
-//! targets. The request path, module by module:
+//! targets. Data flows one way, server -> proxy -> routing -> upstream ->
+//! classify, and back (ARCHITECTURE.md draws it):
 //!
-//! 1. [`server`] accepts the request and loads the current [`snapshot`] once.
-//! 2. [`proxy`] parses it, routes it to a task, and walks the task's chain:
-//!    [`health`] skips targets known to be down, [`upstream`] makes the call,
-//!    [`classify`] decides retry / failover / return by the error-class table,
-//!    and [`sse`] holds a stream until its commit point, then relays it.
-//! 3. [`error`] shapes switchyard's own answers in OpenAI format; [`metrics`]
-//!    counts everything.
-//!
-//! [`config`] parses `routes.yaml` with locations; [`snapshot`] compiles it;
-//! [`probe`] checks DOWN targets in the background; [`reload`] swaps a new one in when the file changes; [`cli`] is the
-//! command line.
+//! - [`server`]: listeners, endpoints, drain, admin auth; loads the current
+//!   [`snapshot`] once per request from the shared [`state`].
+//! - [`proxy`]: the attempt loop (its header lists the steps); one attempt up
+//!   to the commit point, the stream relay after it, the response shaping and
+//!   the accounting are its submodules.
+//! - [`request`]: the typed view of a chat request, parsed once.
+//! - [`routing`]: the plan of candidates and the one admission point;
+//!   [`ratelimit`] holds the token buckets it asks.
+//! - [`upstream`]: the protocol adapter seam (OpenAI, Anthropic) and the
+//!   pooled client; [`sse`] is SSE framing.
+//! - [`classify`]: attempt outcome -> decision by the error-class table, and
+//!   the end-of-stream verdict; [`health`] is the state machine those feed;
+//!   [`probe`] checks DOWN targets in the background.
+//! - [`schema`]: the tool call contract of degraded answers.
+//! - [`config`]: raw `routes.yaml` types and their locations; [`snapshot`]
+//!   compiles them in named passes; [`reload`] swaps a new one in when the
+//!   file changes.
+//! - [`error`], [`body`], [`secret`], [`sanitize`], [`tokens`], [`metrics`]:
+//!   switchyard's own errors, response bodies, keys as a type, what upstream
+//!   text may reach clients, the token estimate, metric names and registry.
+//! - [`cli`]: the command line.
 
-pub mod anthropic;
+pub mod body;
 pub mod classify;
 pub mod cli;
 pub mod config;
@@ -25,12 +36,16 @@ pub mod health;
 pub mod metrics;
 pub mod probe;
 pub mod proxy;
+pub mod ratelimit;
 pub mod reload;
+pub mod request;
 pub mod routing;
 pub mod sanitize;
 pub mod schema;
+pub mod secret;
 pub mod server;
 pub mod snapshot;
 pub mod sse;
+pub mod state;
 pub mod tokens;
 pub mod upstream;

@@ -1,12 +1,23 @@
-//! Metric names, their descriptions, and the Prometheus exporter.
+//! Metric names, their descriptions, and one Prometheus registry per gateway.
+//!
+//! Each gateway owns its [`Metrics`] (no process-wide recorder), so two
+//! gateways in one process — tests, an embedding program — never see each
+//! other's counts. Handles for a task's or a target's series are resolved when
+//! a snapshot is compiled ([`TargetMetrics`], [`RouteMetrics`]); series whose
+//! label takes one of a few fixed values are resolved on first use and cached
+//! ([`Family`]), so the request path never builds a metric key.
 //!
 //! Label values come only from config names (task, target) and fixed enums
 //! (outcome, reason, result), never from request contents, so cardinality is
 //! bounded by the config. Every metric is documented in README.md.
 
-use std::sync::OnceLock;
+use std::sync::Arc;
 
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, SharedString, Unit};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+use parking_lot::RwLock;
 
 /// Counter `{task, target, status}`: requests answered, by final status.
 /// `target` is the serving target, or `none`.
@@ -17,12 +28,11 @@ pub const REQUEST_DURATION: &str = "switchyard_request_duration_seconds";
 /// Histogram `{task, target}`: seconds from arrival to the first content chunk of a stream.
 pub const TIME_TO_FIRST_TOKEN: &str = "switchyard_time_to_first_token_seconds";
 /// Counter `{target, outcome}`: upstream attempts by outcome (`success`, a status
-/// class like `5xx`, a network kind, `stream_error`, `cancelled`).
+/// class like `5xx`, a network kind, `in_band_error`, `stream_error`, ...).
 pub const UPSTREAM_ATTEMPTS: &str = "switchyard_upstream_attempts_total";
 /// Counter `{task, from, to, reason}`: switches from one target to the next.
 pub const FAILOVERS: &str = "switchyard_failovers_total";
-/// Counter `{task, target, reason}`: targets excluded or skipped without a call
-/// (`capability`, `context_window`, `down`, `cooldown`, `provider_rate_limit`, `fallback_budget`).
+/// Counter `{task, target, reason}`: targets excluded or skipped without a call.
 pub const SKIPPED: &str = "switchyard_route_exclusions_total";
 /// Counter `{scope}`: requests refused by a token bucket (`task`, `caller`: answered 429;
 /// `provider`: that target skipped).
@@ -53,85 +63,331 @@ pub const CONFIG_HASH: &str = "switchyard_config_hash";
 /// Gauge: Unix time (seconds) the loaded config was applied.
 pub const CONFIG_LOADED_AT: &str = "switchyard_config_loaded_timestamp_seconds";
 
-static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+/// Bucket bounds of every `_seconds` histogram.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
 
-/// Installs the process-wide Prometheus recorder once and returns its handle.
-/// `None` if another recorder was installed first (e.g. by an embedding program).
-pub fn install() -> Option<PrometheusHandle> {
-    HANDLE
-        .get_or_init(|| {
-            let handle = PrometheusBuilder::new()
-                .set_buckets_for_metric(
-                    Matcher::Suffix("_seconds".to_owned()),
-                    &[
-                        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-                    ],
-                )
-                .ok()?
-                .install_recorder()
-                .ok()?;
-            describe();
-            Some(handle)
-        })
-        .clone()
+/// One gateway's metrics registry. Cheap to clone (one `Arc`).
+#[derive(Clone)]
+pub struct Metrics {
+    recorder: Arc<PrometheusRecorder>,
+    handle: PrometheusHandle,
 }
 
-fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!(
-        REQUESTS,
-        "Requests answered, by task, serving target and final HTTP status."
-    );
-    describe_histogram!(
-        REQUEST_DURATION,
-        Unit::Seconds,
-        "Arrival to response head (streams: to the commit point)."
-    );
-    describe_histogram!(
-        TIME_TO_FIRST_TOKEN,
-        Unit::Seconds,
-        "Arrival to the first content chunk of a stream."
-    );
-    describe_counter!(
-        UPSTREAM_ATTEMPTS,
-        "Upstream attempts by target and outcome."
-    );
-    describe_counter!(
-        FAILOVERS,
-        "Switches from one target to the next, by reason."
-    );
-    describe_counter!(
-        SKIPPED,
-        "Targets skipped without a network call, by reason."
-    );
-    describe_counter!(
-        STREAM_INTERRUPTS,
-        "Streams broken after the first content byte reached the client."
-    );
-    describe_counter!(
-        STREAM_MALFORMED,
-        "Malformed events dropped from committed streams."
-    );
-    describe_counter!(
-        CLIENT_CANCELLED,
-        "Requests whose client hung up before the answer was complete."
-    );
-    describe_gauge!(
-        TARGET_HEALTH,
-        "Target health: 0 healthy, 1 degraded, 2 down."
-    );
-    describe_counter!(BREAKER_TRANSITIONS, "Health state changes per target.");
-    describe_counter!(PROBES, "Active probes of DOWN targets by result.");
-    describe_counter!(CONFIG_RELOADS, "Config loads and reloads by result.");
-    describe_gauge!(
-        CONFIG_HASH,
-        "Content hash of the loaded config (low 48 bits)."
-    );
-    describe_gauge!(
-        CONFIG_LOADED_AT,
-        Unit::Seconds,
-        "Unix time the loaded config was applied."
-    );
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A new, empty registry with every metric described.
+    #[must_use]
+    pub fn new() -> Self {
+        // Only fails for an empty bucket list, and the list is a constant.
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), SECONDS_BUCKETS)
+            .unwrap_or_else(|_| PrometheusBuilder::new())
+            .build_recorder();
+        let handle = recorder.handle();
+        let metrics = Self {
+            recorder: Arc::new(recorder),
+            handle,
+        };
+        metrics.describe();
+        metrics
+    }
+
+    /// The Prometheus text exposition of every series.
+    #[must_use]
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+
+    /// Drains histogram samples into their buckets. Without a scrape or this,
+    /// the recorder keeps every sample: an unscraped sidecar would grow.
+    pub fn upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+
+    fn key(name: &'static str, labels: &[(&'static str, SharedString)]) -> Key {
+        Key::from_parts(
+            name,
+            labels
+                .iter()
+                .map(|(k, v)| Label::new(*k, v.clone()))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// The counter `name{labels}`. For rare events; hot paths hold handles.
+    pub fn counter(&self, name: &'static str, labels: &[(&'static str, SharedString)]) -> Counter {
+        self.recorder
+            .register_counter(&Self::key(name, labels), &metadata())
+    }
+
+    /// The gauge `name{labels}`.
+    pub fn gauge(&self, name: &'static str, labels: &[(&'static str, SharedString)]) -> Gauge {
+        self.recorder
+            .register_gauge(&Self::key(name, labels), &metadata())
+    }
+
+    /// The histogram `name{labels}`.
+    pub fn histogram(
+        &self,
+        name: &'static str,
+        labels: &[(&'static str, SharedString)],
+    ) -> Histogram {
+        self.recorder
+            .register_histogram(&Self::key(name, labels), &metadata())
+    }
+
+    /// A counter family `name{fixed.., varying=K}` resolved per value on first use.
+    #[must_use]
+    pub fn family<K: LabelValues>(
+        &self,
+        name: &'static str,
+        fixed: &[(&'static str, SharedString)],
+        varying: &'static [&'static str],
+    ) -> Family<K> {
+        Family {
+            metrics: self.clone(),
+            name,
+            fixed: fixed.to_vec(),
+            varying,
+            cache: RwLock::new(Vec::new()),
+        }
+    }
+
+    /// Handles for one target's own series.
+    #[must_use]
+    pub fn target(&self, name: &str) -> TargetMetrics {
+        let label = [("target", SharedString::from(name.to_owned()))];
+        TargetMetrics {
+            attempts: self.family(UPSTREAM_ATTEMPTS, &label, &["outcome"]),
+            interrupts: self.family(STREAM_INTERRUPTS, &label, &["reason"]),
+            transitions: self.family(BREAKER_TRANSITIONS, &label, &["from", "to"]),
+            probes: self.family(PROBES, &label, &["result"]),
+            malformed: self.counter(STREAM_MALFORMED, &label),
+            health: self.gauge(TARGET_HEALTH, &label),
+            prompt_tokens: self.counter(
+                TOKENS,
+                &[label[0].clone(), ("kind", SharedString::from("prompt"))],
+            ),
+            completion_tokens: self.counter(
+                TOKENS,
+                &[label[0].clone(), ("kind", SharedString::from("completion"))],
+            ),
+        }
+    }
+
+    /// Handles for the series of `target` (or `none`) within `task`.
+    #[must_use]
+    pub fn route(&self, task: &str, target: &str) -> RouteMetrics {
+        let labels = [
+            ("task", SharedString::from(task.to_owned())),
+            ("target", SharedString::from(target.to_owned())),
+        ];
+        RouteMetrics {
+            requests: self.family(REQUESTS, &labels, &["status"]),
+            duration: self.histogram(REQUEST_DURATION, &labels),
+            ttft: self.histogram(TIME_TO_FIRST_TOKEN, &labels),
+            cost: self.gauge(COST, &labels),
+            violations: self.counter(CONTRACT_VIOLATIONS, &labels),
+            exclusions: self.family(SKIPPED, &labels, &["reason"]),
+        }
+    }
+
+    fn describe(&self) {
+        let r = &*self.recorder;
+        let counter = |name: &'static str, text: &'static str| {
+            r.describe_counter(name.into(), None, text.into());
+        };
+        counter(
+            REQUESTS,
+            "Requests answered, by task, serving target and final HTTP status.",
+        );
+        counter(
+            UPSTREAM_ATTEMPTS,
+            "Upstream attempts by target and outcome.",
+        );
+        counter(
+            FAILOVERS,
+            "Switches from one target to the next, by reason.",
+        );
+        counter(
+            SKIPPED,
+            "Targets skipped without a network call, by reason.",
+        );
+        counter(
+            RATE_LIMITED,
+            "Requests refused by a token bucket, by scope.",
+        );
+        counter(TOKENS, "Tokens by target and kind, from reported usage.");
+        counter(
+            STREAM_INTERRUPTS,
+            "Streams broken after the first content byte reached the client.",
+        );
+        counter(
+            STREAM_MALFORMED,
+            "Malformed events dropped from committed streams.",
+        );
+        counter(
+            CONTRACT_VIOLATIONS,
+            "Answers whose tool calls broke the request's contract.",
+        );
+        counter(
+            CLIENT_CANCELLED,
+            "Requests whose client hung up before the answer was complete.",
+        );
+        counter(BREAKER_TRANSITIONS, "Health state changes per target.");
+        counter(PROBES, "Active probes of DOWN targets by result.");
+        counter(CONFIG_RELOADS, "Config loads and reloads by result.");
+        let seconds = |name: &'static str, text: &'static str| {
+            r.describe_histogram(name.into(), Some(Unit::Seconds), text.into());
+        };
+        seconds(
+            REQUEST_DURATION,
+            "Arrival to response head (streams: to the commit point).",
+        );
+        seconds(
+            TIME_TO_FIRST_TOKEN,
+            "Arrival to the first content chunk of a stream.",
+        );
+        r.describe_gauge(
+            TARGET_HEALTH.into(),
+            None,
+            "Target health: 0 healthy, 1 degraded, 2 down.".into(),
+        );
+        r.describe_gauge(
+            COST.into(),
+            None,
+            "USD spent by task and target, from usage x cost.".into(),
+        );
+        r.describe_gauge(
+            CONFIG_HASH.into(),
+            None,
+            "Content hash of the loaded config (low 48 bits).".into(),
+        );
+        r.describe_gauge(
+            CONFIG_LOADED_AT.into(),
+            Some(Unit::Seconds),
+            "Unix time the loaded config was applied.".into(),
+        );
+    }
+}
+
+fn metadata() -> Metadata<'static> {
+    Metadata::new(module_path!(), metrics::Level::INFO, None)
+}
+
+/// What can stand in for the varying labels of a [`Family`].
+pub trait LabelValues: Copy + Eq {
+    /// The label values, in the family's `varying` order.
+    fn values(self) -> Vec<SharedString>;
+}
+
+impl LabelValues for &'static str {
+    fn values(self) -> Vec<SharedString> {
+        vec![SharedString::const_str(self)]
+    }
+}
+
+impl LabelValues for u16 {
+    fn values(self) -> Vec<SharedString> {
+        vec![SharedString::from(self.to_string())]
+    }
+}
+
+impl LabelValues for (&'static str, &'static str) {
+    fn values(self) -> Vec<SharedString> {
+        vec![
+            SharedString::const_str(self.0),
+            SharedString::const_str(self.1),
+        ]
+    }
+}
+
+/// Counters that differ in a few labels with a small, fixed set of values
+/// (an outcome, a reason, a status): each resolved once, then found by a
+/// short scan under a read lock.
+pub struct Family<K> {
+    metrics: Metrics,
+    name: &'static str,
+    fixed: Vec<(&'static str, SharedString)>,
+    varying: &'static [&'static str],
+    cache: RwLock<Vec<(K, Counter)>>,
+}
+
+impl<K> std::fmt::Debug for Family<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Family").field("name", &self.name).finish()
+    }
+}
+
+impl<K: LabelValues> Family<K> {
+    /// Adds `by` to the series for `key`.
+    pub fn increment(&self, key: K, by: u64) {
+        if let Some((_, c)) = self.cache.read().iter().find(|(k, _)| *k == key) {
+            c.increment(by);
+            return;
+        }
+        let mut cache = self.cache.write();
+        if let Some((_, c)) = cache.iter().find(|(k, _)| *k == key) {
+            c.increment(by);
+            return;
+        }
+        let mut labels = self.fixed.clone();
+        labels.extend(self.varying.iter().copied().zip(key.values()));
+        let counter = self.metrics.counter(self.name, &labels);
+        counter.increment(by);
+        cache.push((key, counter));
+    }
+}
+
+/// One target's own series (`{target}` plus fixed-valued labels).
+#[derive(Debug)]
+pub struct TargetMetrics {
+    /// `switchyard_upstream_attempts_total{target, outcome}`.
+    pub attempts: Family<&'static str>,
+    /// `switchyard_stream_interrupts_total{target, reason}`.
+    pub interrupts: Family<&'static str>,
+    /// `switchyard_breaker_transitions_total{target, from, to}`.
+    pub transitions: Family<(&'static str, &'static str)>,
+    /// `switchyard_probes_total{target, result}`.
+    pub probes: Family<&'static str>,
+    /// `switchyard_stream_malformed_events_total{target}`.
+    pub malformed: Counter,
+    /// `switchyard_target_health{target}`.
+    pub health: Gauge,
+    /// `switchyard_tokens_total{target, kind="prompt"}`.
+    pub prompt_tokens: Counter,
+    /// `switchyard_tokens_total{target, kind="completion"}`.
+    pub completion_tokens: Counter,
+}
+
+/// The series of one target (or `none`) within one task.
+#[derive(Debug)]
+pub struct RouteMetrics {
+    /// `switchyard_requests_total{task, target, status}`.
+    pub requests: Family<u16>,
+    /// `switchyard_request_duration_seconds{task, target}`.
+    pub duration: Histogram,
+    /// `switchyard_time_to_first_token_seconds{task, target}`.
+    pub ttft: Histogram,
+    /// `switchyard_cost_usd_total{task, target}`.
+    pub cost: Gauge,
+    /// `switchyard_contract_violations_total{task, target}`.
+    pub violations: Counter,
+    /// `switchyard_route_exclusions_total{task, target, reason}`.
+    pub exclusions: Family<&'static str>,
 }
 
 /// The status-class label of an HTTP status: `2xx`, `4xx`, `5xx`.
@@ -143,5 +399,36 @@ pub fn status_class(status: u16) -> &'static str {
         3 => "3xx",
         4 => "4xx",
         _ => "5xx",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_registries_do_not_share_counts() {
+        let a = Metrics::new();
+        let b = Metrics::new();
+        a.target("t").attempts.increment("success", 3);
+        assert!(a
+            .render()
+            .contains(r#"switchyard_upstream_attempts_total{target="t",outcome="success"} 3"#));
+        assert!(!b.render().contains("switchyard_upstream_attempts_total{"));
+    }
+
+    #[test]
+    fn a_family_resolves_each_value_once() {
+        let m = Metrics::new();
+        let f = m.family::<(&str, &str)>(BREAKER_TRANSITIONS, &[], &["from", "to"]);
+        f.increment(("healthy", "down"), 1);
+        f.increment(("healthy", "down"), 1);
+        f.increment(("down", "healthy"), 1);
+        assert_eq!(f.cache.read().len(), 2);
+        let page = m.render();
+        assert!(
+            page.contains(r#"switchyard_breaker_transitions_total{from="healthy",to="down"} 2"#),
+            "{page}"
+        );
     }
 }

@@ -10,15 +10,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::time::{timeout, Instant};
 use tracing::{debug, info};
 
-use crate::metrics as m;
-use crate::proxy::log_transition;
-use crate::server::App;
+use crate::request::ChatRequest;
 use crate::snapshot::Target;
-use crate::upstream;
+use crate::state::App;
+use crate::upstream::TargetModel;
+
+/// The probe request, in the client's protocol; each target's adapter encodes it.
+const PROBE: &[u8] = br#"{"max_tokens":1,"messages":[{"role":"user","content":"ping"}]}"#;
 
 /// How often the prober looks for DOWN targets that are due.
 const TICK: Duration = Duration::from_millis(100);
@@ -46,38 +47,37 @@ pub fn spawn(app: Arc<App>) -> tokio::task::JoinHandle<()> {
 
 /// Sends one probe and records its verdict. Returns whether it was reachable.
 pub async fn probe(target: Arc<Target>) -> bool {
-    let provider = &target.provider;
-    let body = serde_json::json!({
-        "model": target.model,
-        "max_tokens": 1,
-        "messages": [{"role": "user", "content": "ping"}],
-    });
-    let reachable =
-        match upstream::chat_request(provider, Bytes::from(body.to_string()), None, false) {
-            Ok(req) => {
-                let call = async {
-                    let resp = provider.client.request(req).await.ok()?;
-                    // Only the status matters; the body is dropped unread (a hostile
-                    // upstream could send gigabytes).
-                    Some(resp.status())
-                };
-                match timeout(provider.timeout, call).await {
-                    Ok(Some(status)) => status.as_u16() < 500,
-                    _ => false,
-                }
+    let endpoint = &target.provider.endpoint;
+    let model = TargetModel {
+        model: &target.model,
+        max_output: Some(1),
+    };
+    let body = ChatRequest::parse(PROBE)
+        .ok()
+        .and_then(|request| endpoint.adapter.encode(&request, model).ok());
+    let reachable = match body {
+        Some(body) => {
+            // Only the status matters; the body is dropped unread (a hostile
+            // upstream could send gigabytes).
+            let call = endpoint.send(body, None, false);
+            match timeout(target.provider.timeout, call).await {
+                Ok(Ok(resp)) => resp.status().as_u16() < 500,
+                Ok(Err(_)) | Err(_) => false,
             }
-            Err(_) => false,
-        };
+        }
+        None => false,
+    };
     let result = if reachable {
         "reachable"
     } else {
         "unreachable"
     };
     debug!(target = %target.name, result, "probe");
-    metrics::counter!(m::PROBES, "target" => target.name.clone(), "result" => result).increment(1);
-    if let Some(t) = target.health.record_probe(Instant::now(), reachable) {
+    target.metrics.probes.increment(result, 1);
+    let transition = target.health.record_probe(Instant::now(), reachable);
+    if transition.is_some() {
         info!(target = %target.name, "probe found the target reachable");
-        log_transition(&target, t);
     }
+    target.report(transition);
     reachable
 }

@@ -22,49 +22,49 @@ use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-use crate::config::validate::{Diagnostic, Severity};
-use crate::config::{self};
+use crate::config::diagnostic::{Diagnostic, Severity};
 use crate::metrics as m;
-use crate::server::App;
-use crate::snapshot::{CompileOptions, LiveState, Snapshot};
+use crate::snapshot::{self, Compiled, Snapshot, Startup};
+use crate::state::App;
 
 /// Settle time after the first relevant event before the file is read: editors
 /// and ConfigMap updates produce bursts of events for one logical change. Fixed
 /// from the first event, so a busy directory cannot postpone a reload.
 const DEBOUNCE: Duration = Duration::from_millis(150);
 
-/// Reads, parses, validates and compiles `path` against the live state.
-/// Warnings are logged.
-///
-/// # Errors
-/// Every problem found, located.
-pub fn prepare(
-    path: &Path,
-    live: &LiveState,
-    options: CompileOptions,
-) -> Result<Snapshot, Vec<Diagnostic>> {
-    let (parsed, text) = config::load(path)?;
-    let (snapshot, warnings) = Snapshot::compile(&parsed, &text, live, options)?;
-    for w in &warnings {
-        warn!("{}", w.render(&path.display().to_string()));
+/// Logs a compiled file's warnings (notes are for `validate`).
+pub fn log_warnings(path: &Path, compiled: &Compiled) {
+    for w in &compiled.warnings {
+        if w.severity == Severity::Warning {
+            warn!("{}", w.render(&path.display().to_string()));
+        }
     }
-    Ok(snapshot)
 }
 
 /// Sets the config gauges for a newly applied snapshot.
 pub fn publish_info(snapshot: &Snapshot) {
+    let metrics = &snapshot.metrics;
     // The low 48 bits are exact in an f64: enough to tell configs apart.
     #[allow(clippy::cast_precision_loss)]
-    metrics::gauge!(m::CONFIG_HASH).set((snapshot.hash & 0xffff_ffff_ffff) as f64);
+    metrics
+        .gauge(m::CONFIG_HASH, &[])
+        .set((snapshot.hash & 0xffff_ffff_ffff) as f64);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
-    metrics::gauge!(m::CONFIG_LOADED_AT).set(now);
+    metrics.gauge(m::CONFIG_LOADED_AT, &[]).set(now);
     // Every target's gauge exists from the start, so "healthy" differs from "no data".
     for target in snapshot.targets.values() {
-        metrics::gauge!(m::TARGET_HEALTH, "target" => target.name.clone())
-            .set(target.health.state().gauge());
+        target.metrics.health.set(target.health.state().gauge());
     }
+}
+
+/// Counts a load or reload by its result.
+pub fn count(app_metrics: &crate::metrics::Metrics, ok: bool) {
+    let result = if ok { "ok" } else { "error" };
+    app_metrics
+        .counter(m::CONFIG_RELOADS, &[("result", result.into())])
+        .increment(1);
 }
 
 /// Keeps the watcher alive; dropping it stops reloading.
@@ -181,36 +181,18 @@ async fn debounce_loop(
 pub fn reload_now(app: &App) -> bool {
     let path = app.config_path.display().to_string();
     let current = app.snapshot.load();
-    let prepared = prepare(&app.config_path, &app.live, app.options).and_then(|next| {
-        // A key file that vanished (a Secret unmounted mid-rotation) must not
-        // turn a working provider into one that sends no key at all.
-        let lost: Vec<Diagnostic> = current
-            .providers
-            .iter()
-            .filter(|(name, p)| p.secret.is_some() && next.providers.get(*name).is_some_and(|q| q.secret.is_none()))
-            .map(|(name, _)| {
-                Diagnostic::error(
-                    &format!("providers.{name}"),
-                    1,
-                    1,
-                    format!("provider `{name}` had an API key and the new config has none; keeping the old config"),
-                )
-            })
-            .collect();
-        if lost.is_empty() {
-            Ok(next)
-        } else {
-            Err(lost)
-        }
-    });
+    let prepared = snapshot::load(&app.config_path, &app.live, app.options)
+        .and_then(|next| keeps_keys(&current, next));
     match prepared {
-        Ok(next) if next.same_as(&current) => false,
+        Ok(next) if next.snapshot.same_as(&current) => false,
         Ok(next) => {
-            info!(config = %path, hash = format_args!("{:016x}", next.hash), "config reloaded");
-            publish_info(&next);
-            app.snapshot.store(Arc::new(next));
+            log_warnings(&app.config_path, &next);
+            warn_startup_changes(&app.startup, &next.startup);
+            info!(config = %path, hash = format_args!("{:016x}", next.snapshot.hash), "config reloaded");
+            publish_info(&next.snapshot);
+            app.snapshot.store(Arc::new(next.snapshot));
             app.live.health.prune();
-            metrics::counter!(m::CONFIG_RELOADS, "result" => "ok").increment(1);
+            count(app.metrics(), true);
             true
         }
         Err(diags) => {
@@ -218,11 +200,60 @@ pub fn reload_now(app: &App) -> bool {
                 match d.severity {
                     Severity::Error => error!("{}", d.render(&path)),
                     Severity::Warning => warn!("{}", d.render(&path)),
+                    Severity::Note => {}
                 }
             }
             error!(config = %path, problems = diags.len(), "config rejected; the previous config keeps serving");
-            metrics::counter!(m::CONFIG_RELOADS, "result" => "error").increment(1);
+            count(app.metrics(), false);
             false
         }
+    }
+}
+
+/// A key file that vanished (a Secret unmounted mid-rotation) must not turn
+/// a working provider into one that sends no key at all.
+fn keeps_keys(current: &Snapshot, next: Compiled) -> Result<Compiled, Vec<Diagnostic>> {
+    let lost: Vec<Diagnostic> = current
+        .providers
+        .iter()
+        .filter(|(name, p)| {
+            p.secret.is_some()
+                && next
+                    .snapshot
+                    .providers
+                    .get(*name)
+                    .is_some_and(|q| q.secret.is_none())
+        })
+        .map(|(name, _)| {
+            Diagnostic::error(
+                &format!("providers.{name}"),
+                1,
+                1,
+                format!("provider `{name}` had an API key and the new config has none; keeping the old config"),
+            )
+        })
+        .collect();
+    if lost.is_empty() {
+        Ok(next)
+    } else {
+        Err(lost)
+    }
+}
+
+/// Says which startup-only settings a reload changed: they stay as they were
+/// until a restart.
+fn warn_startup_changes(running: &Startup, file: &Startup) {
+    if running.listen != file.listen {
+        warn!(running = %running.listen, file = %file.listen, "`listen` changed: it is read at start; restart to apply it");
+    }
+    if running.admin_listen != file.admin_listen {
+        warn!(running = ?running.admin_listen, file = ?file.admin_listen, "`admin_listen` changed: it is read at start; restart to apply it");
+    }
+    if running.max_concurrent_requests != file.max_concurrent_requests {
+        warn!(
+            running = running.max_concurrent_requests,
+            file = file.max_concurrent_requests,
+            "`max_concurrent_requests` changed: it is read at start; restart to apply it"
+        );
     }
 }

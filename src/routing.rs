@@ -1,76 +1,40 @@
-//! Candidate selection: which targets of a task's chain may take a request,
-//! why the others may not, and in which order to try them.
+//! Which targets of a task's chain may take a request, in which order, and
+//! the one place where each is admitted before a call.
 //!
-//! In order, each exclusion with its reason:
+//! [`plan`] is pure selection (also what `explain` prints). In order, each
+//! exclusion with its reason:
 //! 1. the task's chain;
 //! 2. capabilities: what the request needs (`tools`/`functions` -> `tools`,
 //!    `response_format` json -> `json_mode`, image parts -> `vision`) plus the
 //!    task's `requires`;
 //! 3. context window: estimated prompt tokens + `max_tokens` must fit `max_context`;
 //! 4. health: DOWN (unless its half-open trial is due) and cooling-down targets;
-//! 5. provider limits (checked when the attempt is about to be sent, by
-//!    [`ProviderLimits::admit`], since checking takes from the bucket);
-//! 6. the fallback budget: once the task's spend on non-first targets this
+//! 5. the fallback budget: once the task's spend on non-first targets this
 //!    clock hour reaches `usd_per_hour`, only the chain's first target remains.
 //!
 //! Then the strategy picks the first target; the rest keep chain order as the
 //! failover order. Strategies other than `priority` pick among HEALTHY
 //! targets before DEGRADED ones.
+//!
+//! [`Admission`] walks a plan for the attempt loop and hands out the next
+//! target already admitted: past the context floor a context-length error set,
+//! holding a health permit (the half-open trial is single-flight), expressible
+//! in its protocol (the body is encoded here), and within its provider's
+//! rpm/tpm bucket. Each exclusion is counted where it is decided. When every
+//! candidate was DOWN and nothing was tried, it offers the least recently
+//! failed one as a trial (`health.all_down: trial`).
 
-use std::collections::HashMap;
-use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
 
-use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota};
+use bytes::Bytes;
 use serde_json::Value;
 use tokio::time::Instant;
+use tracing::{debug, info};
 
-use crate::health::State;
-use crate::snapshot::{Target, Task};
-
-/// How a task picks its first target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
-    /// Chain order.
-    Priority,
-    /// Smooth weighted round robin by `weight`.
-    Weighted,
-    /// Each eligible target in turn.
-    RoundRobin,
-    /// Lowest peak-EWMA time to first byte.
-    Latency,
-    /// Cheapest estimated request.
-    Cost,
-}
-
-impl Strategy {
-    /// Parses a `routes.yaml` name.
-    #[must_use]
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "priority" => Some(Strategy::Priority),
-            "weighted" => Some(Strategy::Weighted),
-            "round_robin" => Some(Strategy::RoundRobin),
-            "latency" => Some(Strategy::Latency),
-            "cost" => Some(Strategy::Cost),
-            _ => None,
-        }
-    }
-
-    /// The `routes.yaml` name.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Strategy::Priority => "priority",
-            Strategy::Weighted => "weighted",
-            Strategy::RoundRobin => "round_robin",
-            Strategy::Latency => "latency",
-            Strategy::Cost => "cost",
-        }
-    }
-}
+use crate::health::{Permit, State, Unavailable};
+use crate::request::ChatRequest;
+use crate::snapshot::{Snapshot, Strategy, Target, Task};
+use crate::upstream::TargetModel;
 
 /// What a request needs from a target, read from its body.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -88,45 +52,15 @@ pub struct Needs {
 }
 
 impl Needs {
-    /// Reads a chat request.
+    /// What `request` needs.
     #[must_use]
-    pub fn from_request(request: &serde_json::Map<String, Value>) -> Self {
-        let non_empty = |k: &str| {
-            request
-                .get(k)
-                .is_some_and(|v| !v.is_null() && v.as_array().is_none_or(|a| !a.is_empty()))
-        };
-        let json_mode = request
-            .get("response_format")
-            .and_then(|f| f.get("type"))
-            .and_then(Value::as_str)
-            .is_some_and(|t| t == "json_object" || t == "json_schema");
-        let vision = request
-            .get("messages")
-            .and_then(Value::as_array)
-            .is_some_and(|ms| {
-                ms.iter().any(|m| {
-                    m.get("content")
-                        .and_then(Value::as_array)
-                        .is_some_and(|parts| {
-                            parts.iter().any(|p| {
-                                matches!(
-                                    p.get("type").and_then(Value::as_str),
-                                    Some("image_url" | "image" | "input_image")
-                                )
-                            })
-                        })
-                })
-            });
-        let max_tokens = ["max_completion_tokens", "max_tokens"]
-            .iter()
-            .find_map(|k| request.get(*k).and_then(Value::as_u64));
+    pub fn of(request: &ChatRequest<'_>) -> Self {
         Needs {
-            tools: non_empty("tools") || non_empty("functions"),
-            json_mode,
-            vision,
-            prompt_tokens: crate::tokens::estimate_request(request),
-            max_tokens,
+            tools: request.offers_tools(),
+            json_mode: request.json_mode,
+            vision: request.images,
+            prompt_tokens: request.prompt_tokens,
+            max_tokens: request.max_tokens,
         }
     }
 
@@ -181,6 +115,8 @@ pub enum Exclusion {
     FallbackBudget,
     /// Its context window is not larger than one that already said "too long".
     SmallerContext,
+    /// Its protocol cannot express the request (e.g. `n > 1` for Anthropic).
+    Unsupported(String),
 }
 
 impl Exclusion {
@@ -194,6 +130,7 @@ impl Exclusion {
             Exclusion::CoolingDown => "cooldown",
             Exclusion::ProviderRateLimited => "provider_rate_limit",
             Exclusion::FallbackBudget => "fallback_budget",
+            Exclusion::Unsupported(_) => "protocol",
         }
     }
 
@@ -217,6 +154,24 @@ impl Exclusion {
             Exclusion::SmallerContext => {
                 "context window not larger than one that was too small".to_owned()
             }
+            Exclusion::Unsupported(why) => {
+                format!("its protocol cannot express the request: {why}")
+            }
+        }
+    }
+
+    /// Whether the exclusion is about the request itself (no target of the
+    /// chain could ever take it), not about the targets' state.
+    #[must_use]
+    pub fn is_about_the_request(&self) -> bool {
+        match self {
+            Exclusion::MissingCapability(_) | Exclusion::ContextWindow { .. } => true,
+            Exclusion::Down
+            | Exclusion::CoolingDown
+            | Exclusion::ProviderRateLimited
+            | Exclusion::FallbackBudget
+            | Exclusion::SmallerContext
+            | Exclusion::Unsupported(_) => false,
         }
     }
 }
@@ -231,6 +186,33 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The target a healthy chain would have served from: the chain's first
+    /// under `priority`, else the strategy's pick (for `x-switchyard-degraded`
+    /// and the `degraded` contract mode).
+    #[must_use]
+    pub fn first_choice(&self, task: &Task) -> Option<Arc<Target>> {
+        match task.strategy {
+            Strategy::Priority => task.chain.first().cloned(),
+            Strategy::Weighted | Strategy::RoundRobin | Strategy::Latency | Strategy::Cost => {
+                self.candidates.first().cloned()
+            }
+        }
+    }
+
+    /// The request-side exclusion that left nothing to try, if that is what
+    /// happened (for 400 `no_eligible_target`).
+    #[must_use]
+    pub fn ineligible(&self) -> Option<&Exclusion> {
+        let stateful = self.excluded.iter().any(|(_, why)| *why == Exclusion::Down);
+        if !self.candidates.is_empty() || stateful {
+            return None;
+        }
+        self.excluded
+            .iter()
+            .map(|(_, why)| why)
+            .find(|why| why.is_about_the_request())
+    }
+
     /// The plan as JSON (for `POST /admin/explain`).
     #[must_use]
     pub fn to_json(&self, task: &Task, needs: &Needs) -> Value {
@@ -303,8 +285,7 @@ impl Plan {
     }
 }
 
-/// Builds the plan for a request. Health is read, not changed; the proxy
-/// still asks each target's breaker for a permit before sending.
+/// Builds the plan for a request. Health is read, not changed.
 #[must_use]
 pub fn plan(task: &Task, needs: &Needs, now: Instant) -> Plan {
     let tags = needs.tags(task);
@@ -380,11 +361,17 @@ fn pick(task: &Task, needs: &Needs, eligible: &[usize], now: Instant) -> Option<
             if pool.is_empty() {
                 return None;
             }
-            let n = task.state.round_robin.fetch_add(1, Ordering::Relaxed);
+            let n = task.state.next_turn();
             pool.get(usize::try_from(n % pool.len() as u64).unwrap_or(0))
                 .copied()
         }
-        Strategy::Weighted => task.state.smooth_weighted(task, pool),
+        Strategy::Weighted => {
+            let weights: Vec<(usize, i64)> = pool
+                .iter()
+                .map(|&i| (i, i64::from(task.chain[i].weight)))
+                .collect();
+            task.state.smooth_weighted(task.chain.len(), &weights)
+        }
         Strategy::Latency => pool.iter().copied().min_by(|a, b| {
             let la = task.chain[*a].health.latency_cost(now);
             let lb = task.chain[*b].health.latency_cost(now);
@@ -402,213 +389,188 @@ fn pick(task: &Task, needs: &Needs, eligible: &[usize], now: Instant) -> Option<
 #[must_use]
 pub fn estimated_cost(target: &Target, needs: &Needs) -> f64 {
     let out = needs.max_tokens.or(target.max_output).unwrap_or(256);
-    usd(target, needs.prompt_tokens, out)
+    target.usd(needs.prompt_tokens, out)
 }
 
-/// USD of `prompt` + `completion` tokens at `target`'s price (0 if it has none).
-#[must_use]
-#[allow(clippy::cast_precision_loss)]
-pub fn usd(target: &Target, prompt: u64, completion: u64) -> f64 {
-    target.cost.map_or(0.0, |c| {
-        prompt as f64 / 1000.0 * c.input_per_1k + completion as f64 / 1000.0 * c.output_per_1k
-    })
-}
-
-/// Live routing state of a task, kept across reloads by task name.
-#[derive(Debug, Default)]
-pub struct TaskState {
-    /// Round-robin cursor.
-    pub round_robin: AtomicU64,
-    /// Smooth weighted round robin: current weight per chain position.
-    swrr: Mutex<Vec<i64>>,
-    /// (clock hour, USD spent on non-first targets in it).
-    spend: Mutex<(u64, f64)>,
-}
-
-impl TaskState {
-    fn smooth_weighted(&self, task: &Task, pool: &[usize]) -> Option<usize> {
-        let mut current = self.swrr.lock().unwrap_or_else(PoisonError::into_inner);
-        if current.len() != task.chain.len() {
-            *current = vec![0; task.chain.len()];
-        }
-        let mut total = 0i64;
-        let mut best: Option<usize> = None;
-        for &i in pool {
-            let w = i64::from(task.chain[i].weight);
-            current[i] += w;
-            total += w;
-            if best.is_none_or(|b| current[i] > current[b]) {
-                best = Some(i);
-            }
-        }
-        if let Some(b) = best {
-            current[b] -= total;
-        }
-        best
-    }
-
-    fn hour() -> u64 {
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() / 3600)
-    }
-
-    /// USD spent on fallback targets in the current clock hour.
-    #[must_use]
-    pub fn spend_this_hour(&self) -> f64 {
-        let spend = self.spend.lock().unwrap_or_else(PoisonError::into_inner);
-        if spend.0 == Self::hour() {
-            spend.1
-        } else {
-            0.0
-        }
-    }
-
-    /// Adds fallback spend.
-    pub fn add_spend(&self, usd: f64) {
-        let hour = Self::hour();
-        let mut spend = self.spend.lock().unwrap_or_else(PoisonError::into_inner);
-        if spend.0 != hour {
-            *spend = (hour, 0.0);
-        }
-        spend.1 += usd;
-    }
-}
-
-/// Task states by name; lives outside snapshots.
-#[derive(Debug, Default)]
-pub struct TaskStates {
-    by_name: Mutex<HashMap<String, Arc<TaskState>>>,
-}
-
-impl TaskStates {
-    /// The state of task `name`, created on first use.
-    pub fn get(&self, name: &str) -> Arc<TaskState> {
-        let mut map = self.by_name.lock().unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(map.entry(name.to_owned()).or_default())
-    }
-}
-
-fn quota(per: Duration, burst: u32) -> Option<Quota> {
-    Some(Quota::with_period(per)?.allow_burst(NonZeroU32::new(burst.max(1))?))
-}
-
-/// A provider account's request and token buckets.
+/// A target admitted for one attempt (and its same-target retries).
 #[derive(Debug)]
-pub struct ProviderLimits {
-    rpm: Option<DefaultDirectRateLimiter>,
-    tpm: Option<DefaultDirectRateLimiter>,
+pub struct Admitted {
+    /// The target.
+    pub target: Arc<Target>,
+    /// Its health permit for the first attempt.
+    pub permit: Permit,
+    /// The request encoded for the target's protocol.
+    pub body: Bytes,
 }
 
-impl ProviderLimits {
-    /// Buckets for `rpm` requests and `tpm` tokens a minute; `burst` requests at once.
-    #[must_use]
-    pub fn new(rpm: Option<u32>, tpm: Option<u32>, burst: Option<u32>) -> Self {
-        let per_minute = |n: u32| Duration::from_secs(60) / n.max(1);
-        Self {
-            rpm: rpm
-                .and_then(|n| quota(per_minute(n), burst.unwrap_or(n)))
-                .map(governor::RateLimiter::direct),
-            tpm: tpm
-                .and_then(|n| quota(per_minute(n), n))
-                .map(governor::RateLimiter::direct),
-        }
-    }
-
-    /// Takes one request and `tokens` tokens from the buckets; false if either
-    /// cannot admit them now (the target is then skipped, as if it said 429).
-    pub fn admit(&self, tokens: u64) -> bool {
-        if let Some(rpm) = &self.rpm {
-            if rpm.check().is_err() {
-                return false;
-            }
-        }
-        if let Some(tpm) = &self.tpm {
-            let n = NonZeroU32::new(u32::try_from(tokens.max(1)).unwrap_or(u32::MAX))
-                .unwrap_or(NonZeroU32::MIN);
-            return matches!(tpm.check_n(n), Ok(Ok(())));
-        }
-        true
-    }
-
-    /// Charges tokens the upstream reported beyond the estimate (best effort:
-    /// a bucket cannot be refunded when the estimate was high).
-    pub fn correct(&self, extra_tokens: u64) {
-        if let (Some(tpm), Some(n)) = (
-            &self.tpm,
-            u32::try_from(extra_tokens).ok().and_then(NonZeroU32::new),
-        ) {
-            let _ = tpm.check_n(n);
-        }
-    }
-}
-
-/// A task's client-facing buckets: one for the task, optionally one per caller.
+/// Walks a plan for one request, handing out admitted targets.
 #[derive(Debug)]
-pub struct TaskLimiter {
-    all: DefaultDirectRateLimiter,
-    per_caller: Option<(http::HeaderName, DefaultKeyedRateLimiter<String>, usize)>,
+pub struct Admission<'a> {
+    snapshot: &'a Snapshot,
+    task: &'a Task,
+    needs: &'a Needs,
+    request: &'a ChatRequest<'a>,
+    candidates: std::vec::IntoIter<Arc<Target>>,
+    /// DOWN targets seen (for the all-down trial).
+    down: Vec<Arc<Target>>,
+    /// After a context-length error: only larger windows qualify.
+    context_floor: Option<u64>,
+    /// Why the last target the protocol could not express was skipped.
+    unsupported: Option<String>,
+    trial_offered: bool,
 }
 
-impl TaskLimiter {
-    /// `rps` sustained (fractional allowed), `burst` at once; per caller by
-    /// `header` with at most `max_callers` tracked. `None` for a zero rate.
+impl<'a> Admission<'a> {
+    /// Starts walking `plan`, counting the exclusions it decided.
     #[must_use]
     pub fn new(
-        rps: f64,
-        burst: Option<u32>,
-        per_caller: Option<(http::HeaderName, usize)>,
-    ) -> Option<Self> {
-        if !(rps.is_finite() && rps > 0.0) {
+        snapshot: &'a Snapshot,
+        task: &'a Task,
+        plan: Plan,
+        needs: &'a Needs,
+        request: &'a ChatRequest<'a>,
+    ) -> Self {
+        let mut down = Vec::new();
+        for (target, why) in &plan.excluded {
+            skip(task, target, why);
+            if *why == Exclusion::Down {
+                down.push(Arc::clone(target));
+            }
+        }
+        Self {
+            snapshot,
+            task,
+            needs,
+            request,
+            candidates: plan.candidates.into_iter(),
+            down,
+            context_floor: None,
+            unsupported: None,
+            trial_offered: false,
+        }
+    }
+
+    /// After a context-length error at `target`: only larger windows from now on.
+    pub fn raise_context_floor(&mut self, target: &Target) {
+        self.context_floor = Some(target.max_context.unwrap_or(0));
+    }
+
+    /// Whether some target was DOWN (skipped, or offered as the all-down trial).
+    #[must_use]
+    pub fn saw_down(&self) -> bool {
+        !self.down.is_empty()
+    }
+
+    /// Why a target's protocol could not express the request, if one could not.
+    pub fn take_unsupported(&mut self) -> Option<String> {
+        self.unsupported.take()
+    }
+
+    /// The next admitted target. `nothing_tried`: no attempt was made yet, so
+    /// an all-DOWN chain may still get its one trial.
+    pub fn next(&mut self, nothing_tried: bool) -> Option<Admitted> {
+        while let Some(target) = self.candidates.next() {
+            if let Some(admitted) = self.admit(target) {
+                return Some(admitted);
+            }
+        }
+        if !nothing_tried || !self.snapshot.health.all_down_trial || self.trial_offered {
             return None;
         }
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let burst = burst.unwrap_or_else(|| rps.ceil().min(f64::from(u32::MAX)) as u32);
-        let q = quota(Duration::from_secs_f64(1.0 / rps), burst)?;
-        Some(Self {
-            all: governor::RateLimiter::direct(q),
-            per_caller: per_caller.map(|(h, max)| (h, governor::RateLimiter::keyed(q), max)),
+        self.trial_offered = true;
+        self.all_down()
+    }
+
+    fn admit(&mut self, target: Arc<Target>) -> Option<Admitted> {
+        if self
+            .context_floor
+            .is_some_and(|floor| target.max_context.unwrap_or(0) <= floor)
+        {
+            skip(self.task, &target, &Exclusion::SmallerContext);
+            return None;
+        }
+        let permit = match target.health.admit(Instant::now()) {
+            Ok(p) => p,
+            Err(why) => {
+                let why = match why {
+                    Unavailable::Down => Exclusion::Down,
+                    Unavailable::CoolingDown => Exclusion::CoolingDown,
+                };
+                skip(self.task, &target, &why);
+                if why == Exclusion::Down {
+                    self.down.push(Arc::clone(&target));
+                }
+                return None;
+            }
+        };
+        let body = self.encode(&target)?;
+        if let Some(limits) = &target.provider.limits {
+            if !limits.admit(self.needs.total_tokens(&target)) {
+                skip(self.task, &target, &Exclusion::ProviderRateLimited);
+                self.snapshot.rate_limited.increment("provider", 1);
+                return None;
+            }
+        }
+        Some(Admitted {
+            target,
+            permit,
+            body,
         })
     }
 
-    /// Admits one request, or says how long to wait (for `Retry-After`).
-    ///
-    /// # Errors
-    /// The wait until the bucket admits a request, and which bucket (`task` or `caller`).
-    pub fn admit(&self, headers: &http::HeaderMap) -> Result<(), (Duration, &'static str)> {
-        let clock = governor::clock::DefaultClock::default();
-        if let Some((header, keyed, max)) = &self.per_caller {
-            let key = headers
-                .get(header)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .chars()
-                .take(256)
-                .collect::<String>();
-            if keyed.len() >= *max {
-                keyed.retain_recent();
-            }
-            if let Err(not_until) = keyed.check_key(&key) {
-                return Err((
-                    not_until.wait_time_from(governor::clock::Clock::now(&clock)),
-                    "caller",
-                ));
+    /// The request in `target`'s protocol; a request it cannot express skips it.
+    fn encode(&mut self, target: &Target) -> Option<Bytes> {
+        let model = TargetModel {
+            model: &target.model,
+            max_output: target.max_output,
+        };
+        match target.provider.endpoint.adapter.encode(self.request, model) {
+            Ok(body) => Some(body),
+            Err(why) => {
+                skip(self.task, target, &Exclusion::Unsupported(why.0.clone()));
+                self.unsupported = Some(why.0);
+                None
             }
         }
-        self.all.check().map_err(|not_until| {
-            (
-                not_until.wait_time_from(governor::clock::Clock::now(&clock)),
-                "task",
-            )
+    }
+
+    /// Every candidate was DOWN: rather than fail without trying, give the
+    /// least recently failed one a trial. (Cooling-down targets asked not to
+    /// be called: they are not DOWN.)
+    fn all_down(&mut self) -> Option<Admitted> {
+        let floor = self.context_floor;
+        let target = self
+            .down
+            .iter()
+            .filter(|t| floor.is_none_or(|min| t.max_context.unwrap_or(0) > min))
+            .min_by_key(|t| t.health.last_failure())
+            .cloned()?;
+        info!(task = %self.task.name, target = %target.name, "all targets unavailable; trying the least recently failed");
+        let permit = target.health.force_trial();
+        let body = self.encode(&target)?;
+        Some(Admitted {
+            target,
+            permit,
+            body,
         })
     }
+}
+
+/// Counts a target left out without a call.
+fn skip(task: &Task, target: &Target, why: &Exclusion) {
+    debug!(target = %target.name, reason = why.reason(), "target skipped without a call: {}", why.describe());
+    task.route_metrics(Some(target))
+        .exclusions
+        .increment(why.reason(), 1);
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::config::parse;
-    use crate::snapshot::{CompileOptions, LiveState, Snapshot};
+    use crate::snapshot::{compile::compile, CompileOptions, LiveState, Snapshot};
 
     fn snapshot(tasks: &str) -> Snapshot {
         let text = format!(
@@ -619,14 +581,14 @@ mod tests {
              tasks:\n{tasks}"
         );
         let parsed = parse(&text).unwrap();
-        Snapshot::compile(
+        compile(
             &parsed,
             &text,
             &LiveState::default(),
             CompileOptions::default(),
         )
         .unwrap()
-        .0
+        .snapshot
     }
 
     fn names(p: &Plan) -> Vec<&str> {
@@ -761,42 +723,17 @@ mod tests {
     }
 
     #[test]
-    fn provider_buckets_admit_then_refuse() {
-        let l = ProviderLimits::new(Some(60), None, Some(2));
-        assert!(l.admit(10) && l.admit(10));
-        assert!(!l.admit(10), "burst of 2 spent");
-        let l = ProviderLimits::new(None, Some(1000), None);
-        assert!(l.admit(900));
-        assert!(!l.admit(200), "tpm bucket has ~100 left");
-    }
-
-    #[test]
-    fn task_limiter_refuses_with_a_wait() {
-        let l = TaskLimiter::new(1.0, Some(1), None).unwrap();
-        let h = http::HeaderMap::new();
-        assert!(l.admit(&h).is_ok());
-        let (wait, scope) = l.admit(&h).unwrap_err();
-        assert_eq!(scope, "task");
-        assert!(
-            wait > Duration::from_millis(500) && wait <= Duration::from_secs(1),
-            "{wait:?}"
-        );
-    }
-
-    #[test]
-    fn needs_are_read_from_the_body() {
-        let req: serde_json::Map<String, Value> = serde_json::from_value(serde_json::json!({
+    fn needs_are_read_from_the_request() {
+        let body = br#"{
             "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
             "tools": [{"type": "function", "function": {"name": "f"}}],
             "response_format": {"type": "json_schema", "json_schema": {}},
             "max_completion_tokens": 77
-        }))
-        .unwrap();
-        let n = Needs::from_request(&req);
+        }"#;
+        let n = Needs::of(&ChatRequest::parse(body).unwrap());
         assert!(n.tools && n.json_mode && n.vision);
         assert_eq!(n.max_tokens, Some(77));
-        let empty: serde_json::Map<String, Value> =
-            serde_json::from_value(serde_json::json!({"tools": []})).unwrap();
-        assert!(!Needs::from_request(&empty).tools);
+        let empty = ChatRequest::parse(br#"{"tools": []}"#).unwrap();
+        assert!(!Needs::of(&empty).tools);
     }
 }

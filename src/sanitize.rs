@@ -118,9 +118,30 @@ impl Sanitizer {
             }
             Value::Array(items) => items.iter_mut().for_each(|i| self.clean_value(i, secret)),
             Value::Object(map) => map.values_mut().for_each(|i| self.clean_value(i, secret)),
-            _ => {}
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
         }
     }
+}
+
+/// Replaces every occurrence of `key` in upstream bytes (a hostile or
+/// careless upstream may echo the provider's key in an error message).
+#[must_use]
+pub fn redact_secret(body: Bytes, key: Option<&str>) -> Bytes {
+    let Some(key) = key.map(str::as_bytes).filter(|k| k.len() >= 4) else {
+        return body;
+    };
+    if !body.windows(key.len()).any(|w| w == key) {
+        return body;
+    }
+    let mut out = Vec::with_capacity(body.len());
+    let mut rest = &body[..];
+    while let Some(i) = rest.windows(key.len()).position(|w| w == key) {
+        out.extend_from_slice(&rest[..i]);
+        out.extend_from_slice(b"*****");
+        rest = &rest[i + key.len()..];
+    }
+    out.extend_from_slice(rest);
+    Bytes::from(out)
 }
 
 #[cfg(test)]
@@ -174,6 +195,15 @@ mod tests {
             .clean_error_body(400, body, Some("sk/proj/AbC+dEf"))
             .unwrap();
         assert!(!String::from_utf8_lossy(&out).contains("AbC"), "{out:?}");
+    }
+
+    #[test]
+    fn keys_are_redacted_from_returned_bodies() {
+        let out = redact_secret(
+            Bytes::from_static(b"bad key sk-abc, really sk-abc!"),
+            Some("sk-abc"),
+        );
+        assert_eq!(&out[..], b"bad key *****, really *****!");
     }
 
     #[test]

@@ -11,7 +11,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use jsonschema::Validator;
+use serde_json::value::RawValue;
 use serde_json::Value;
+
+use crate::request::ChatRequest;
 
 /// When tool calls are validated (`validate_tool_calls` on a task).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,28 +88,19 @@ pub struct Contract {
 impl Contract {
     /// Reads the contract from a chat request; `None` when it offers no tools.
     #[must_use]
-    pub fn from_request(
-        request: &serde_json::Map<String, Value>,
-        overrides: &Arc<Overrides>,
-    ) -> Option<Self> {
+    pub fn from_request(request: &ChatRequest<'_>, overrides: &Arc<Overrides>) -> Option<Self> {
+        let parse = |raw: Option<&RawValue>| -> Value {
+            raw.and_then(|r| serde_json::from_str(r.get()).ok())
+                .unwrap_or(Value::Null)
+        };
         let mut offered = HashMap::new();
-        for t in request
-            .get("tools")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
+        for t in parse(request.tools).as_array().into_iter().flatten() {
             let f = t.get("function").unwrap_or(t);
             if let Some(name) = f.get("name").and_then(Value::as_str) {
                 offered.insert(name.to_owned(), f.get("parameters").cloned());
             }
         }
-        for f in request
-            .get("functions")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
+        for f in parse(request.functions).as_array().into_iter().flatten() {
             if let Some(name) = f.get("name").and_then(Value::as_str) {
                 offered.insert(name.to_owned(), f.get("parameters").cloned());
             }
@@ -114,18 +108,23 @@ impl Contract {
         if offered.is_empty() {
             return None;
         }
-        let required = match request
-            .get("tool_choice")
-            .or_else(|| request.get("function_call"))
-        {
-            Some(Value::String(s)) if s == "required" => Some(None),
-            Some(Value::Object(o)) => o
+        let choice = match request.tool_choice {
+            Some(raw) => parse(Some(raw)),
+            None => parse(request.function_call),
+        };
+        let required = match choice {
+            Value::String(s) if s == "required" => Some(None),
+            Value::Object(o) => o
                 .get("function")
                 .and_then(|f| f.get("name"))
                 .or_else(|| o.get("name"))
                 .and_then(Value::as_str)
                 .map(|n| Some(n.to_owned())),
-            _ => None,
+            Value::Null
+            | Value::Bool(_)
+            | Value::Number(_)
+            | Value::String(_)
+            | Value::Array(_) => None,
         };
         Some(Self {
             offered,
@@ -298,7 +297,9 @@ mod tests {
         if let (Some(r), Some(e)) = (req.as_object_mut(), extra.as_object()) {
             r.extend(e.clone());
         }
-        Contract::from_request(req.as_object().unwrap(), &Arc::new(Overrides::new())).unwrap()
+        let body = req.to_string();
+        let view = ChatRequest::parse(body.as_bytes()).unwrap();
+        Contract::from_request(&view, &Arc::new(Overrides::new())).unwrap()
     }
 
     fn answer(calls: Value) -> Vec<u8> {
@@ -356,8 +357,9 @@ mod tests {
             "get_weather".to_owned(),
             Arc::new(strict),
         )]));
-        let req = serde_json::json!({"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]});
-        let c = Contract::from_request(req.as_object().unwrap(), &overrides).unwrap();
+        let body = r#"{"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]}"#;
+        let view = ChatRequest::parse(body.as_bytes()).unwrap();
+        let c = Contract::from_request(&view, &overrides).unwrap();
         assert!(c
             .check_calls(&[("get_weather".into(), r#"{"city":"Oslo"}"#.into())])
             .is_err());

@@ -23,38 +23,34 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::pin::Pin;
+use std::path::Path;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Frame, Incoming};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::{info, warn, Instrument};
 
-use crate::config::validate::Diagnostic;
+use crate::body::{self, Body};
+use crate::config::diagnostic::Diagnostic;
 use crate::error::GatewayError;
 use crate::health::State;
-use crate::proxy::{self, H_REQUEST_ID};
-use crate::snapshot::{CompileOptions, LiveState, Snapshot};
-use crate::{metrics as m, reload};
-
-/// The response body type of every endpoint.
-pub type Body = BoxBody<Bytes, Infallible>;
+use crate::proxy::{self, respond};
+use crate::reload;
+use crate::request::ChatRequest;
+use crate::snapshot::{self as snap, CompileOptions, LiveState, Snapshot};
+use crate::state::App;
 
 /// Largest request body accepted; larger gets 413.
 pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -66,55 +62,6 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_HEADERS: usize = 100;
 /// Largest request head in bytes.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
-
-/// A body of known bytes.
-#[must_use]
-pub fn full_body(bytes: Bytes) -> Body {
-    Full::new(bytes).boxed()
-}
-
-/// A body fed through a channel: the sender's side is the stream relay. The
-/// receiver is dropped when hyper drops the body (the client went away),
-/// which the relay sees as a closed channel.
-#[must_use]
-pub fn channel_body() -> (mpsc::Sender<Bytes>, Body) {
-    let (tx, rx) = mpsc::channel(16);
-    (tx, ChannelBody { rx }.boxed())
-}
-
-struct ChannelBody {
-    rx: mpsc::Receiver<Bytes>,
-}
-
-impl hyper::body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
-    }
-}
-
-/// Everything the endpoints share.
-pub struct App {
-    /// The current configuration; replaced whole on reload.
-    pub snapshot: ArcSwap<Snapshot>,
-    /// Health and client pools, kept across reloads.
-    pub live: LiveState,
-    /// Prometheus handle for `/metrics` (absent if another recorder was installed).
-    pub metrics: Option<PrometheusHandle>,
-    /// The file reloads read.
-    pub config_path: PathBuf,
-    /// Compile options for reloads.
-    pub options: CompileOptions,
-    /// Slots for chat requests in progress (`max_concurrent_requests`, read at start).
-    pub inflight: Arc<Semaphore>,
-    /// Whether `/admin/*` is on its own listener (and so not on the main one).
-    pub admin_separate: bool,
-}
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -188,22 +135,22 @@ impl Gateway {
         admin_listen: Option<SocketAddr>,
         options: CompileOptions,
     ) -> Result<Self, StartError> {
-        // The recorder first: what the first load records must not be lost.
-        let prometheus = m::install();
         let live = LiveState::default();
         let display = config.display().to_string();
-        let snapshot =
-            reload::prepare(config, &live, options).map_err(|diagnostics| StartError::Config {
+        let compiled =
+            snap::load(config, &live, options).map_err(|diagnostics| StartError::Config {
                 path: display.clone(),
                 diagnostics,
             })?;
-        metrics::counter!(m::CONFIG_RELOADS, "result" => "ok").increment(1);
-        reload::publish_info(&snapshot);
-        let addr = listen.unwrap_or(snapshot.listen);
+        reload::log_warnings(config, &compiled);
+        reload::count(&live.metrics, true);
+        reload::publish_info(&compiled.snapshot);
+        let startup = compiled.startup;
+        let addr = listen.unwrap_or(startup.listen);
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| StartError::Bind { addr, source })?;
-        let admin = match admin_listen.or(snapshot.admin_listen) {
+        let admin = match admin_listen.or(startup.admin_listen) {
             Some(addr) => Some(
                 TcpListener::bind(addr)
                     .await
@@ -212,13 +159,13 @@ impl Gateway {
             None => None,
         };
         let app = Arc::new(App {
-            inflight: Arc::new(Semaphore::new(snapshot.max_concurrent_requests)),
+            inflight: Arc::new(Semaphore::new(startup.max_concurrent_requests)),
             admin_separate: admin.is_some(),
-            snapshot: ArcSwap::from_pointee(snapshot),
+            snapshot: ArcSwap::from_pointee(compiled.snapshot),
             live,
-            metrics: prometheus,
             config_path: config.to_path_buf(),
             options,
+            startup,
         });
         Ok(Self {
             app,
@@ -259,14 +206,13 @@ impl Gateway {
         // The Prometheus recorder keeps every histogram sample until it is
         // drained: by a scrape of /metrics, or by this upkeep. Without it an
         // unscraped sidecar grows by ~20 bytes per request, forever.
-        let upkeep = self.app.metrics.clone().map(|handle| {
-            tokio::spawn(async move {
-                let mut every = tokio::time::interval(Duration::from_secs(5));
-                loop {
-                    every.tick().await;
-                    handle.run_upkeep();
-                }
-            })
+        let metrics = self.app.metrics().clone();
+        let upkeep = tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                every.tick().await;
+                metrics.upkeep();
+            }
         });
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
@@ -312,9 +258,7 @@ impl Gateway {
         drop(self.listener);
         drop(self.admin);
         prober.abort();
-        if let Some(upkeep) = upkeep {
-            upkeep.abort();
-        }
+        upkeep.abort();
         let drain = self.app.snapshot.load().drain_timeout;
         info!(drain_timeout = ?drain, "shutting down: draining in-flight requests");
         tokio::select! {
@@ -359,40 +303,10 @@ fn admin_allowed(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    // Compare in constant time: the token is a secret.
-    let (a, b) = (given.as_bytes(), token.expose().as_bytes());
-    let same = a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0;
-    if same {
+    if token.matches(given) {
         Ok(())
     } else {
         Err(StatusCode::UNAUTHORIZED)
-    }
-}
-
-/// A response body that holds a slot of the concurrency cap until the body is
-/// finished or dropped (so a long stream keeps its slot).
-struct PermitBody {
-    inner: Body,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl hyper::body::Body for PermitBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
     }
 }
 
@@ -406,84 +320,29 @@ async fn handle(
     let arrival = Instant::now();
     let request_id = req
         .headers()
-        .get(H_REQUEST_ID)
+        .get(respond::H_REQUEST_ID)
         .filter(|v| v.len() <= 128 && v.to_str().is_ok_and(|s| !s.is_empty()))
         .cloned()
         .unwrap_or_else(new_request_id);
     let path = req.uri().path().to_owned();
+    let not_found = || GatewayError::NotFound(path.chars().take(200).collect());
     if path.starts_with("/admin/") {
         if let Err(status) = admin_allowed(&app, kind, peer, req.headers()) {
             let e = if status == StatusCode::UNAUTHORIZED {
                 GatewayError::Unauthorized
             } else {
-                GatewayError::NotFound(path.chars().take(200).collect())
+                not_found()
             };
-            return proxy::plain_error(&e, &request_id);
+            return respond::plain_error(&e, &request_id);
         }
     } else if kind == Listener::Admin
         && !matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics")
     {
-        return proxy::plain_error(
-            &GatewayError::NotFound(path.chars().take(200).collect()),
-            &request_id,
-        );
+        return respond::plain_error(&not_found(), &request_id);
     }
     match (req.method(), path.as_str()) {
         (&Method::POST, "/v1/chat/completions" | "/chat/completions") => {
-            let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
-                let mut resp = proxy::rejected(&GatewayError::Overloaded, &request_id);
-                resp.headers_mut()
-                    .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-                return resp;
-            };
-            let snapshot = app.snapshot.load_full();
-            let (parts, body) = req.into_parts();
-            let declared = parts
-                .headers
-                .get(http::header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok());
-            if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-                return proxy::rejected(
-                    &GatewayError::PayloadTooLarge(MAX_BODY_BYTES),
-                    &request_id,
-                );
-            }
-            let read = tokio::time::timeout(
-                BODY_READ_TIMEOUT,
-                Limited::new(body, MAX_BODY_BYTES).collect(),
-            )
-            .await;
-            let Ok(read) = read else {
-                let e = GatewayError::BadRequest("the request body did not arrive in time".into());
-                return proxy::rejected(&e, &request_id);
-            };
-            let bytes = match read {
-                Ok(c) => c.to_bytes(),
-                Err(e) => {
-                    let err = if e
-                        .downcast_ref::<http_body_util::LengthLimitError>()
-                        .is_some()
-                    {
-                        GatewayError::PayloadTooLarge(MAX_BODY_BYTES)
-                    } else {
-                        GatewayError::BadRequest("could not read the request body".into())
-                    };
-                    return proxy::rejected(&err, &request_id);
-                }
-            };
-            let span =
-                tracing::info_span!("request", request_id = %request_id.to_str().unwrap_or("-"));
-            proxy::chat_completions(snapshot, &parts.headers, bytes, request_id, arrival)
-                .instrument(span)
-                .await
-                .map(|inner| {
-                    PermitBody {
-                        inner,
-                        _permit: permit,
-                    }
-                    .boxed()
-                })
+            chat(&app, req, request_id, arrival).await
         }
         (&Method::GET, "/v1/models" | "/models") => {
             json(StatusCode::OK, &models(&app.snapshot.load()))
@@ -491,12 +350,7 @@ async fn handle(
         (&Method::GET, "/healthz") => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
         (&Method::GET, "/readyz") => readiness(&app.snapshot.load()),
         (&Method::GET, "/metrics") => {
-            let text = app
-                .metrics
-                .as_ref()
-                .map(PrometheusHandle::render)
-                .unwrap_or_default();
-            let mut resp = Response::new(full_body(Bytes::from(text)));
+            let mut resp = Response::new(body::full(Bytes::from(app.metrics().render())));
             resp.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4"),
@@ -506,18 +360,11 @@ async fn handle(
         (&Method::GET, "/admin/targets") => json(StatusCode::OK, &targets(&app.snapshot.load())),
         (&Method::POST, "/admin/explain") => {
             let snapshot = app.snapshot.load_full();
-            let (parts, body) = req.into_parts();
-            let Ok(bytes) = Limited::new(body, MAX_BODY_BYTES)
-                .collect()
-                .await
-                .map(|c| c.to_bytes())
-            else {
-                return proxy::plain_error(
-                    &GatewayError::PayloadTooLarge(MAX_BODY_BYTES),
-                    &request_id,
-                );
-            };
-            explain(&snapshot, &parts.headers, &bytes, &request_id)
+            let (parts, incoming) = req.into_parts();
+            match read_body(&parts.headers, incoming).await {
+                Ok(bytes) => explain(&snapshot, &parts.headers, &bytes, &request_id),
+                Err(e) => respond::plain_error(&e, &request_id),
+            }
         }
         (
             _,
@@ -528,11 +375,65 @@ async fn handle(
             | "/healthz"
             | "/readyz"
             | "/metrics",
-        ) => proxy::plain_error(&GatewayError::MethodNotAllowed, &request_id),
-        (_, other) => proxy::plain_error(
-            &GatewayError::NotFound(other.chars().take(200).collect()),
-            &request_id,
-        ),
+        ) => respond::plain_error(&GatewayError::MethodNotAllowed, &request_id),
+        (_, _) => respond::plain_error(&not_found(), &request_id),
+    }
+}
+
+/// `POST /v1/chat/completions`: a slot of the concurrency cap, the body, then
+/// the proxy. The slot is held until the response body ends (a stream keeps it).
+async fn chat(
+    app: &App,
+    req: Request<Incoming>,
+    request_id: HeaderValue,
+    arrival: Instant,
+) -> Response<Body> {
+    let snapshot = app.snapshot.load_full();
+    let rejected = |e: &GatewayError, request_id: &HeaderValue| {
+        snapshot.unrouted.increment(e.status().as_u16(), 1);
+        respond::plain_error(e, request_id)
+    };
+    let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
+        return rejected(&GatewayError::Overloaded, &request_id);
+    };
+    let (parts, incoming) = req.into_parts();
+    let bytes = match read_body(&parts.headers, incoming).await {
+        Ok(bytes) => bytes,
+        Err(e) => return rejected(&e, &request_id),
+    };
+    let span = tracing::info_span!("request", request_id = %request_id.to_str().unwrap_or("-"));
+    let snapshot = Arc::clone(&snapshot);
+    let response = proxy::chat_completions(snapshot, &parts.headers, bytes, request_id, arrival)
+        .instrument(span)
+        .await;
+    response.map(|inner| body::holding(inner, permit))
+}
+
+/// Reads a request body: at most [`MAX_BODY_BYTES`] (refused early on a
+/// larger `Content-Length`), within [`BODY_READ_TIMEOUT`].
+async fn read_body(headers: &http::HeaderMap, incoming: Incoming) -> Result<Bytes, GatewayError> {
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return Err(GatewayError::PayloadTooLarge(MAX_BODY_BYTES));
+    }
+    let read = tokio::time::timeout(
+        BODY_READ_TIMEOUT,
+        Limited::new(incoming, MAX_BODY_BYTES).collect(),
+    )
+    .await
+    .map_err(|_| GatewayError::bad_request("the request body did not arrive in time"))?;
+    match read {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(GatewayError::PayloadTooLarge(MAX_BODY_BYTES))
+        }
+        Err(_) => Err(GatewayError::bad_request("could not read the request body")),
     }
 }
 
@@ -544,25 +445,28 @@ fn explain(
     body: &[u8],
     request_id: &HeaderValue,
 ) -> Response<Body> {
-    let Ok(request) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body)
-    else {
-        return proxy::plain_error(
-            &GatewayError::BadRequest("body is not a JSON object".into()),
-            request_id,
-        );
+    let request = match ChatRequest::parse(body) {
+        Ok(r) => r,
+        Err(e) => {
+            let e = GatewayError::BadRequest {
+                message: e.message,
+                param: e.param,
+            };
+            return respond::plain_error(&e, request_id);
+        }
     };
     let task_header = headers
-        .get(proxy::H_TASK_TYPE)
+        .get(respond::H_TASK_TYPE)
         .and_then(|v| v.to_str().ok());
-    let model = request.get("model").and_then(serde_json::Value::as_str);
+    let model = request.model.as_deref();
     let Some(task) = s.route(task_header, model) else {
         let asked = task_header.or(model).unwrap_or("(none)");
-        return proxy::plain_error(
+        return respond::plain_error(
             &GatewayError::UnknownModel(asked.chars().take(128).collect()),
             request_id,
         );
     };
-    let needs = crate::routing::Needs::from_request(&request);
+    let needs = crate::routing::Needs::of(&request);
     let plan = crate::routing::plan(task, &needs, Instant::now());
     json(StatusCode::OK, &plan.to_json(task, &needs))
 }
@@ -573,7 +477,7 @@ fn new_request_id() -> HeaderValue {
 }
 
 fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
-    let mut resp = Response::new(full_body(Bytes::from(v.to_string())));
+    let mut resp = Response::new(body::full(Bytes::from(v.to_string())));
     *resp.status_mut() = status;
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -629,7 +533,7 @@ fn targets(s: &Snapshot) -> serde_json::Value {
                 "model": t.model,
                 "state": v.state.as_str(),
                 "consecutive_failures": v.consecutive_failures,
-                "last_error_class": v.last_class,
+                "last_error_class": v.last_class.as_deref(),
                 "window_failure_rate": v.window_failure_rate,
                 "window_requests": v.window_requests,
                 "seconds_since_change": v.since_change.as_secs_f64(),

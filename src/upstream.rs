@@ -1,152 +1,230 @@
-//! The pooled HTTP(S) client that talks to upstream providers, and the
-//! mapping of its errors to [`NetworkKind`]s.
+//! Upstream providers: the protocol adapter seam, and one provider's
+//! endpoint (URL, headers with the key, pooled client).
 //!
-//! One keep-alive pool per distinct connect timeout, shared by every provider
-//! and kept across reloads, so a reload never drops warm connections. TLS is
-//! rustls with the webpki root set (no dependence on the host's CA bundle);
-//! HTTP/2 is negotiated by ALPN where the upstream offers it.
+//! A protocol is one [`Adapter`]: how to encode a chat request for a target,
+//! decode its answer and its error bodies into OpenAI format, and translate
+//! its stream events into `chat.completion.chunk`s. Each lives in its own file
+//! under `upstream/`; adding a protocol is one new file and one line in
+//! [`ADAPTERS`]. Nothing outside this module matches on a protocol.
 
-use std::collections::HashMap;
-use std::error::Error as _;
-use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+pub mod anthropic;
+pub mod openai;
+pub mod pool;
 
 use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
+use http::{Method, Request, Response, Uri};
 use http_body_util::Full;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
-
-use http::header::{HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
-use http::{Method, Request};
+use hyper::body::Incoming;
 
 use crate::classify::NetworkKind;
-use crate::snapshot::Provider;
+use crate::request::ChatRequest;
+use crate::secret::Secret;
+use pool::HttpClient;
 
-/// The client type used for every upstream call.
-pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+/// Every protocol, by its `routes.yaml` name.
+pub const ADAPTERS: &[&dyn Adapter] = &[&openai::OpenAi, &anthropic::Anthropic];
 
-/// Idle pooled connections are closed after this long (below the common 120 s
-/// of provider load balancers, so we close first and never reuse a dead one).
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-
-/// Upstream clients by connect timeout; lives outside config snapshots.
-#[derive(Default)]
-pub struct Clients {
-    by_connect_timeout: Mutex<HashMap<Duration, HttpClient>>,
-}
-
-impl std::fmt::Debug for Clients {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Clients").finish_non_exhaustive()
-    }
-}
-
-impl Clients {
-    /// A pooled client whose TCP+TLS connect gives up after `connect_timeout`.
-    pub fn get(&self, connect_timeout: Duration) -> HttpClient {
-        let mut map = self
-            .by_connect_timeout
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        map.entry(connect_timeout)
-            .or_insert_with(|| build(connect_timeout))
-            .clone()
-    }
-}
-
-fn build(connect_timeout: Duration) -> HttpClient {
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(connect_timeout));
-    http.set_keepalive(Some(Duration::from_secs(60)));
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_webpki_roots()
-        .https_or_http()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .pool_max_idle_per_host(256)
-        .build(https)
-}
-
-/// The upstream request for one attempt: `POST {base_url}/chat/completions`
-/// with the provider's headers (key included), JSON content type, the
-/// request id, and `accept: text/event-stream` for streams.
-///
-/// # Errors
-/// Only if the request cannot be assembled (never for a compiled provider).
-pub fn chat_request(
-    provider: &Provider,
-    body: Bytes,
-    request_id: Option<&HeaderValue>,
-    stream: bool,
-) -> Result<Request<Full<Bytes>>, http::Error> {
-    let mut req = Request::builder()
-        .method(Method::POST)
-        .uri(provider.chat_url.clone())
-        .body(Full::new(body))?;
-    let h = req.headers_mut();
-    h.clone_from(&provider.headers);
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    if let Some(id) = request_id {
-        h.insert(HeaderName::from_static("x-request-id"), id.clone());
-    }
-    if stream {
-        h.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
-    }
-    Ok(req)
-}
-
-/// Maps a failed request (no response headers) to a network kind, by the
-/// error kinds in its source chain. `host_is_name` tells a DNS failure apart
-/// from other connect errors.
+/// The adapter named `name` in `routes.yaml`, if there is one.
 #[must_use]
-pub fn request_error_kind(
-    err: &hyper_util::client::legacy::Error,
-    host_is_name: bool,
-) -> NetworkKind {
-    let mut io_kind = None;
-    let mut tls = false;
-    let mut source = err.source();
-    while let Some(e) = source {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            io_kind.get_or_insert(io.kind());
+pub fn adapter(name: &str) -> Option<&'static dyn Adapter> {
+    ADAPTERS.iter().copied().find(|a| a.name() == name)
+}
+
+/// The names of every protocol, for messages.
+#[must_use]
+pub fn adapter_names() -> String {
+    ADAPTERS
+        .iter()
+        .map(|a| a.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What a target contributes to an encoded request.
+#[derive(Debug, Clone, Copy)]
+pub struct TargetModel<'a> {
+    /// The upstream's model name.
+    pub model: &'a str,
+    /// The target's `max_output`, for protocols that require a `max_tokens`.
+    pub max_output: Option<u64>,
+}
+
+/// A request this protocol cannot express (the target is skipped).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unsupported(pub String);
+
+/// An upstream answer that is not what its protocol promises.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Malformed(pub String);
+
+/// One wire protocol.
+pub trait Adapter: Send + Sync + std::fmt::Debug {
+    /// The `protocol:` value in routes.yaml.
+    fn name(&self) -> &'static str;
+
+    /// The path under `base_url` that chat requests go to.
+    fn chat_path(&self) -> &'static str;
+
+    /// Headers this protocol needs on every request (set unless the provider's
+    /// `headers` already has them).
+    fn required_headers(&self) -> &'static [(&'static str, &'static str)];
+
+    /// The header that carries the API key.
+    ///
+    /// # Errors
+    /// A key with characters a header cannot hold.
+    fn key_header(
+        &self,
+        key: &Secret,
+    ) -> Result<(HeaderName, HeaderValue), http::header::InvalidHeaderValue>;
+
+    /// The request body for `target`.
+    ///
+    /// # Errors
+    /// The request uses something this protocol cannot express.
+    fn encode(
+        &self,
+        request: &ChatRequest<'_>,
+        target: TargetModel<'_>,
+    ) -> Result<Bytes, Unsupported>;
+
+    /// A 2xx body as a `chat.completion` JSON.
+    ///
+    /// # Errors
+    /// The body is not an answer of this protocol.
+    fn decode_answer(&self, body: Bytes) -> Result<Bytes, Malformed>;
+
+    /// An error body in OpenAI format when this protocol has its own (else as is).
+    fn decode_error(&self, body: Bytes) -> Bytes;
+
+    /// A translator of stream events, or `None` when the events already are
+    /// `chat.completion.chunk`s.
+    fn stream_translator(&self, include_usage: bool) -> Option<Box<dyn StreamTranslator>>;
+}
+
+/// Translates one protocol's stream, event by event, into OpenAI chunk events.
+pub trait StreamTranslator: Send + std::fmt::Debug {
+    /// One upstream event's `data:`. Returns zero or more complete OpenAI SSE
+    /// events (`data: ...\n\n`), `data: [DONE]` included at the end.
+    ///
+    /// # Errors
+    /// The data is not an event of this protocol.
+    fn on_event(&mut self, data: &str) -> Result<Vec<Bytes>, Malformed>;
+}
+
+/// One provider's way in: URL, headers (the key included, marked sensitive),
+/// protocol and pooled client.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// The wire protocol.
+    pub adapter: &'static dyn Adapter,
+    /// `{base_url}/{chat_path}`.
+    pub url: Uri,
+    /// Sent on every call.
+    pub headers: HeaderMap,
+    /// Whether the host is a DNS name (to tell DNS failures from others).
+    pub host_is_name: bool,
+    /// The pooled client.
+    pub client: HttpClient,
+}
+
+impl Endpoint {
+    /// Sends one request: `POST url` with the provider's headers, a JSON body,
+    /// the request id and, for streams, `accept: text/event-stream`.
+    ///
+    /// # Errors
+    /// No response head: the failure as a network kind.
+    pub async fn send(
+        &self,
+        body: Bytes,
+        request_id: Option<&HeaderValue>,
+        stream: bool,
+    ) -> Result<Response<Incoming>, NetworkKind> {
+        let mut req = Request::new(Full::new(body));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = self.url.clone();
+        let h = req.headers_mut();
+        h.clone_from(&self.headers);
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(id) = request_id {
+            h.insert(HeaderName::from_static("x-request-id"), id.clone());
         }
-        if e.downcast_ref::<rustls::Error>().is_some() {
-            tls = true;
+        if stream {
+            h.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
         }
-        source = e.source();
-    }
-    if tls {
-        return NetworkKind::Tls;
-    }
-    use std::io::ErrorKind as K;
-    match io_kind {
-        Some(K::TimedOut) => NetworkKind::Timeout,
-        Some(
-            K::ConnectionRefused | K::AddrNotAvailable | K::NetworkUnreachable | K::HostUnreachable,
-        ) => NetworkKind::Connect,
-        Some(K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof) => {
-            NetworkKind::Reset
-        }
-        Some(_) if err.is_connect() && host_is_name => NetworkKind::Dns,
-        _ if err.is_connect() => NetworkKind::Connect,
-        // hyper reports a connection closed before the response as an incomplete message.
-        _ => NetworkKind::Reset,
+        self.client
+            .request(req)
+            .await
+            .map_err(|e| pool::request_error_kind(&e, self.host_is_name))
     }
 }
 
-/// Maps an error while reading a response body to a network kind.
-#[must_use]
-pub fn body_error_kind(err: &hyper::Error) -> NetworkKind {
-    if err.is_parse() || err.is_user() {
-        NetworkKind::Protocol
-    } else {
-        NetworkKind::Reset
+/// An upstream stream as OpenAI chunk events: SSE framing, then (for a
+/// protocol with its own events) translation event by event, so the commit
+/// point, the relay and the end-of-stream verdict work alike for every
+/// protocol.
+#[derive(Debug)]
+pub struct Events {
+    parser: crate::sse::Parser,
+    translator: Option<Box<dyn StreamTranslator>>,
+    ready: std::collections::VecDeque<crate::sse::Event>,
+}
+
+impl Events {
+    /// Events of a stream in `adapter`'s protocol.
+    #[must_use]
+    pub fn new(adapter: &dyn Adapter, include_usage: bool) -> Self {
+        Self {
+            parser: crate::sse::Parser::default(),
+            translator: adapter.stream_translator(include_usage),
+            ready: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Appends bytes read from the upstream.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.parser.push(bytes);
+    }
+
+    /// Bytes held that do not yet form a complete event.
+    #[must_use]
+    pub fn pending(&self) -> usize {
+        self.parser.pending()
+    }
+
+    /// The next complete event, if any; `eof` closes a last unterminated one.
+    /// Data a translator cannot read comes out as a malformed event.
+    pub fn next_event(&mut self, eof: bool) -> Option<crate::sse::Event> {
+        loop {
+            if let Some(e) = self.ready.pop_front() {
+                return Some(e);
+            }
+            let event = self.parser.next_event(eof)?;
+            let Some(translator) = &mut self.translator else {
+                return Some(event);
+            };
+            // Comments and `event:`-only lines carry nothing to translate.
+            let Some(data) = &event.data else { continue };
+            match translator.on_event(data) {
+                Ok(frames) => {
+                    for raw in frames {
+                        let data = std::str::from_utf8(&raw)
+                            .ok()
+                            .and_then(|t| t.strip_prefix("data: "))
+                            .map(|t| t.trim_end().to_owned());
+                        self.ready.push_back(crate::sse::Event { raw, data });
+                    }
+                }
+                Err(_) => {
+                    return Some(crate::sse::Event {
+                        raw: Bytes::new(),
+                        data: Some("{".to_owned()),
+                    })
+                }
+            }
+        }
     }
 }

@@ -1,6 +1,8 @@
 //! Hardening: the admin listener and token, the concurrency cap, the drain timeout.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::support::fake::{self, Fake, Reply};
 use crate::support::*;

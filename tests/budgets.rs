@@ -1,7 +1,9 @@
 //! The task budget: `max_failovers`, the retry bound per target, the
 //! `total_timeout` deadline, and backoff that would overrun the deadline.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::edge_support::*;
 use crate::support::fake::{self, Fake, Reply};

@@ -19,7 +19,9 @@ mod harness;
 
 use std::io::Read;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// Set in the child process.
 const CHILD: &str = "SWITCHYARD_CHAOS_CHILD";

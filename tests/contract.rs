@@ -231,10 +231,12 @@ async fn a_held_valid_streamed_call_is_released_in_order() {
     body["stream"] = true.into();
     let ans = chat(gw.addr, body).await;
     assert_eq!(ans.header("x-switchyard-target"), "b");
-    let expected = match tool_stream("model-b", "get_weather", &["{\"city\":", "\"Oslo\"}"], None) {
-        Reply::Stream { pieces, .. } => pieces.concat(),
-        _ => unreachable!(),
+    let Reply::Stream { pieces, .. } =
+        tool_stream("model-b", "get_weather", &["{\"city\":", "\"Oslo\"}"], None)
+    else {
+        unreachable!("tool_stream builds a stream")
     };
+    let expected = pieces.concat();
     assert_eq!(ans.text(), expected, "byte for byte, once validated");
 }
 

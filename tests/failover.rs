@@ -94,7 +94,7 @@ async fn timeout_fails_over_without_retry() {
     let cfg = chain_config(&[("a", &a.url()), ("b", &b.url())], "", "")
         .replace("timeout: 2s", "timeout: 200ms");
     let gw = gateway(&cfg).await;
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let ans = chat(gw.addr, hello("gpt-4o")).await;
     assert_eq!(ans.status, 200, "{}", ans.text());
     assert_eq!(ans.header("x-switchyard-target"), "b");
@@ -158,7 +158,7 @@ async fn budget_exhausted_gives_504_near_the_deadline() {
         "    budget: { total_timeout: 300ms }\n",
     );
     let gw = gateway(&cfg).await;
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let ans = chat(gw.addr, hello("gpt-4o")).await;
     let took = started.elapsed();
     assert_eq!(ans.status, 504, "{}", ans.text());

@@ -1,6 +1,8 @@
 //! Regression tests, each named after a bug found by a review of this gateway.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::support::fake::{self, Fake};
 use crate::support::*;

@@ -3,7 +3,9 @@
 //! rewrite changes nothing.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::support::fake::{self, Fake, Seen};
 use crate::support::*;

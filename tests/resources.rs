@@ -61,7 +61,7 @@ async fn ten_thousand_failed_attempts_leave_descriptors_and_memory_flat() {
         .replace("retry: { max: 1, backoff: 10ms }", "retry: { max: 0 }")
         + "health: { degraded_after: 1000000000, down_after: 1000000000 }\n";
     let gw = gateway(&cfg).await;
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     burst(gw.addr, 1_000, 16).await;
     let (fds0, rss0) = (open_fds(), rss_kib());
     burst(gw.addr, 10_000, 16).await;

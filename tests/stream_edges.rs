@@ -3,7 +3,9 @@
 //! (split events, `\r\n`, comments, multi-line data, usage chunks, a missing
 //! final blank line, malformed events before and after the commit point).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::edge_support::*;
 use crate::support::fake::{self, Fake};

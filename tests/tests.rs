@@ -1,5 +1,7 @@
 //! One integration test binary: the real gateway, in-process, against fake
 //! upstreams on 127.0.0.1.
+// A failed unwrap in a test is a failed test, which is what it should be.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

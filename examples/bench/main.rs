@@ -13,8 +13,12 @@
 //! `total_p50_us`, `total_p99_us`. The first content byte is the first body
 //! frame containing `[seq ` (the fake upstream's content marker), so role
 //! chunks and headers do not count.
+// A demo and bench tool, not the gateway: it may stop on a broken invariant.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use clap::Parser;

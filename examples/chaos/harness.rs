@@ -40,8 +40,12 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request};
@@ -358,23 +362,16 @@ pub async fn run(p: Params) -> Report {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
-                if let Some(h) = &app.metrics {
-                    let _ = h.render();
-                }
+                let _ = app.metrics().render();
             }
         })
     });
 
     // Warm-up, then the start measurements with every connection closed.
     clients_phase(&shared, gw_addr, &p, p.warmup, usize::MAX / 2).await;
-    let warm_tally = std::mem::take(&mut *shared.tally.lock().expect("tally"));
+    let warm_tally = std::mem::take(&mut *shared.tally.lock());
     let (fds0, rss0) = quiesce(&shared).await;
-    let render = || {
-        app.metrics
-            .as_ref()
-            .map(metrics_exporter_prometheus::PrometheusHandle::render)
-            .unwrap_or_default()
-    };
+    let render = || app.metrics().render();
     let metrics0 = render();
 
     // The measured phase, with the kill.
@@ -386,10 +383,10 @@ pub async fn run(p: Params) -> Report {
         let b = behaviour("a", p.fault_rate, p.seed.wrapping_add(1));
         tokio::spawn(async move {
             tokio::time::sleep(kill_after).await;
-            let victim = shared.upstreams.lock().expect("ups")[0].take();
-            shared.kill.lock().expect("kill").from = Some(Instant::now());
+            let victim = shared.upstreams.lock()[0].take();
+            shared.kill.lock().from = Some(Instant::now());
             if let Some(v) = victim {
-                *shared.killed_stats.lock().expect("stats") = v.stats();
+                *shared.killed_stats.lock() = v.stats();
                 v.kill().await;
             }
             let killed_at = started.elapsed();
@@ -406,8 +403,8 @@ pub async fn run(p: Params) -> Report {
                     Err(e) => panic!("cannot restart chaos-a on {a_addr}: {e}"),
                 }
             };
-            shared.upstreams.lock().expect("ups")[0] = Some(up);
-            shared.kill.lock().expect("kill").to = Some(Instant::now());
+            shared.upstreams.lock()[0] = Some(up);
+            shared.kill.lock().to = Some(Instant::now());
             (killed_at, started.elapsed())
         })
     };
@@ -422,12 +419,11 @@ pub async fn run(p: Params) -> Report {
     let mut stats: Vec<fu::Stats> = shared
         .upstreams
         .lock()
-        .expect("ups")
         .iter()
         .map(|u| u.as_ref().map(Upstream::stats).unwrap_or_default())
         .collect();
     {
-        let before = shared.killed_stats.lock().expect("stats");
+        let before = shared.killed_stats.lock();
         stats[0].requests += before.requests;
         for (n, b) in stats[0].by_kind.iter_mut().zip(before.by_kind) {
             *n += b;
@@ -439,7 +435,7 @@ pub async fn run(p: Params) -> Report {
     let _ = stop_gw.send(());
     let _ = gw_task.await;
 
-    let tally = std::mem::take(&mut *shared.tally.lock().expect("tally"));
+    let tally = std::mem::take(&mut *shared.tally.lock());
     let table = summary(
         &p,
         &tally,
@@ -474,7 +470,7 @@ pub async fn run(p: Params) -> Report {
 async fn quiesce(shared: &Shared) -> (usize, u64) {
     let mut fds = usize::MAX;
     for _ in 0..5 {
-        for u in shared.upstreams.lock().expect("ups").iter().flatten() {
+        for u in shared.upstreams.lock().iter().flatten() {
             u.drop_connections();
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -549,7 +545,7 @@ async fn one_request(
     let done = Instant::now();
     let elapsed = done - sent;
     let journal: Journal = {
-        let ups = shared.upstreams.lock().expect("ups");
+        let ups = shared.upstreams.lock();
         std::array::from_fn(|i| {
             ups[i]
                 .as_ref()
@@ -557,9 +553,9 @@ async fn one_request(
                 .unwrap_or_default()
         })
     };
-    let killed = shared.kill.lock().expect("kill").overlaps(sent, done);
+    let killed = shared.kill.lock().overlaps(sent, done);
 
-    let mut tally = shared.tally.lock().expect("tally");
+    let mut tally = shared.tally.lock();
     tally.requests += 1;
     tally.latencies[usize::from(risky)].record(elapsed);
     if killed {
@@ -817,7 +813,9 @@ fn error_object(e: &Value) -> Result<(String, String), String> {
     let code = match &e["code"] {
         Value::String(s) => s.clone(),
         Value::Number(n) => n.to_string(),
-        _ => return Err("error without a code".to_owned()),
+        Value::Null | Value::Bool(_) | Value::Array(_) | Value::Object(_) => {
+            return Err("error without a code".to_owned())
+        }
     };
     Ok((code, message.to_owned()))
 }
@@ -1021,7 +1019,7 @@ fn summary(
             .iter()
             .filter_map(|(e, n)| match e {
                 End::Error(s, c) => Some(format!("{s} {c}: {n}")),
-                _ => None,
+                End::Ok | End::Interrupted => None,
             })
             .collect();
         #[allow(clippy::cast_precision_loss)]

@@ -11,7 +11,9 @@
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -150,12 +152,12 @@ impl Fake {
 
     /// The first [`SEEN_LIMIT`] requests received.
     pub fn seen(&self) -> Vec<Seen> {
-        self.shared.seen.lock().expect("lock").clone()
+        self.shared.seen.lock().clone()
     }
 
     /// Replaces the script.
     pub fn set(&self, script: impl FnMut(usize, &Seen) -> Reply + Send + 'static) {
-        *self.shared.script.lock().expect("lock") = Box::new(script);
+        *self.shared.script.lock() = Box::new(script);
     }
 }
 
@@ -200,9 +202,9 @@ async fn serve(s: Arc<Shared>, req: http::Request<Incoming>) -> Result<Response<
         body: serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
     };
     let n = s.calls.fetch_add(1, Ordering::SeqCst);
-    let reply = (s.script.lock().expect("lock"))(n, &seen);
+    let reply = (s.script.lock())(n, &seen);
     {
-        let mut log = s.seen.lock().expect("lock");
+        let mut log = s.seen.lock();
         // Keep the first requests only: enough for any assertion, bounded under load.
         if log.len() < SEEN_LIMIT {
             log.push(seen);

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 use yaml_rust2::scanner::Marker;
 
-use super::validate::Diagnostic;
+use super::diagnostic::Diagnostic;
 
 /// Largest config file accepted, in bytes.
 pub const MAX_FILE_BYTES: usize = 1024 * 1024;
@@ -79,7 +79,15 @@ impl LocationIndex {
                         ));
                     }
                 }
-                _ => {}
+                Event::Nothing
+                | Event::StreamStart
+                | Event::DocumentStart
+                | Event::DocumentEnd
+                | Event::Scalar(..)
+                | Event::SequenceStart(..)
+                | Event::SequenceEnd
+                | Event::MappingStart(..)
+                | Event::MappingEnd => {}
             }
             builder.on_event(event, mark);
         }
@@ -218,7 +226,11 @@ impl MarkedEventReceiver for Builder {
             Event::MappingEnd | Event::SequenceEnd => {
                 self.stack.pop();
             }
-            _ => {}
+            Event::Nothing
+            | Event::StreamStart
+            | Event::StreamEnd
+            | Event::DocumentStart
+            | Event::DocumentEnd => {}
         }
     }
 }

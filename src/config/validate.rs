@@ -1,80 +1,22 @@
-//! Semantic checks of a raw config: diagnostics with locations, and the
-//! value checkers (durations, URLs, regexes, headers) that collect them.
+//! The value checkers of the semantic passes (durations, URLs, regexes,
+//! headers), collecting located [`Diagnostic`]s.
 //!
-//! Compilation ([`crate::snapshot::Snapshot::compile`]) calls these checkers
-//! for every value, so one pass reports every problem in the file, each with
-//! the dotted path and line:column where it stands.
+//! Compilation (`crate::snapshot::compile`) calls these checkers for every
+//! value, so one pass reports every problem in the file, each with the dotted
+//! path and line:column where it stands.
 
-use std::fmt;
 use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue};
 use http::Uri;
 use regex::Regex;
 
+use super::diagnostic::{Diagnostic, Severity};
 use super::locate::LocationIndex;
 
 /// Longest duration accepted anywhere: longer ones are mistakes, and would
 /// overflow deadline arithmetic.
 const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
-
-/// How bad a diagnostic is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Severity {
-    /// The file is rejected.
-    Error,
-    /// The file is accepted (rejected under `--strict`).
-    Warning,
-}
-
-/// One problem in a config file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Diagnostic {
-    /// Error or warning.
-    pub severity: Severity,
-    /// Dotted path of the offending key, e.g. `tasks.agent.chain[1]`; empty for the whole file.
-    pub path: String,
-    /// 1-based line.
-    pub line: usize,
-    /// 1-based column.
-    pub column: usize,
-    /// What is wrong, in words.
-    pub message: String,
-}
-
-impl Diagnostic {
-    /// An error at `line:column`.
-    #[must_use]
-    pub fn error(path: &str, line: usize, column: usize, message: impl Into<String>) -> Self {
-        Self {
-            severity: Severity::Error,
-            path: path.to_owned(),
-            line,
-            column,
-            message: message.into(),
-        }
-    }
-
-    /// Formats as `FILE:LINE:COLUMN: error: message (at path)`, the form `validate` prints.
-    #[must_use]
-    pub fn render(&self, file: &str) -> String {
-        format!("{file}:{self}")
-    }
-}
-
-impl fmt::Display for Diagnostic {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let sev = match self.severity {
-            Severity::Error => "error",
-            Severity::Warning => "warning",
-        };
-        write!(f, "{}:{}: {sev}: {}", self.line, self.column, self.message)?;
-        if !self.path.is_empty() {
-            write!(f, " (at {})", self.path)?;
-        }
-        Ok(())
-    }
-}
 
 /// Collects diagnostics while a config is compiled.
 pub struct Checks<'a> {
@@ -100,12 +42,20 @@ impl<'a> Checks<'a> {
             .push(Diagnostic::error(path, line, column, message));
     }
 
+    /// Records a note at the value (or key) of `path`: information that never
+    /// rejects a file, not even under `--strict`.
+    pub fn note(&mut self, path: &str, message: impl Into<String>) {
+        let (line, column) = self.index.key_or_value(path);
+        let mut d = Diagnostic::error(path, line, column, message);
+        d.severity = Severity::Note;
+        self.diagnostics.push(d);
+    }
+
     /// Records a warning at the value of `path`.
     pub fn warn(&mut self, path: &str, message: impl Into<String>) {
         let (line, column) = self.index.value_or_key(path);
-        let mut d = Diagnostic::error(path, line, column, message);
-        d.severity = Severity::Warning;
-        self.diagnostics.push(d);
+        self.diagnostics
+            .push(Diagnostic::warning(path, line, column, message));
     }
 
     /// Whether any error (not warning) was recorded.

@@ -5,7 +5,9 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// The binary cargo built for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_switchyard");

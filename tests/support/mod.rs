@@ -27,7 +27,7 @@ pub struct Gw {
     pub dir: tempfile::TempDir,
     pub config: PathBuf,
     stop: Option<oneshot::Sender<()>>,
-    pub app: std::sync::Arc<switchyard::server::App>,
+    pub app: std::sync::Arc<switchyard::state::App>,
 }
 
 impl Drop for Gw {
@@ -203,9 +203,9 @@ pub fn stream_text(body: &str) -> String {
 }
 
 /// Parses and compiles `text` (a whole routes.yaml), expecting it to be rejected.
-pub fn compile_errors(text: &str) -> Vec<switchyard::config::validate::Diagnostic> {
+pub fn compile_errors(text: &str) -> Vec<switchyard::config::diagnostic::Diagnostic> {
     let parsed = switchyard::config::parse(text).unwrap();
-    switchyard::snapshot::Snapshot::compile(
+    switchyard::snapshot::compile::compile(
         &parsed,
         text,
         &switchyard::snapshot::LiveState::default(),

@@ -14,8 +14,73 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, InvalidHeaderValue};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+
+use super::{Adapter, Malformed, TargetModel, Unsupported};
+use crate::request::ChatRequest;
+use crate::secret::Secret;
+
+/// The `anthropic-version` header sent unless a provider sets its own.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// `max_tokens` sent when neither the request nor the target's `max_output`
+/// gives one (the Messages API requires it).
+const DEFAULT_MAX_TOKENS: u64 = 4096;
+
+/// The Anthropic Messages protocol (`protocol: anthropic`).
+#[derive(Debug)]
+pub struct Anthropic;
+
+impl Adapter for Anthropic {
+    fn name(&self) -> &'static str {
+        "anthropic"
+    }
+
+    fn chat_path(&self) -> &'static str {
+        "messages"
+    }
+
+    fn required_headers(&self) -> &'static [(&'static str, &'static str)] {
+        &[("anthropic-version", ANTHROPIC_VERSION)]
+    }
+
+    fn key_header(&self, key: &Secret) -> Result<(HeaderName, HeaderValue), InvalidHeaderValue> {
+        let mut value = HeaderValue::from_str(key.expose())?;
+        value.set_sensitive(true);
+        Ok((HeaderName::from_static("x-api-key"), value))
+    }
+
+    fn encode(
+        &self,
+        request: &ChatRequest<'_>,
+        target: TargetModel<'_>,
+    ) -> Result<Bytes, Unsupported> {
+        let object = request
+            .to_object()
+            .map_err(|e| Unsupported(format!("invalid request: {e}")))?;
+        let body = to_messages_request(
+            &object,
+            target.model,
+            target.max_output.unwrap_or(DEFAULT_MAX_TOKENS),
+        )
+        .map_err(|e| Unsupported(e.to_string()))?;
+        Ok(Bytes::from(body.to_string()))
+    }
+
+    fn decode_answer(&self, body: Bytes) -> Result<Bytes, Malformed> {
+        from_messages_response(&body).map_err(|e| Malformed(e.to_string()))
+    }
+
+    fn decode_error(&self, body: Bytes) -> Bytes {
+        to_openai_error(&body).unwrap_or(body)
+    }
+
+    fn stream_translator(&self, include_usage: bool) -> Option<Box<dyn super::StreamTranslator>> {
+        Some(Box::new(MessagesStream::new(include_usage)))
+    }
+}
 
 /// Errors translating between the two protocols.
 #[derive(Debug, thiserror::Error)]
@@ -89,29 +154,7 @@ pub fn to_messages_request(
         .and_then(Value::as_array)
         .ok_or_else(|| invalid("`messages` must be an array"))?;
 
-    let mut system: Vec<String> = Vec::new();
-    let mut turns: Vec<Turn> = Vec::new();
-    for (i, message) in messages.iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let message = message
-            .as_object()
-            .ok_or_else(|| invalid(format!("{at} must be an object")))?;
-        let role = message
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or_else(|| invalid(format!("{at}.role must be a string")))?;
-        match role {
-            "system" | "developer" => system.extend(system_texts(message.get("content"), &at)?),
-            "user" => push_turn(
-                &mut turns,
-                "user",
-                user_blocks(message.get("content"), &at)?,
-            ),
-            "assistant" => push_turn(&mut turns, "assistant", assistant_blocks(message, &at)?),
-            "tool" => push_turn(&mut turns, "user", vec![tool_result(message, &at)?]),
-            other => return Err(TranslateError::Unsupported(format!("{at}: role `{other}`"))),
-        }
-    }
+    let (system, turns) = conversation(messages)?;
     if turns.is_empty() {
         return Err(invalid("no user or assistant message with content"));
     }
@@ -163,6 +206,43 @@ pub fn to_messages_request(
         out.insert("metadata".into(), json!({ "user_id": user }));
     }
 
+    add_tools(openai, &mut out)?;
+    Ok(Value::Object(out))
+}
+
+/// The system texts and the merged turns of the OpenAI messages.
+fn conversation(messages: &[Value]) -> Result<(Vec<String>, Vec<Turn>), TranslateError> {
+    let mut system: Vec<String> = Vec::new();
+    let mut turns: Vec<Turn> = Vec::new();
+    for (i, message) in messages.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let message = message
+            .as_object()
+            .ok_or_else(|| invalid(format!("{at} must be an object")))?;
+        let role = message
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| invalid(format!("{at}.role must be a string")))?;
+        match role {
+            "system" | "developer" => system.extend(system_texts(message.get("content"), &at)?),
+            "user" => push_turn(
+                &mut turns,
+                "user",
+                user_blocks(message.get("content"), &at)?,
+            ),
+            "assistant" => push_turn(&mut turns, "assistant", assistant_blocks(message, &at)?),
+            "tool" => push_turn(&mut turns, "user", vec![tool_result(message, &at)?]),
+            other => return Err(TranslateError::Unsupported(format!("{at}: role `{other}`"))),
+        }
+    }
+    Ok((system, turns))
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls` as Messages fields.
+fn add_tools(
+    openai: &Map<String, Value>,
+    out: &mut Map<String, Value>,
+) -> Result<(), TranslateError> {
     let tools = match non_null(openai, "tools") {
         Some(t) => tools(t)?,
         None => Vec::new(),
@@ -188,7 +268,7 @@ pub fn to_messages_request(
             out.insert("tool_choice".into(), choice);
         }
     }
-    Ok(Value::Object(out))
+    Ok(())
 }
 
 /// A field's value unless absent or `null`.
@@ -524,7 +604,9 @@ fn tool_choice(choice: &Value) -> Result<Value, TranslateError> {
                 })?;
             Ok(json!({ "type": "tool", "name": name }))
         }
-        _ => Err(invalid("`tool_choice` must be a string or an object")),
+        Value::Null | Value::Bool(_) | Value::Number(_) | Value::Array(_) => {
+            Err(invalid("`tool_choice` must be a string or an object"))
+        }
     }
 }
 
@@ -727,17 +809,6 @@ pub fn from_messages_response(body: &[u8]) -> Result<Bytes, TranslateError> {
     Ok(Bytes::from(out.to_string()))
 }
 
-/// HTTP-status-like code of an Anthropic error body ({"type":"error","error":{"type":...,"message":...}}),
-/// e.g. overloaded_error -> 529, rate_limit_error -> 429, authentication_error -> 401, permission_error -> 403,
-/// not_found_error -> 404, request_too_large -> 413, invalid_request_error -> 400, api_error -> 500. None if not such a body.
-///
-/// Also billing_error -> 402 and timeout_error -> 504; an error type not
-/// known here gives 500.
-#[must_use]
-pub fn error_status(body: &[u8]) -> Option<u16> {
-    anthropic_error(body).map(|(kind, _)| status_of(&kind))
-}
-
 /// An Anthropic error body -> an OpenAI-format error body {"error":{"message","type","code"}} (keeps the message;
 /// a context-length invalid_request_error keeps words like "prompt is too long" so the gateway's context-window
 /// detection, which looks for phrases like "prompt is too long" / "context length", still matches). None if not an Anthropic error.
@@ -772,7 +843,7 @@ struct ToolBlock {
 
 /// Translates an Anthropic SSE stream, event by event, into OpenAI `chat.completion.chunk` SSE events.
 #[derive(Debug)]
-pub struct StreamTranslator {
+pub struct MessagesStream {
     include_usage: bool,
     created: u64,
     id: String,
@@ -784,7 +855,13 @@ pub struct StreamTranslator {
     finished: bool,
 }
 
-impl StreamTranslator {
+impl super::StreamTranslator for MessagesStream {
+    fn on_event(&mut self, data: &str) -> Result<Vec<Bytes>, Malformed> {
+        MessagesStream::on_event(self, data).map_err(|e| Malformed(e.to_string()))
+    }
+}
+
+impl MessagesStream {
     /// `include_usage`: the client asked `stream_options.include_usage` (emit a final usage chunk with empty choices).
     #[must_use]
     pub fn new(include_usage: bool) -> Self {
@@ -803,7 +880,7 @@ impl StreamTranslator {
 
     /// One upstream event's `data:` JSON (Anthropic puts the event type in data.type too, so the `event:` line is not needed).
     /// Returns zero or more complete OpenAI SSE events as raw bytes, each exactly `data: {json}\n\n`, and `data: [DONE]\n\n` after message_stop.
-    /// An Anthropic `error` event becomes `data: {"error":{"message","type","code": <numeric status from error_status rules>}}\n\n`
+    /// An Anthropic `error` event becomes `data: {"error":{"message","type","code": <numeric status by status_of>}}\n\n`
     /// (the gateway reads a numeric `code` as an in-band status). `ping` produces nothing.
     ///
     /// Unknown event types, thinking/signature deltas and events after
@@ -829,58 +906,8 @@ impl StreamTranslator {
                 self.take_usage(message.get("usage"))?;
                 vec![self.chunk(json!({ "role": "assistant", "content": "" }), Value::Null)]
             }
-            "content_block_start" => {
-                let block = event.get("content_block").unwrap_or(&Value::Null);
-                match block.get("type").and_then(Value::as_str) {
-                    Some("text") => match block.get("text").and_then(Value::as_str) {
-                        Some(t) if !t.is_empty() => vec![self.content(t)],
-                        _ => Vec::new(),
-                    },
-                    Some("tool_use") => {
-                        let index = self.tools.len();
-                        self.tools.push(ToolBlock {
-                            block: block_index(&event)?,
-                            index,
-                            sent_arguments: false,
-                        });
-                        let field =
-                            |k: &str| block.get(k).and_then(Value::as_str).unwrap_or_default();
-                        let call = json!({
-                            "index": index,
-                            "id": field("id"),
-                            "type": "function",
-                            "function": { "name": field("name"), "arguments": "" },
-                        });
-                        vec![self.chunk(json!({ "tool_calls": [call] }), Value::Null)]
-                    }
-                    _ => Vec::new(),
-                }
-            }
-            "content_block_delta" => {
-                let delta = event.get("delta").unwrap_or(&Value::Null);
-                match delta.get("type").and_then(Value::as_str) {
-                    Some("text_delta") => match delta.get("text").and_then(Value::as_str) {
-                        Some(t) if !t.is_empty() => vec![self.content(t)],
-                        _ => Vec::new(),
-                    },
-                    Some("input_json_delta") => {
-                        let piece = delta
-                            .get("partial_json")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default();
-                        let block = block_index(&event)?;
-                        match self.tools.iter_mut().find(|t| t.block == block) {
-                            Some(tool) if !piece.is_empty() => {
-                                tool.sent_arguments = true;
-                                let index = tool.index;
-                                vec![self.arguments(index, piece)]
-                            }
-                            _ => Vec::new(),
-                        }
-                    }
-                    _ => Vec::new(),
-                }
-            }
+            "content_block_start" => self.block_start(&event)?,
+            "content_block_delta" => self.block_delta(&event)?,
             "content_block_stop" => {
                 let block = block_index(&event)?;
                 match self.tools.iter_mut().find(|t| t.block == block) {
@@ -928,6 +955,63 @@ impl StreamTranslator {
                 vec![sse(&body)]
             }
             // "ping" and event types added later.
+            _ => Vec::new(),
+        };
+        Ok(out)
+    }
+
+    /// `content_block_start`: a text block's first text, or a tool call's opening chunk.
+    fn block_start(&mut self, event: &Value) -> Result<Vec<Bytes>, TranslateError> {
+        let block = event.get("content_block").unwrap_or(&Value::Null);
+        let out = match block.get("type").and_then(Value::as_str) {
+            Some("text") => match block.get("text").and_then(Value::as_str) {
+                Some(t) if !t.is_empty() => vec![self.content(t)],
+                _ => Vec::new(),
+            },
+            Some("tool_use") => {
+                let index = self.tools.len();
+                self.tools.push(ToolBlock {
+                    block: block_index(event)?,
+                    index,
+                    sent_arguments: false,
+                });
+                let field = |k: &str| block.get(k).and_then(Value::as_str).unwrap_or_default();
+                let call = json!({
+                    "index": index,
+                    "id": field("id"),
+                    "type": "function",
+                    "function": { "name": field("name"), "arguments": "" },
+                });
+                vec![self.chunk(json!({ "tool_calls": [call] }), Value::Null)]
+            }
+            _ => Vec::new(),
+        };
+        Ok(out)
+    }
+
+    /// `content_block_delta`: text, or a piece of a tool call's arguments.
+    fn block_delta(&mut self, event: &Value) -> Result<Vec<Bytes>, TranslateError> {
+        let delta = event.get("delta").unwrap_or(&Value::Null);
+        let out = match delta.get("type").and_then(Value::as_str) {
+            Some("text_delta") => match delta.get("text").and_then(Value::as_str) {
+                Some(t) if !t.is_empty() => vec![self.content(t)],
+                _ => Vec::new(),
+            },
+            Some("input_json_delta") => {
+                let piece = delta
+                    .get("partial_json")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let block = block_index(event)?;
+                match self.tools.iter_mut().find(|t| t.block == block) {
+                    Some(tool) if !piece.is_empty() => {
+                        tool.sent_arguments = true;
+                        let index = tool.index;
+                        vec![self.arguments(index, piece)]
+                    }
+                    _ => Vec::new(),
+                }
+            }
             _ => Vec::new(),
         };
         Ok(out)
@@ -988,15 +1072,15 @@ mod tests {
 
     macro_rules! fixture {
         ($name:literal) => {
-            include_str!(concat!("../tests/fixtures/anthropic/", $name))
+            include_str!(concat!("../../tests/fixtures/anthropic/", $name))
         };
     }
 
     fn object(text: &str) -> Map<String, Value> {
-        match serde_json::from_str(text).unwrap() {
-            Value::Object(o) => o,
-            other => panic!("not an object: {other}"),
-        }
+        let Value::Object(o) = serde_json::from_str(text).unwrap() else {
+            panic!("not an object: {text}")
+        };
+        o
     }
 
     fn request(v: Value) -> Result<Value, TranslateError> {
@@ -1029,7 +1113,7 @@ mod tests {
     }
 
     fn run_stream(text: &str, include_usage: bool) -> Vec<String> {
-        let mut t = StreamTranslator::new(include_usage);
+        let mut t = MessagesStream::new(include_usage);
         let mut out = Vec::new();
         for data in sse_data(text) {
             for event in t.on_event(data).unwrap() {
@@ -1236,7 +1320,7 @@ mod tests {
 
     #[test]
     fn stream_edges() {
-        let mut t = StreamTranslator::new(false);
+        let mut t = MessagesStream::new(false);
         assert!(t.on_event(r#"{"type":"ping"}"#).unwrap().is_empty());
         assert!(t
             .on_event(r#"{"type":"some_future_event"}"#)
@@ -1254,7 +1338,7 @@ mod tests {
 
     #[test]
     fn stream_error_event_carries_numeric_status() {
-        let mut t = StreamTranslator::new(true);
+        let mut t = MessagesStream::new(true);
         let out = t
             .on_event(fixture!("error_overloaded.json").trim())
             .unwrap();
@@ -1276,6 +1360,11 @@ mod tests {
             .unwrap();
         let s = std::str::from_utf8(&out[0]).unwrap();
         assert!(s.contains(r#""code":429"#), "{s}");
+    }
+
+    /// The status an error body's type maps to.
+    fn error_status(body: &[u8]) -> Option<u16> {
+        anthropic_error(body).map(|(kind, _)| status_of(&kind))
     }
 
     #[test]

@@ -1,0 +1,82 @@
+//! Who pays for an answer, and what a request is counted as: token and cost
+//! metrics, the task's fallback spend, the provider's tokens-per-minute
+//! correction, and the per-request series.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use crate::snapshot::{Target, Task};
+
+/// Books one answer's usage.
+#[derive(Debug, Clone)]
+pub struct Account {
+    /// The task the request ran in.
+    pub task: Arc<Task>,
+    /// The request's prompt estimate.
+    pub prompt_estimate: u64,
+    /// The request's `max_tokens`, if given.
+    pub max_tokens: Option<u64>,
+}
+
+impl Account {
+    /// Books usage: the upstream's report, else the prompt estimate and one
+    /// token per content chunk.
+    pub fn settle(&self, target: &Target, usage: Option<(u64, u64)>, content_chunks: u64) {
+        let (prompt, completion) = usage.unwrap_or((self.prompt_estimate, content_chunks));
+        target.metrics.prompt_tokens.increment(prompt);
+        target.metrics.completion_tokens.increment(completion);
+        let usd = target.usd(prompt, completion);
+        if usd > 0.0 {
+            self.task.route_metrics(Some(target)).cost.increment(usd);
+        }
+        let first = self
+            .task
+            .chain
+            .first()
+            .is_some_and(|f| std::ptr::eq(&**f, target));
+        if !first {
+            self.task.state.add_spend(usd);
+        }
+        if let Some(limits) = &target.provider.limits {
+            let charged = self.prompt_estimate + self.max_tokens.or(target.max_output).unwrap_or(0);
+            limits.correct((prompt + completion).saturating_sub(charged));
+        }
+    }
+}
+
+/// Counts one answered request of `task` served by `target` (or none).
+pub fn answered(task: &Task, target: Option<&Target>, status: u16, arrival: Instant) {
+    let route = task.route_metrics(target);
+    route.duration.record(arrival.elapsed().as_secs_f64());
+    route.requests.increment(status, 1);
+}
+
+/// Counts a request whose future was dropped (the client hung up) before it
+/// finished: against no target.
+pub struct CancelGuard<'a> {
+    task: &'a Task,
+    armed: bool,
+}
+
+impl<'a> CancelGuard<'a> {
+    /// Armed until [`CancelGuard::disarm`].
+    #[must_use]
+    pub fn new(task: &'a Task) -> Self {
+        Self { task, armed: true }
+    }
+
+    /// The request finished: nothing to count.
+    pub fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for CancelGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            tracing::info!(task = %self.task.name, "client cancelled the request");
+            self.task.cancelled.increment(1);
+        }
+    }
+}

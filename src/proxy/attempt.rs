@@ -1,0 +1,458 @@
+//! One upstream call, up to its commit point.
+//!
+//! A non-streamed answer is read whole (bounded), decoded by the target's
+//! protocol adapter and classified; a streaming one is held until its first
+//! content chunk (or `[DONE]`, a `finish_reason`, 64 events / 256 KiB), so
+//! any failure before that can still fail over invisibly. What comes back is
+//! an answer, a committed stream ([`Relay`]), or a classified failure that
+//! hands the health permit back for the loop to record.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+use http::StatusCode;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use tokio::time::{timeout_at, Instant};
+use tracing::debug;
+
+use super::account::Account;
+use super::stream::{Relay, RelayState};
+use crate::classify::{self, AttemptOutcome, Decision, NetworkKind, Outcome};
+use crate::health::Permit;
+use crate::schema::{CallAssembler, Contract, Violation};
+use crate::snapshot::{Snapshot, Target, Task};
+use crate::sse::{self, Chunk};
+use crate::upstream::{pool, Events};
+
+/// Events held before the commit point, at most; past this the stream commits anyway.
+const HOLD_MAX_EVENTS: usize = 64;
+/// Bytes held before the commit point, at most.
+const HOLD_MAX_BYTES: usize = 256 * 1024;
+/// Bytes of tool call deltas held for validation, at most; a larger call is a violation.
+pub const HOLD_MAX_TOOL_BYTES: usize = 1024 * 1024;
+/// Largest non-streamed upstream answer read; a larger one is a broken upstream.
+const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
+
+/// What one attempt needs to know.
+#[derive(Debug)]
+pub struct Call<'a> {
+    /// The snapshot the request runs against.
+    pub snapshot: &'a Snapshot,
+    /// Its task.
+    pub task: &'a Arc<Task>,
+    /// The target called.
+    pub target: &'a Arc<Target>,
+    /// A streaming request.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// Sent upstream as `x-request-id`.
+    pub request_id: &'a HeaderValue,
+    /// When the request arrived.
+    pub arrival: Instant,
+    /// `total_timeout` from arrival.
+    pub deadline: Instant,
+    /// The tool call contract this target's answer is held to, if any.
+    pub contract: Option<Arc<Contract>>,
+    /// Who pays.
+    pub account: &'a Account,
+}
+
+/// How one attempt ended.
+#[derive(Debug)]
+pub enum Attempt {
+    /// A non-streamed answer: the upstream's status and a `chat.completion` body.
+    Answer {
+        /// The upstream's (2xx) status.
+        status: StatusCode,
+        /// The answer.
+        body: Bytes,
+    },
+    /// A stream past its commit point, ready to relay.
+    Committed(Box<Relay>),
+    /// A failure the error table classified.
+    Failed(Failed),
+    /// `total_timeout` ran out during the attempt.
+    Deadline,
+    /// A well-formed answer that breaks the degraded-answer contract.
+    Violated {
+        /// What broke.
+        violation: Violation,
+        /// To record the verdict with.
+        permit: Permit,
+    },
+}
+
+/// A classified failure.
+#[derive(Debug)]
+pub struct Failed {
+    /// What the error table decided.
+    pub decision: Decision,
+    /// The typed outcome it is counted as.
+    pub outcome: AttemptOutcome,
+    /// The status the client would hear (an in-band error's own code).
+    pub status: Option<u16>,
+    /// The upstream's answer (OpenAI format), kept for `return`.
+    pub answer: Option<(StatusCode, Bytes)>,
+    /// To record the verdict with.
+    pub permit: Permit,
+}
+
+/// One upstream call. A success records itself (a stream: at its end); a
+/// failure hands the permit back to record the verdict with.
+pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
+    let provider = &call.target.provider;
+    let started = Instant::now();
+    let attempt_deadline = call.deadline.min(started + provider.timeout);
+    let first_deadline = match (call.stream, call.task.budget.first_token_timeout) {
+        (true, Some(ftt)) => attempt_deadline.min(started + ftt),
+        _ => attempt_deadline,
+    };
+    let sent = provider
+        .endpoint
+        .send(body, Some(call.request_id), call.stream);
+    let response = match timeout_at(first_deadline, sent).await {
+        Err(_) => return timed_out(call, first_deadline, permit),
+        Ok(Err(kind)) => return network(call.target, kind, permit),
+        Ok(Ok(r)) => r,
+    };
+    if !call.stream {
+        call.target
+            .health
+            .record_latency(Instant::now(), started.elapsed());
+    }
+    let is_sse = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if call.stream && response.status().is_success() && is_sse {
+        // Rules may claim a 2xx stream by its status or headers before a byte is read.
+        let status = response.status().as_u16();
+        let outcome = Outcome::Response {
+            status,
+            headers: response.headers(),
+            body: &[],
+        };
+        if let Some(decision) = provider.errors.classify(&outcome) {
+            return Attempt::Failed(Failed {
+                decision,
+                outcome: AttemptOutcome::Status(status),
+                status: Some(status),
+                answer: None,
+                permit,
+            });
+        }
+        let (parts, incoming) = response.into_parts();
+        return hold(
+            call,
+            &parts.headers,
+            incoming,
+            permit,
+            first_deadline,
+            started,
+        )
+        .await;
+    }
+    // Non-streaming (or an error status, which is never wrapped in a stream).
+    let (parts, incoming) = response.into_parts();
+    let read = timeout_at(
+        attempt_deadline,
+        Limited::new(incoming, MAX_UPSTREAM_BODY).collect(),
+    )
+    .await;
+    let bytes = match read {
+        Err(_) => return timed_out(call, attempt_deadline, permit),
+        Ok(Err(e)) => {
+            // Too large, or broken mid-body.
+            let kind = e
+                .downcast_ref::<hyper::Error>()
+                .map_or(NetworkKind::Protocol, pool::body_error_kind);
+            return network(call.target, kind, permit);
+        }
+        Ok(Ok(c)) => c.to_bytes(),
+    };
+    answered(call, parts.status, &parts.headers, bytes, permit)
+}
+
+/// Decodes and classifies a non-streamed answer.
+fn answered(
+    call: &Call<'_>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    bytes: Bytes,
+    permit: Permit,
+) -> Attempt {
+    let target = call.target;
+    let adapter = target.provider.endpoint.adapter;
+    let bytes = if status.is_success() {
+        match adapter.decode_answer(bytes) {
+            Ok(b) => b,
+            Err(e) => {
+                debug!(target = %target.name, error = %e, "undecodable answer");
+                return network(target, NetworkKind::Protocol, permit);
+            }
+        }
+    } else {
+        adapter.decode_error(bytes)
+    };
+    let code = status.as_u16();
+    let in_band = status
+        .is_success()
+        .then(|| classify::in_band_error(&bytes))
+        .flatten();
+    let classified = in_band.map_or(code, |c| c.unwrap_or(502));
+    let outcome = Outcome::Response {
+        status: classified,
+        headers,
+        body: &bytes,
+    };
+    if let Some(decision) = target.provider.errors.classify(&outcome) {
+        return Attempt::Failed(Failed {
+            decision,
+            outcome: if in_band.is_some() {
+                AttemptOutcome::InBandError
+            } else {
+                AttemptOutcome::Status(code)
+            },
+            // An in-band error names its own status; the client hears that one.
+            status: Some(classified),
+            answer: Some((status, bytes)),
+            permit,
+        });
+    }
+    if let Some(contract) = &call.contract {
+        if let Err(violation) = contract.check_completion(&bytes) {
+            return Attempt::Violated { violation, permit };
+        }
+    }
+    let cfg = &call.snapshot.health;
+    target.report(target.health.record_success(permit, Instant::now(), cfg));
+    target
+        .metrics
+        .attempts
+        .increment(AttemptOutcome::Success.label(), 1);
+    call.account.settle(target, sse::usage(&bytes), 0);
+    Attempt::Answer {
+        status,
+        body: bytes,
+    }
+}
+
+/// A network failure, classified by the provider's table.
+fn network(target: &Target, kind: NetworkKind, permit: Permit) -> Attempt {
+    Attempt::Failed(Failed {
+        decision: target
+            .provider
+            .errors
+            .classify_failure(&Outcome::Network(kind)),
+        outcome: AttemptOutcome::Network(kind),
+        status: None,
+        answer: None,
+        permit,
+    })
+}
+
+/// A timer ran out at `at`: the task's deadline, or this attempt's own limit.
+fn timed_out(call: &Call<'_>, at: Instant, permit: Permit) -> Attempt {
+    if at >= call.deadline {
+        Attempt::Deadline
+    } else {
+        network(call.target, NetworkKind::Timeout, permit)
+    }
+}
+
+/// What was read of a stream before its commit point.
+struct Held {
+    /// Events in order; `true` marks a tool call delta held for validation
+    /// (it never commits the stream by itself).
+    events: Vec<(Bytes, bool)>,
+    bytes: usize,
+    calls: CallAssembler,
+    finished: bool,
+    done: bool,
+}
+
+/// Reads a stream up to its commit point, then hands it to a [`Relay`].
+async fn hold(
+    call: &Call<'_>,
+    headers: &HeaderMap,
+    mut incoming: Incoming,
+    permit: Permit,
+    first_deadline: Instant,
+    started: Instant,
+) -> Attempt {
+    let target = call.target;
+    let mut events = Events::new(target.provider.endpoint.adapter, call.include_usage);
+    let mut held = Held {
+        events: Vec::new(),
+        bytes: 0,
+        calls: CallAssembler::default(),
+        finished: false,
+        done: false,
+    };
+    let mut eof = false;
+    loop {
+        let frame = match timeout_at(first_deadline, incoming.frame()).await {
+            Err(_) => return timed_out(call, first_deadline, permit),
+            Ok(None) => {
+                eof = true;
+                None
+            }
+            Ok(Some(Err(e))) => return network(target, pool::body_error_kind(&e), permit),
+            Ok(Some(Ok(frame))) => frame.into_data().ok(),
+        };
+        if let Some(data) = frame {
+            events.push(&data);
+            if events.pending() > sse::MAX_EVENT_BYTES {
+                return network(target, NetworkKind::Protocol, permit);
+            }
+        }
+        match take_events(call, headers, &mut events, &mut held, eof) {
+            Hold::More if eof => {
+                // The stream ended before any content, finish_reason or [DONE].
+                return network(target, NetworkKind::Reset, permit);
+            }
+            Hold::More => {}
+            Hold::Commit => break,
+            Hold::Fail(decision, status) => {
+                return Attempt::Failed(Failed {
+                    decision,
+                    outcome: AttemptOutcome::StreamError,
+                    status,
+                    answer: None,
+                    permit,
+                })
+            }
+            Hold::Malformed => return network(target, NetworkKind::Protocol, permit),
+            Hold::Violated(violation) => return Attempt::Violated { violation, permit },
+        }
+    }
+    commit(call, held, events, incoming, eof, permit, started)
+}
+
+/// Where holding a stream stands after the events read so far.
+enum Hold {
+    More,
+    Commit,
+    Fail(Decision, Option<u16>),
+    Malformed,
+    Violated(Violation),
+}
+
+/// Takes the complete events buffered in `events` into `held`.
+fn take_events(
+    call: &Call<'_>,
+    headers: &HeaderMap,
+    events: &mut Events,
+    held: &mut Held,
+    eof: bool,
+) -> Hold {
+    while let Some(event) = events.next_event(eof) {
+        let mut commit = false;
+        let mut tool = false;
+        match sse::classify_event(&event) {
+            Chunk::Empty | Chunk::NoContent { finished: false } => {}
+            Chunk::NoContent { finished: true } => held.finished = true,
+            Chunk::Content { finished } => {
+                held.finished |= finished;
+                let (tool_delta, text) = match (&call.contract, &event.data) {
+                    (Some(_), Some(data)) => held.calls.push_chunk(data),
+                    _ => (false, true),
+                };
+                // Under validation a tool call delta commits nothing: it
+                // is held until the call is complete and checked.
+                tool = tool_delta && !text;
+                commit = !tool;
+            }
+            Chunk::Done => held.done = true,
+            Chunk::Error { code } => {
+                let data = event.data.unwrap_or_default();
+                let outcome = Outcome::Response {
+                    status: code.unwrap_or(502),
+                    headers,
+                    body: data.as_bytes(),
+                };
+                let decision = call.target.provider.errors.classify_failure(&outcome);
+                return Hold::Fail(decision, code);
+            }
+            Chunk::Malformed => return Hold::Malformed,
+        }
+        held.bytes += event.raw.len();
+        held.events.push((event.raw, tool));
+        if tool && held.bytes > HOLD_MAX_TOOL_BYTES {
+            return Hold::Violated(Violation {
+                tool: None,
+                detail: "tool call arguments exceed the 1 MiB hold".into(),
+                schema_path: None,
+            });
+        }
+        let non_tool = held.events.iter().filter(|(_, t)| !t).count();
+        let full = non_tool >= HOLD_MAX_EVENTS || held.bytes >= HOLD_MAX_BYTES;
+        if commit || held.done || held.finished || (!tool && full) {
+            return Hold::Commit;
+        }
+    }
+    Hold::More
+}
+
+/// The commit point: what was held goes out first, the rest is relayed.
+fn commit(
+    call: &Call<'_>,
+    held: Held,
+    events: Events,
+    incoming: Incoming,
+    eof: bool,
+    permit: Permit,
+    started: Instant,
+) -> Attempt {
+    let target = call.target;
+    let complete = held.finished || held.done;
+    if let (Some(contract), true) = (&call.contract, complete) {
+        // The answer is complete: check its calls before a byte goes out.
+        if let Err(violation) = contract.check_calls(&held.calls.calls()) {
+            return Attempt::Violated { violation, permit };
+        }
+    }
+    let mut out = BytesMut::new();
+    let mut tool_held = BytesMut::new();
+    for (raw, tool) in held.events {
+        if tool && !complete {
+            tool_held.extend_from_slice(&raw);
+        } else {
+            out.extend_from_slice(&raw);
+        }
+    }
+    call.task
+        .route_metrics(Some(target))
+        .ttft
+        .record(call.arrival.elapsed().as_secs_f64());
+    debug!(target = %target.name, ttft_ms = started.elapsed().as_millis() as u64, "stream committed");
+    target
+        .health
+        .record_latency(Instant::now(), started.elapsed());
+    Attempt::Committed(Box::new(Relay::new(
+        RelayState {
+            account: call.account.clone(),
+            target: Arc::clone(target),
+            health: call.snapshot.health,
+            events,
+            incoming,
+            finished: held.finished,
+            done: held.done,
+            eof,
+            deadline: call.deadline,
+            contract: if complete {
+                None
+            } else {
+                call.contract.clone()
+            },
+            calls: held.calls,
+            tool_held,
+        },
+        out.freeze(),
+        permit,
+    )))
+}

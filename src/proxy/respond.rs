@@ -1,0 +1,159 @@
+//! What the client is told: the `x-switchyard-*` headers, switchyard's own
+//! errors in OpenAI format, and upstream errors passed on, sanitized.
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
+use tracing::debug;
+
+use crate::body::{self, Body};
+use crate::error::{error_body, GatewayError};
+use crate::snapshot::{Snapshot, Target};
+
+/// Response header: the target that served the answer.
+pub const H_TARGET: &str = "x-switchyard-target";
+/// Response header: its provider.
+pub const H_PROVIDER: &str = "x-switchyard-provider";
+/// Response header: upstream calls made for this request.
+pub const H_ATTEMPTS: &str = "x-switchyard-attempts";
+/// Response header: switches to another target.
+pub const H_FAILOVERS: &str = "x-switchyard-failovers";
+/// Response header: `true` when the serving target is not the chain's first.
+pub const H_DEGRADED: &str = "x-switchyard-degraded";
+/// Request/response header: the request id (taken from the client or generated).
+pub const H_REQUEST_ID: &str = "x-request-id";
+/// Request header: choose a task by name.
+pub const H_TASK_TYPE: &str = "x-task-type";
+/// Response header the official SDKs read before retrying on their own.
+pub const H_SHOULD_RETRY: &str = "x-should-retry";
+
+/// How the walk along the chain went, for the headers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tally {
+    /// Upstream calls made, retries included.
+    pub attempts: u32,
+    /// Switches to another target.
+    pub failovers: u32,
+}
+
+impl Tally {
+    fn write(self, h: &mut HeaderMap, request_id: &HeaderValue) {
+        h.insert(H_ATTEMPTS, HeaderValue::from(self.attempts));
+        h.insert(H_FAILOVERS, HeaderValue::from(self.failovers));
+        h.insert(H_REQUEST_ID, request_id.clone());
+    }
+}
+
+/// Adds the headers of an answer served (or relayed) by `target`.
+pub fn decorate(
+    resp: &mut Response<Body>,
+    target: &Target,
+    degraded: bool,
+    tally: Tally,
+    request_id: &HeaderValue,
+) {
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&target.name) {
+        h.insert(H_TARGET, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&target.provider.name) {
+        h.insert(H_PROVIDER, v);
+    }
+    h.insert(
+        H_DEGRADED,
+        HeaderValue::from_static(if degraded { "true" } else { "false" }),
+    );
+    tally.write(h, request_id);
+}
+
+/// A non-streamed answer: the upstream's status and body, as JSON.
+#[must_use]
+pub fn completion(status: StatusCode, bytes: Bytes) -> Response<Body> {
+    let mut resp = Response::new(body::full(bytes));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// A committed stream.
+#[must_use]
+pub fn stream(body: Body) -> Response<Body> {
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}
+
+/// An OpenAI-format error response made by switchyard, before or without any
+/// routing. Errors that need no retry from the client (switchyard already
+/// retried and failed over, or a retry cannot help) carry
+/// `x-should-retry: false`, which the official SDKs honour, so a client does
+/// not multiply the upstream calls; those that are worth a retry carry
+/// `Retry-After`.
+#[must_use]
+pub fn plain_error(e: &GatewayError, request_id: &HeaderValue) -> Response<Body> {
+    let mut resp = completion(e.status(), e.body());
+    let h = resp.headers_mut();
+    h.insert(HeaderName::from_static(H_REQUEST_ID), request_id.clone());
+    if !e.retryable() {
+        h.insert(H_SHOULD_RETRY, HeaderValue::from_static("false"));
+    }
+    if let Some(wait) = e.retry_after() {
+        h.insert(RETRY_AFTER, HeaderValue::from(wait));
+    }
+    resp
+}
+
+/// switchyard's own error after routing: the configured friendly message for
+/// its status, if any, and the walk's counts.
+#[must_use]
+pub fn gateway_error(
+    snapshot: &Snapshot,
+    e: &GatewayError,
+    tally: Tally,
+    request_id: &HeaderValue,
+) -> Response<Body> {
+    let mut resp = plain_error(e, request_id);
+    if let Some(msg) = snapshot.sanitizer.message_for(e.status().as_u16()) {
+        *resp.body_mut() = body::full(error_body(msg, e.error_type(), e.code()));
+    }
+    tally.write(resp.headers_mut(), request_id);
+    resp
+}
+
+/// An upstream error given to the client (`return`, or a context-length
+/// error with no larger target): an OpenAI-format body scrubbed of the
+/// provider's key, sensitive words, upstream hosts and key-like strings
+/// (with the configured friendly message, if any); anything else (HTML,
+/// text) is replaced, never copied raw. The original goes to the debug log.
+#[must_use]
+pub fn upstream_error(
+    snapshot: &Snapshot,
+    status: StatusCode,
+    body: &Bytes,
+    target: &Target,
+) -> Response<Body> {
+    let sanitizer = &snapshot.sanitizer;
+    let key = target
+        .provider
+        .secret
+        .as_ref()
+        .map(crate::secret::Secret::expose);
+    let body = crate::sanitize::redact_secret(body.clone(), key);
+    debug!(target = %target.name, status = status.as_u16(),
+        body = %sanitizer.redact_keys(&String::from_utf8_lossy(&body)), "upstream error returned to the client");
+    let bytes = sanitizer
+        .clean_error_body(status.as_u16(), &body, key)
+        .unwrap_or_else(|| {
+            let reason = status.canonical_reason().unwrap_or("error");
+            let generic = format!(
+                "the upstream rejected the request: {} {reason}",
+                status.as_u16()
+            );
+            let message = sanitizer.message_for(status.as_u16()).unwrap_or(&generic);
+            error_body(message, "invalid_request_error", "upstream_rejected")
+        });
+    completion(status, bytes)
+}

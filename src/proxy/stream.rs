@@ -1,0 +1,337 @@
+//! A stream after its commit point: events are relayed as they arrive, and
+//! how the stream ended is handed to [`classify::end_of_stream`] for the
+//! verdict that health, metrics and the client's last events follow.
+//!
+//! The relay is the response body itself, pulled by hyper's connection task:
+//! no task and no channel per stream. Events parsed from one upstream read
+//! (and frames hyper has already read) go out in one write. When the client
+//! hangs up, hyper drops the body, and the relay's drop counts it as the
+//! client's doing, against no target.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::time::{timeout_at, Instant};
+use tracing::{debug, info, warn, Instrument};
+
+use super::account::Account;
+use super::attempt::HOLD_MAX_TOOL_BYTES;
+use crate::body::{self, Body};
+use crate::classify::{self, AttemptOutcome, StreamEnd, StreamVerdict};
+use crate::health::{Failure, HealthConfig, Permit};
+use crate::schema::{CallAssembler, Contract};
+use crate::snapshot::Target;
+use crate::sse::{self, Chunk};
+use crate::upstream::Events;
+
+/// Relayed bytes batched before a write to the client, at most.
+const BATCH_MAX_BYTES: usize = 64 * 1024;
+
+/// What the relay carries over from the commit point.
+#[derive(Debug)]
+pub struct RelayState {
+    /// Who pays.
+    pub account: Account,
+    /// The target streaming.
+    pub target: Arc<Target>,
+    /// Health thresholds to record the verdict with.
+    pub health: HealthConfig,
+    /// The upstream's events.
+    pub events: Events,
+    /// The upstream's body.
+    pub incoming: Incoming,
+    /// A `finish_reason` was seen.
+    pub finished: bool,
+    /// `[DONE]` was seen.
+    pub done: bool,
+    /// The body ended.
+    pub eof: bool,
+    /// The task's deadline.
+    pub deadline: Instant,
+    /// The contract still to check at the end (tool calls under validation).
+    pub contract: Option<Arc<Contract>>,
+    /// Tool call deltas assembled so far.
+    pub calls: CallAssembler,
+    /// Tool call deltas held until the calls are complete and valid.
+    pub tool_held: BytesMut,
+}
+
+/// A committed stream being relayed.
+#[derive(Debug)]
+pub struct Relay {
+    state: RelayState,
+    permit: Option<Permit>,
+    /// Bytes ready for the client, in order.
+    out: VecDeque<Bytes>,
+    /// Events parsed but not yet handed out (one write's worth).
+    batch: BytesMut,
+    usage: Option<(u64, u64)>,
+    content_chunks: u64,
+    /// The verdict is in; nothing more will be read.
+    over: bool,
+    span: tracing::Span,
+}
+
+impl Relay {
+    /// A relay whose first bytes are `held` (what the commit point held back).
+    #[must_use]
+    pub fn new(state: RelayState, held: Bytes, permit: Permit) -> Self {
+        Self {
+            state,
+            permit: Some(permit),
+            out: VecDeque::from([held]),
+            batch: BytesMut::new(),
+            usage: None,
+            content_chunks: 0,
+            over: false,
+            span: tracing::Span::current(),
+        }
+    }
+
+    /// The relay as a response body.
+    #[must_use]
+    pub fn into_body(self) -> Body {
+        let stream = futures_util::stream::unfold(self, |mut relay| {
+            let span = relay.span.clone();
+            async move {
+                let bytes = relay.next().await?;
+                Some((bytes, relay))
+            }
+            .instrument(span)
+        });
+        body::streamed(stream)
+    }
+
+    /// The next bytes for the client; `None` once the stream is over.
+    async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(next) = self.out.pop_front() {
+                if next.is_empty() {
+                    continue;
+                }
+                return Some(next);
+            }
+            if self.over {
+                return None;
+            }
+            if let Some(end) = self.advance().await {
+                self.conclude(end);
+            }
+        }
+    }
+
+    /// Moves the stream on: parses what is buffered, then reads more. Returns
+    /// how the stream ended once it has.
+    async fn advance(&mut self) -> Option<StreamEnd> {
+        if let Some(end) = self.take_events() {
+            return Some(end);
+        }
+        let s = &mut self.state;
+        if s.done {
+            return Some(StreamEnd::Done);
+        }
+        if s.eof {
+            return Some(StreamEnd::Eof {
+                finished: s.finished,
+            });
+        }
+        // hyper hands a chunked body over one frame (one HTTP chunk; most
+        // upstreams send one SSE event per chunk) at a time. Frames it has
+        // already read join this batch (after one scheduler turn for its
+        // connection task to decode the next); the batch goes out when the
+        // next frame must be waited for.
+        let mut ready = None;
+        if self.batch.len() < BATCH_MAX_BYTES {
+            ready = futures_util::FutureExt::now_or_never(s.incoming.frame());
+            if ready.is_none() && !self.batch.is_empty() {
+                tokio::task::yield_now().await;
+                ready = futures_util::FutureExt::now_or_never(s.incoming.frame());
+            }
+        }
+        let frame = match ready {
+            Some(frame) => frame,
+            None if !self.batch.is_empty() => {
+                self.out.push_back(self.batch.split().freeze());
+                return None;
+            }
+            None => {
+                let idle_deadline = s
+                    .deadline
+                    .min(Instant::now() + s.target.provider.idle_timeout);
+                match timeout_at(idle_deadline, s.incoming.frame()).await {
+                    Ok(frame) => frame,
+                    Err(_) if idle_deadline >= s.deadline => return Some(StreamEnd::Deadline),
+                    Err(_) => return Some(StreamEnd::Idle),
+                }
+            }
+        };
+        match frame {
+            None => s.eof = true,
+            Some(Err(_)) => return Some(StreamEnd::BodyError),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    s.events.push(&data);
+                    if s.events.pending() > sse::MAX_EVENT_BYTES {
+                        return Some(StreamEnd::EventTooLarge);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Moves complete buffered events into the batch; the stream's end if an
+    /// event ends it.
+    fn take_events(&mut self) -> Option<StreamEnd> {
+        while let Some(event) = self.state.events.next_event(self.state.eof) {
+            if self.state.done {
+                break;
+            }
+            match sse::classify_event(&event) {
+                Chunk::Malformed => {
+                    debug!(target = %self.state.target.name, "dropping malformed event");
+                    self.state.target.metrics.malformed.increment(1);
+                    continue;
+                }
+                Chunk::Error { .. } => return Some(StreamEnd::InBandError),
+                Chunk::Done => self.state.done = true,
+                Chunk::Content { finished } => {
+                    self.content_chunks += 1;
+                    self.state.finished |= finished;
+                    if let (Some(_), Some(data)) = (&self.state.contract, &event.data) {
+                        let (tool, text) = self.state.calls.push_chunk(data);
+                        if tool && !text && !finished {
+                            self.state.tool_held.extend_from_slice(&event.raw);
+                            if self.state.tool_held.len() > HOLD_MAX_TOOL_BYTES {
+                                return Some(StreamEnd::ContractViolation);
+                            }
+                            continue;
+                        }
+                    }
+                }
+                Chunk::NoContent { finished } => {
+                    if let Some(data) = &event.data {
+                        if data.contains("\"usage\"") {
+                            self.usage = sse::usage(data.as_bytes()).or(self.usage);
+                        }
+                    }
+                    self.state.finished |= finished;
+                }
+                Chunk::Empty => {}
+            }
+            if (self.state.finished || self.state.done) && self.release_tool_calls().is_err() {
+                return Some(StreamEnd::ContractViolation);
+            }
+            self.batch.extend_from_slice(&event.raw);
+        }
+        None
+    }
+
+    /// At the end of the answer: checks the held tool calls and sends them
+    /// (after what is batched) if they keep the contract.
+    fn release_tool_calls(&mut self) -> Result<(), ()> {
+        let Some(contract) = self.state.contract.take() else {
+            return Ok(());
+        };
+        if let Err(v) = contract.check_calls(&self.state.calls.calls()) {
+            let target = &self.state.target;
+            warn!(target = %target.name, violation = %v, "tool call breaks the contract after text was sent");
+            self.state
+                .account
+                .task
+                .route_metrics(Some(target))
+                .violations
+                .increment(1);
+            return Err(());
+        }
+        let held = std::mem::take(&mut self.state.tool_held);
+        self.batch.extend_from_slice(&held);
+        Ok(())
+    }
+
+    /// The stream ended: its last bytes go out, and the verdict is recorded.
+    fn conclude(&mut self, end: StreamEnd) {
+        let mut end = end;
+        if let StreamEnd::Eof { finished: true } = end {
+            if self.release_tool_calls().is_err() {
+                end = StreamEnd::ContractViolation;
+            }
+        }
+        self.out.push_back(self.batch.split().freeze());
+        let verdict = classify::end_of_stream(end);
+        match verdict {
+            StreamVerdict::Complete { add_done: true } => {
+                // Ended cleanly without the sentinel: add it, never wait for it.
+                self.out.push_back(Bytes::from_static(sse::DONE));
+            }
+            StreamVerdict::Complete { add_done: false } | StreamVerdict::ClientGone => {}
+            StreamVerdict::Interrupted(why) => {
+                self.out.push_back(sse::interrupt_events(why.label()))
+            }
+        }
+        self.record(verdict);
+    }
+
+    /// Books the answer and records the verdict against the target.
+    fn record(&mut self, verdict: StreamVerdict) {
+        self.over = true;
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let target = Arc::clone(&self.state.target);
+        self.state
+            .account
+            .settle(&target, self.usage, self.content_chunks);
+        match verdict {
+            StreamVerdict::Complete { .. } => {
+                target
+                    .metrics
+                    .attempts
+                    .increment(AttemptOutcome::Success.label(), 1);
+                let t = target
+                    .health
+                    .record_success(permit, Instant::now(), &self.state.health);
+                target.report(t);
+            }
+            StreamVerdict::Interrupted(why) => {
+                let reason = why.label();
+                warn!(target = %target.name, reason, "stream interrupted after the commit point");
+                target.metrics.interrupts.increment(reason, 1);
+                target
+                    .metrics
+                    .attempts
+                    .increment(AttemptOutcome::StreamInterrupted.label(), 1);
+                let failure = Failure {
+                    counted: true,
+                    cooldown: None,
+                    class: Arc::from("stream_interrupted"),
+                    jitter: rand::random::<f64>() * 2.0 - 1.0,
+                };
+                let t = target.health.record_failure(
+                    permit,
+                    Instant::now(),
+                    &failure,
+                    &self.state.health,
+                );
+                target.report(t);
+            }
+            StreamVerdict::ClientGone => {
+                info!(task = %self.state.account.task.name, target = %target.name, "client hung up mid-stream");
+                self.state.account.task.cancelled.increment(1);
+                drop(permit);
+            }
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if !self.over {
+            let _entered = self.span.clone().entered();
+            self.record(StreamVerdict::ClientGone);
+        }
+    }
+}

@@ -1,0 +1,410 @@
+//! The chat request as the gateway reads it: a typed view parsed once from
+//! the request bytes, borrowing from them.
+//!
+//! Routing, the token estimate, the tool call contract and the protocol
+//! adapters read this view, never a JSON tree. The bytes themselves are kept
+//! for forwarding: an OpenAI-compatible target gets them as the client sent
+//! them, with only `model` rewritten in place ([`ChatRequest::with_model`]).
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::tokens;
+
+/// Why a body is not a request the gateway can take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct RequestError {
+    /// The offending top-level field, for OpenAI's `error.param`.
+    pub param: Option<&'static str>,
+    /// What is wrong, in words.
+    pub message: String,
+}
+
+impl RequestError {
+    fn field(param: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            param: Some(param),
+            message: message.into(),
+        }
+    }
+}
+
+/// The top level as raw values: each field the gateway reads is parsed on its
+/// own below, so an error names its field.
+#[derive(Deserialize)]
+#[serde(expecting = "a JSON object")]
+struct Wire<'a> {
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream_options: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    functions: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_choice: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    function_call: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    response_format: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    max_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    max_completion_tokens: Option<&'a RawValue>,
+}
+
+/// One message, as far as the gateway reads it.
+#[derive(Debug, Deserialize)]
+pub struct Message<'a> {
+    /// `system`, `developer`, `user`, `assistant`, `tool`.
+    #[serde(borrow, default)]
+    pub role: Option<Cow<'a, str>>,
+    /// The content, raw (a string, an array of parts, or null).
+    #[serde(borrow, default)]
+    pub content: Option<&'a RawValue>,
+    /// An assistant turn's tool calls, raw.
+    #[serde(borrow, default)]
+    pub tool_calls: Option<&'a RawValue>,
+    /// The author name.
+    #[serde(borrow, default)]
+    pub name: Option<Cow<'a, str>>,
+}
+
+/// A content part, as far as the gateway reads it.
+#[derive(Debug, Deserialize)]
+struct Part<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+}
+
+/// Content part types that carry an image.
+const IMAGE_PARTS: [&str; 3] = ["image_url", "image", "input_image"];
+
+/// The parsed view of one chat request.
+#[derive(Debug)]
+pub struct ChatRequest<'a> {
+    body: &'a [u8],
+    /// `model`, if given.
+    pub model: Option<Cow<'a, str>>,
+    /// Byte range of `model`'s value (quotes included) in the body.
+    model_span: Option<Range<usize>>,
+    /// `stream`.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// The messages (empty if absent or unreadable).
+    pub messages: Vec<Message<'a>>,
+    /// `tools`, raw.
+    pub tools: Option<&'a RawValue>,
+    /// Legacy `functions`, raw.
+    pub functions: Option<&'a RawValue>,
+    /// `tool_choice`, raw.
+    pub tool_choice: Option<&'a RawValue>,
+    /// Legacy `function_call`, raw.
+    pub function_call: Option<&'a RawValue>,
+    /// `response_format` asks for JSON (`json_object` or `json_schema`).
+    pub json_mode: bool,
+    /// `max_completion_tokens`, else `max_tokens`.
+    pub max_tokens: Option<u64>,
+    /// Some message has an image part.
+    pub images: bool,
+    /// Estimated prompt tokens ([`crate::tokens`]).
+    pub prompt_tokens: u64,
+}
+
+impl<'a> ChatRequest<'a> {
+    /// Parses a request body.
+    ///
+    /// # Errors
+    /// The body is not a JSON object, or `model` / `stream` has the wrong type.
+    pub fn parse(body: &'a [u8]) -> Result<Self, RequestError> {
+        let not_object = |detail: String| RequestError {
+            param: None,
+            message: format!("body is not a JSON object: {detail}"),
+        };
+        // serde would read a JSON array into the struct field by field.
+        match body.iter().find(|b| !b.is_ascii_whitespace()) {
+            Some(b'{') => {}
+            Some(_) => return Err(not_object("it does not start with `{`".into())),
+            None => return Err(not_object("it is empty".into())),
+        }
+        let wire: Wire<'a> = serde_json::from_slice(body).map_err(|e| not_object(e.to_string()))?;
+        let model = match wire.model {
+            None => None,
+            Some(raw) => Some(
+                serde_json::from_str::<Cow<'a, str>>(raw.get())
+                    .map(|s| borrow_if_plain(raw, s))
+                    .map_err(|_| RequestError::field("model", "`model` must be a string"))?,
+            ),
+        };
+        let model_span = wire.model.and_then(|raw| span_in(body, raw));
+        let stream = match wire.stream {
+            None => false,
+            Some(raw) => serde_json::from_str::<bool>(raw.get())
+                .map_err(|_| RequestError::field("stream", "`stream` must be a boolean"))?,
+        };
+        let messages: Vec<Message<'a>> = wire
+            .messages
+            .and_then(|raw| serde_json::from_str(raw.get()).ok())
+            .unwrap_or_default();
+        let mut request = Self {
+            body,
+            model,
+            model_span,
+            stream,
+            include_usage: wire.stream_options.is_some_and(include_usage),
+            images: messages.iter().any(has_image),
+            messages,
+            tools: wire.tools,
+            functions: wire.functions,
+            tool_choice: wire.tool_choice,
+            function_call: wire.function_call,
+            json_mode: wire.response_format.is_some_and(asks_for_json),
+            max_tokens: [wire.max_completion_tokens, wire.max_tokens]
+                .into_iter()
+                .flatten()
+                .find_map(|raw| serde_json::from_str::<u64>(raw.get()).ok()),
+            prompt_tokens: 0,
+        };
+        request.prompt_tokens = request.estimate_prompt_tokens();
+        Ok(request)
+    }
+
+    /// The request's bytes, as the client sent them.
+    #[must_use]
+    pub fn body(&self) -> &'a [u8] {
+        self.body
+    }
+
+    /// The body with `model` set to `model`: the client's bytes with only that
+    /// value replaced (or the key added first when the client sent none).
+    #[must_use]
+    pub fn with_model(&self, model: &str) -> Bytes {
+        let quoted = serde_json::Value::from(model).to_string();
+        let mut out = BytesMut::with_capacity(self.body.len() + quoted.len() + 10);
+        match &self.model_span {
+            Some(span) => {
+                out.extend_from_slice(&self.body[..span.start]);
+                out.extend_from_slice(quoted.as_bytes());
+                out.extend_from_slice(&self.body[span.end..]);
+            }
+            None => {
+                // The body parsed as an object, so it starts (after blanks) with `{`.
+                let open = self
+                    .body
+                    .iter()
+                    .position(|b| *b == b'{')
+                    .map_or(0, |i| i + 1);
+                let rest = &self.body[open..];
+                let empty = rest
+                    .iter()
+                    .find(|b| !b.is_ascii_whitespace())
+                    .is_some_and(|b| *b == b'}');
+                out.extend_from_slice(&self.body[..open]);
+                out.extend_from_slice(b"\"model\":");
+                out.extend_from_slice(quoted.as_bytes());
+                if !empty {
+                    out.extend_from_slice(b",");
+                }
+                out.extend_from_slice(rest);
+            }
+        }
+        out.freeze()
+    }
+
+    /// Whether the request offers tools (`tools` or legacy `functions`, non-empty).
+    #[must_use]
+    pub fn offers_tools(&self) -> bool {
+        self.tools.is_some_and(non_empty) || self.functions.is_some_and(non_empty)
+    }
+
+    /// The whole body as a JSON object, for adapters that rebuild the request
+    /// in another protocol.
+    ///
+    /// # Errors
+    /// Never for a body that [`ChatRequest::parse`] accepted.
+    pub fn to_object(
+        &self,
+    ) -> Result<serde_json::Map<String, serde_json::Value>, serde_json::Error> {
+        serde_json::from_slice(self.body)
+    }
+
+    /// Prompt tokens: every message's text parts, images, tool calls and
+    /// names, and the `tools` definitions, plus per-message framing.
+    fn estimate_prompt_tokens(&self) -> u64 {
+        let mut total = tokens::REPLY_PRIMING;
+        for m in &self.messages {
+            total += tokens::PER_MESSAGE + content_tokens(m.content);
+            if let Some(calls) = m.tool_calls {
+                total += tokens::estimate_text(calls.get());
+            }
+            if let Some(name) = &m.name {
+                total += tokens::estimate_text(name);
+            }
+        }
+        for defs in [self.tools, self.functions].into_iter().flatten() {
+            total += tokens::estimate_text(defs.get());
+        }
+        total
+    }
+}
+
+/// Keeps a parsed string borrowed when its JSON text had no escapes.
+fn borrow_if_plain<'a>(raw: &'a RawValue, parsed: Cow<'a, str>) -> Cow<'a, str> {
+    let text = raw.get();
+    match text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+        Some(inner) if inner == parsed => Cow::Borrowed(inner),
+        _ => parsed,
+    }
+}
+
+/// Where `raw` (a slice of `body`) stands in `body`.
+fn span_in(body: &[u8], raw: &RawValue) -> Option<Range<usize>> {
+    let start = (raw.get().as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start + raw.get().len();
+    (end <= body.len()).then_some(start..end)
+}
+
+/// Whether a raw value is present: not `null`, and not an empty array.
+fn non_empty(raw: &RawValue) -> bool {
+    let text = raw.get().trim();
+    if text == "null" {
+        return false;
+    }
+    match text.strip_prefix('[') {
+        Some(rest) => !rest.trim_start().starts_with(']'),
+        None => true,
+    }
+}
+
+fn include_usage(raw: &RawValue) -> bool {
+    #[derive(Deserialize)]
+    struct Options {
+        #[serde(default)]
+        include_usage: Option<bool>,
+    }
+    serde_json::from_str::<Options>(raw.get())
+        .ok()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false)
+}
+
+fn asks_for_json(raw: &RawValue) -> bool {
+    #[derive(Deserialize)]
+    struct Format<'a> {
+        #[serde(rename = "type", borrow, default)]
+        kind: Option<Cow<'a, str>>,
+    }
+    serde_json::from_str::<Format<'_>>(raw.get())
+        .ok()
+        .and_then(|f| f.kind)
+        .is_some_and(|k| k == "json_object" || k == "json_schema")
+}
+
+/// The content parts of a message, when its content is an array.
+fn parts<'a>(content: Option<&'a RawValue>) -> Vec<Part<'a>> {
+    content
+        .filter(|raw| raw.get().trim_start().starts_with('['))
+        .and_then(|raw| serde_json::from_str(raw.get()).ok())
+        .unwrap_or_default()
+}
+
+fn has_image(m: &Message<'_>) -> bool {
+    parts(m.content)
+        .iter()
+        .any(|p| p.kind.as_deref().is_some_and(|k| IMAGE_PARTS.contains(&k)))
+}
+
+fn content_tokens(content: Option<&RawValue>) -> u64 {
+    let Some(raw) = content else { return 0 };
+    let text = raw.get().trim_start();
+    if text.starts_with('"') {
+        return serde_json::from_str::<Cow<'_, str>>(raw.get())
+            .map_or(0, |s| tokens::estimate_text(&s));
+    }
+    parts(Some(raw))
+        .iter()
+        .map(|p| match p.kind.as_deref() {
+            Some(k) if IMAGE_PARTS.contains(&k) => tokens::PER_IMAGE,
+            _ => p.text.as_deref().map_or(0, tokens::estimate_text),
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> ChatRequest<'_> {
+        ChatRequest::parse(text.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn reads_what_routing_needs() {
+        let r = parse(
+            r#"{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},
+            "messages":[{"role":"user","content":[{"type":"text","text":"what"},{"type":"image_url","image_url":{"url":"x"}}]}],
+            "tools":[{"type":"function","function":{"name":"f"}}],
+            "response_format":{"type":"json_schema","json_schema":{}},"max_completion_tokens":77,"max_tokens":5}"#,
+        );
+        assert_eq!(r.model.as_deref(), Some("gpt-4o"));
+        assert!(r.stream && r.include_usage && r.images && r.json_mode && r.offers_tools());
+        assert_eq!(r.max_tokens, Some(77));
+        assert!(r.prompt_tokens > tokens::PER_IMAGE, "{}", r.prompt_tokens);
+        assert!(!parse(r#"{"tools":[ ]}"#).offers_tools());
+        assert!(!parse(r#"{"tools":null,"functions":[]}"#).offers_tools());
+    }
+
+    #[test]
+    fn estimate_counts_messages_images_and_tools() {
+        let r = parse(
+            r#"{"messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "what is this"},
+                                             {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}
+            ],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]}"#,
+        );
+        let n = r.prompt_tokens;
+        assert!(n > tokens::PER_IMAGE + 2 * tokens::PER_MESSAGE + 10, "{n}");
+    }
+
+    #[test]
+    fn wrong_types_name_their_field() {
+        let e = ChatRequest::parse(br#"{"model":1}"#).unwrap_err();
+        assert_eq!(e.param, Some("model"));
+        let e = ChatRequest::parse(br#"{"stream":"yes"}"#).unwrap_err();
+        assert_eq!(e.param, Some("stream"));
+        let e = ChatRequest::parse(b"[1]").unwrap_err();
+        assert!(e.message.starts_with("body is not a JSON object"), "{e}");
+        assert!(ChatRequest::parse(br#"{"model":"a","model":"b"}"#).is_err());
+    }
+
+    #[test]
+    fn only_model_is_rewritten() {
+        let body = r#"{ "messages": [], "model" : "gpt-4o", "temperature":0.5 }"#;
+        let out = parse(body).with_model("up-\"x\"");
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{ "messages": [], "model" : "up-\"x\"", "temperature":0.5 }"#
+        );
+        let out = parse(r#"{"messages":[]}"#).with_model("m");
+        assert_eq!(&out[..], br#"{"model":"m","messages":[]}"#);
+        let out = parse(" { } ").with_model("m");
+        assert_eq!(&out[..], br#" {"model":"m" } "#);
+        let escaped = parse(r#"{"model":"g\u0070t"}"#);
+        assert_eq!(escaped.model.as_deref(), Some("gpt"));
+    }
+}

@@ -1,0 +1,1123 @@
+//! The second config phase: a parsed file becomes a [`Snapshot`] in named
+//! passes, each reporting what it finds into one [`Checks`], so one run
+//! reports every problem in the file.
+//!
+//! 1. [`check_version`]
+//! 2. [`startup_settings`]: read once at start (`listen`, `admin_listen`,
+//!    `max_concurrent_requests`)
+//! 3. [`health_settings`], [`admin_token`], `drain_timeout`
+//! 4. [`error_rules`]: the file's `error_classes`
+//! 5. [`providers`]: URL, protocol adapter, key, timeouts, limits, rules
+//! 6. [`targets`]: models at providers, with their live health
+//! 7. [`tasks`]: chains, budgets, strategies, limits, contracts
+//! 8. [`sanitizer`]
+//!
+//! Reads from the environment and from files happen only in the helpers
+//! [`env_secret`], [`file_secret`] and [`schema_file`].
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::Uri;
+
+use super::live::{LiveState, ProviderLimitsKey, TaskLimitKey};
+use super::{
+    Budget, Compiled, Cost, Provider, RetryPolicy, Snapshot, Startup, Strategy, Target, Task,
+    DEFAULT_LISTEN,
+};
+use crate::classify::{
+    self, Action, Cooldown, ErrorTable, Match, NetworkKind, Rule, StatusPattern,
+};
+use crate::config::diagnostic::{Diagnostic, Severity};
+use crate::config::validate::Checks;
+use crate::config::{Parsed, RawConfig, RawProvider, RawRule, RawTask};
+use crate::health::{HealthConfig, TargetId};
+use crate::metrics::{self as m, RouteMetrics};
+use crate::ratelimit::{ProviderLimits, TaskLimiter};
+use crate::secret::Secret;
+use crate::upstream::{self, Endpoint};
+
+/// Options for compiling.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CompileOptions {
+    /// Treat warnings (e.g. an unset `api_key_env`) as errors.
+    pub strict: bool,
+}
+
+/// Capability tags that routing derives from requests.
+const KNOWN_TAGS: [&str; 4] = ["tools", "json_mode", "vision", "streaming"];
+
+/// Compiles a parsed file. Returns the snapshot, its startup settings and
+/// its warnings.
+///
+/// # Errors
+/// Every error found (and, under `strict`, every warning), each located.
+pub fn compile(
+    parsed: &Parsed,
+    text: &str,
+    live: &LiveState,
+    opts: CompileOptions,
+) -> Result<Compiled, Vec<Diagnostic>> {
+    let mut c = Checks::new(&parsed.index);
+    c.diagnostics.extend(parsed.pending.iter().cloned());
+    let raw = &parsed.raw;
+    check_version(raw, &mut c);
+    let startup = startup_settings(raw, &mut c);
+    let health = health_settings(raw, &mut c);
+    let admin_token = admin_token(raw, &mut c);
+    let drain_timeout = c.duration(
+        "drain_timeout",
+        raw.drain_timeout.as_deref(),
+        Duration::from_secs(30),
+    );
+    let file_rules = error_rules(&raw.error_classes, "error_classes", &mut c);
+    let providers = providers(raw, &file_rules, &health, live, &mut c);
+    let targets = targets(raw, &providers, live, &mut c);
+    let (tasks, models) = tasks(raw, &targets, parsed.base_dir.as_deref(), live, &mut c);
+    let default_task = raw.default_task.as_ref().and_then(|d| {
+        let found = tasks.get(d).cloned();
+        if found.is_none() && !raw.tasks.contains_key(d) {
+            c.error("default_task", format!("unknown task `{d}`"));
+        }
+        found
+    });
+    let sanitizer = sanitizer(raw, &providers, &mut c);
+
+    let warned = c
+        .diagnostics
+        .iter()
+        .any(|d| d.severity == Severity::Warning);
+    let failed = c.has_errors() || (opts.strict && warned);
+    c.diagnostics.sort_by_key(|d| (d.line, d.column));
+    let (Some(sanitizer), false) = (sanitizer, failed) else {
+        let mut diags = c.diagnostics;
+        if opts.strict {
+            for d in diags.iter_mut().filter(|d| d.severity == Severity::Warning) {
+                d.severity = Severity::Error;
+            }
+        }
+        return Err(diags);
+    };
+    let metrics = live.metrics.clone();
+    Ok(Compiled {
+        snapshot: Snapshot {
+            admin_token,
+            drain_timeout,
+            tasks,
+            models,
+            default_task,
+            targets,
+            providers,
+            health,
+            sanitizer,
+            hash: hash(text),
+            unrouted: metrics.family(
+                m::REQUESTS,
+                &[("task", "unknown".into()), ("target", "none".into())],
+                &["status"],
+            ),
+            rate_limited: metrics.family(m::RATE_LIMITED, &[], &["scope"]),
+            metrics,
+        },
+        startup,
+        warnings: c.diagnostics,
+    })
+}
+
+/// FNV-1a of the file's text: shown by `validate`, `/readyz` and a gauge.
+fn hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Pass 1: `version: 1`.
+fn check_version(raw: &RawConfig, c: &mut Checks<'_>) {
+    match raw.version {
+        None => c.error("", "missing `version` (write `version: 1` at the top)"),
+        Some(1) => {}
+        Some(v) => c.error(
+            "version",
+            format!("unsupported version {v}; this switchyard reads version 1"),
+        ),
+    }
+}
+
+/// Pass 2: the settings read once at start. Each one present gets a note
+/// saying so, since a reload cannot apply it.
+fn startup_settings(raw: &RawConfig, c: &mut Checks<'_>) -> Startup {
+    let listen_text = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+    let listen = listen_text.parse::<SocketAddr>().unwrap_or_else(|_| {
+        c.error(
+            "listen",
+            format!("bad listen address `{listen_text}` (expected IP:PORT, e.g. 127.0.0.1:8080)"),
+        );
+        SocketAddr::from(([127, 0, 0, 1], 8080))
+    });
+    let admin_listen = raw.admin_listen.as_deref().and_then(|a| {
+        a.parse::<SocketAddr>()
+            .map_err(|_| {
+                c.error(
+                    "admin_listen",
+                    format!("bad listen address `{a}` (expected IP:PORT)"),
+                );
+            })
+            .ok()
+    });
+    let max_concurrent_requests = match raw.max_concurrent_requests {
+        Some(0) => {
+            c.error("max_concurrent_requests", "must be at least 1");
+            1
+        }
+        Some(n) => n,
+        None => 1024,
+    };
+    for (key, set) in [
+        ("listen", raw.listen.is_some()),
+        ("admin_listen", raw.admin_listen.is_some()),
+        (
+            "max_concurrent_requests",
+            raw.max_concurrent_requests.is_some(),
+        ),
+    ] {
+        if set {
+            c.note(
+                key,
+                format!("`{key}` is read at start: a changed value takes a restart, not a reload"),
+            );
+        }
+    }
+    Startup {
+        listen,
+        admin_listen,
+        max_concurrent_requests,
+    }
+}
+
+/// Pass 3a: `health:`.
+fn health_settings(raw: &RawConfig, c: &mut Checks<'_>) -> HealthConfig {
+    let h = &raw.health;
+    let defaults = HealthConfig::default();
+    let health = HealthConfig {
+        degraded_after: h.degraded_after.unwrap_or(defaults.degraded_after).max(1),
+        down_after: h.down_after.unwrap_or(defaults.down_after).max(1),
+        open_for: c.duration("health.open_for", h.open_for.as_deref(), defaults.open_for),
+        all_down_trial: match h.all_down.as_deref() {
+            None | Some("trial") => true,
+            Some("fail") => false,
+            Some(other) => {
+                c.error(
+                    "health.all_down",
+                    format!("unknown value `{other}`, expected `trial` or `fail`"),
+                );
+                true
+            }
+        },
+        window: c.duration("health.window", h.window.as_deref(), defaults.window),
+        min_requests: h.min_requests.unwrap_or(defaults.min_requests),
+        failure_rate: match h.failure_rate {
+            None => defaults.failure_rate,
+            Some(r) if r > 0.0 && r <= 1.0 => r,
+            Some(r) => {
+                c.error(
+                    "health.failure_rate",
+                    format!("failure_rate {r} must be in (0, 1]"),
+                );
+                defaults.failure_rate
+            }
+        },
+        probe_interval: probe_interval(
+            c,
+            "health.probe.interval",
+            h.probe.as_ref(),
+            defaults.probe_interval,
+        ),
+    };
+    if health.down_after < health.degraded_after {
+        c.error(
+            "health.down_after",
+            "down_after must be at least degraded_after",
+        );
+    }
+    health
+}
+
+/// Pass 3b: the admin token. One that was asked for but is missing must not
+/// open the endpoints to everyone: the file is refused.
+fn admin_token(raw: &RawConfig, c: &mut Checks<'_>) -> Option<Secret> {
+    match (&raw.admin_token_env, &raw.admin_token_file) {
+        (Some(_), Some(_)) => {
+            c.error(
+                "admin_token_file",
+                "set either admin_token_env or admin_token_file, not both",
+            );
+            None
+        }
+        (Some(var), None) => env_secret(var).or_else(|| {
+            c.error(
+                "admin_token_env",
+                format!("environment variable `{var}` is not set"),
+            );
+            None
+        }),
+        (None, Some(file)) => match file_secret(file) {
+            Ok(Some(token)) => Some(token),
+            Ok(None) | Err(_) => {
+                c.error(
+                    "admin_token_file",
+                    format!("cannot read a token from `{file}`"),
+                );
+                None
+            }
+        },
+        (None, None) => None,
+    }
+}
+
+/// A secret from the environment variable `var`, trimmed; `None` if unset or blank.
+fn env_secret(var: &str) -> Option<Secret> {
+    std::env::var(var)
+        .ok()
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+        .map(Secret::new)
+}
+
+/// A secret from a file, trimmed: at most 64 KiB, and only a regular file (a
+/// FIFO or a device such as /dev/zero would block or never end). `Ok(None)`
+/// for an empty file.
+fn file_secret(path: &str) -> std::io::Result<Option<Secret>> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut text = String::new();
+    file.take(64 * 1024).read_to_string(&mut text)?;
+    let text = text.trim();
+    Ok((!text.is_empty()).then(|| Secret::new(text.to_owned())))
+}
+
+/// A JSON Schema file named by a task's `tool_schemas`, compiled.
+fn schema_file(path: &Path) -> Result<jsonschema::Validator, String> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read `{shown}`: {e}"))?;
+    let schema: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("`{shown}` is not JSON: {e}"))?;
+    jsonschema::validator_for(&schema)
+        .map_err(|e| format!("`{shown}` is not a valid JSON Schema: {e}"))
+}
+
+/// Pass 4: a list of raw rules; `base` is its path for diagnostics.
+fn error_rules(raw: &[RawRule], base: &str, c: &mut Checks<'_>) -> Vec<Rule> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, r)| error_rule(r, &format!("{base}[{i}]"), c))
+        .collect()
+}
+
+fn error_rule(r: &RawRule, path: &str, c: &mut Checks<'_>) -> Rule {
+    let m = &r.matches;
+    let mut matcher = Match::default();
+    if let Some(status) = &m.status {
+        matcher.status = statuses(status, &format!("{path}.match.status"), c);
+    }
+    for (j, kind) in m.network.iter().flatten().enumerate() {
+        match NetworkKind::parse(kind) {
+            Some(k) => matcher.network.push(k),
+            None => c.error(
+                &format!("{path}.match.network[{j}]"),
+                format!("unknown network kind `{kind}`, expected one of connect, reset, timeout, tls, dns, protocol"),
+            ),
+        }
+    }
+    if let Some(body) = &m.body {
+        matcher.body = c.regex(&format!("{path}.match.body"), body);
+    }
+    if let Some(h) = &m.header {
+        let hpath = format!("{path}.match.header");
+        let name = c.header_name(&format!("{hpath}.name"), &h.name);
+        let re = h
+            .regex
+            .as_ref()
+            .and_then(|r| c.regex(&format!("{hpath}.regex"), r));
+        matcher.header = name.map(|n| (n, re));
+    }
+    check_rule_shape(r, path, &matcher, c);
+    let action = Action::parse(&r.action).unwrap_or_else(|| {
+        c.error(
+            &format!("{path}.action"),
+            format!(
+                "unknown action `{}`, expected retry, failover or return",
+                r.action
+            ),
+        );
+        Action::Failover
+    });
+    let cooldown = r.cooldown.as_deref().map(|cd| {
+        if cd == "retry_after" {
+            Cooldown::RetryAfter(Duration::from_secs(1))
+        } else {
+            Cooldown::Fixed(c.duration(
+                &format!("{path}.cooldown"),
+                Some(cd),
+                Duration::from_secs(1),
+            ))
+        }
+    });
+    Rule {
+        name: Arc::from(path),
+        matcher,
+        action,
+        health: r.health.unwrap_or(true),
+        cooldown,
+        context_window: false,
+    }
+}
+
+/// A rule's tests must be able to match something, and only in combinations
+/// an outcome can have.
+fn check_rule_shape(r: &RawRule, path: &str, matcher: &Match, c: &mut Checks<'_>) {
+    let m = &r.matches;
+    let empty_list = m.network.as_ref().is_some_and(Vec::is_empty)
+        || m.status
+            .as_ref()
+            .is_some_and(|v| v.as_sequence().is_some_and(Vec::is_empty));
+    if empty_list {
+        c.error(
+            &format!("{path}.match"),
+            "an empty `status` or `network` list matches nothing: remove it or name values",
+        );
+    }
+    if m.status.is_none() && m.network.is_none() && m.body.is_none() && m.header.is_none() {
+        c.error(
+            &format!("{path}.match"),
+            "a rule needs at least one test (status, network, body or header)",
+        );
+    }
+    if !matcher.network.is_empty() && (m.status.is_some() || m.body.is_some() || m.header.is_some())
+    {
+        c.error(&format!("{path}.match"), "`network` cannot be combined with status, body or header tests: a network error has no response");
+    }
+}
+
+fn statuses(v: &serde_yaml::Value, path: &str, c: &mut Checks<'_>) -> Vec<StatusPattern> {
+    let one = |v: &serde_yaml::Value, path: &str, c: &mut Checks<'_>| {
+        let text = match v {
+            serde_yaml::Value::Number(n) => n.to_string(),
+            serde_yaml::Value::String(s) => s.clone(),
+            serde_yaml::Value::Null
+            | serde_yaml::Value::Bool(_)
+            | serde_yaml::Value::Sequence(_)
+            | serde_yaml::Value::Mapping(_)
+            | serde_yaml::Value::Tagged(_) => String::new(),
+        };
+        let p = StatusPattern::parse(&text);
+        if p.is_none() {
+            c.error(
+                path,
+                format!("bad status `{text}`: expected a code 100-599 or a class like `5xx`"),
+            );
+        }
+        p
+    };
+    match v {
+        serde_yaml::Value::Sequence(items) => items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, item)| one(item, &format!("{path}[{i}]"), c))
+            .collect(),
+        other @ (serde_yaml::Value::Null
+        | serde_yaml::Value::Bool(_)
+        | serde_yaml::Value::Number(_)
+        | serde_yaml::Value::String(_)
+        | serde_yaml::Value::Mapping(_)
+        | serde_yaml::Value::Tagged(_)) => one(other, path, c).into_iter().collect(),
+    }
+}
+
+/// Pass 5: every provider.
+fn providers(
+    raw: &RawConfig,
+    file_rules: &[Rule],
+    health: &HealthConfig,
+    live: &LiveState,
+    c: &mut Checks<'_>,
+) -> BTreeMap<String, Arc<Provider>> {
+    // Provider rules, then the file's, then the defaults.
+    let mut shared_rules = file_rules.to_vec();
+    shared_rules.extend(classify::default_rules());
+    raw.providers
+        .iter()
+        .filter_map(|(name, p)| {
+            let path = format!("providers.{name}");
+            provider(name, p, &path, &shared_rules, health, live, c)
+                .map(|provider| (name.clone(), Arc::new(provider)))
+        })
+        .collect()
+}
+
+fn provider(
+    name: &str,
+    p: &RawProvider,
+    path: &str,
+    shared_rules: &[Rule],
+    health: &HealthConfig,
+    live: &LiveState,
+    c: &mut Checks<'_>,
+) -> Option<Provider> {
+    let duration = |c: &mut Checks<'_>, key: &str, value: Option<&str>, default: u64| {
+        c.duration(
+            &format!("{path}.{key}"),
+            value,
+            Duration::from_millis(default),
+        )
+    };
+    let timeout = duration(c, "timeout", p.timeout.as_deref(), 30_000);
+    let connect_timeout = duration(c, "connect_timeout", p.connect_timeout.as_deref(), 2_000);
+    let idle_timeout = duration(c, "idle_timeout", p.idle_timeout.as_deref(), 30_000);
+    let retry = RetryPolicy {
+        max: p.retry.as_ref().and_then(|r| r.max).unwrap_or(1),
+        backoff: duration(
+            c,
+            "retry.backoff",
+            p.retry.as_ref().and_then(|r| r.backoff.as_deref()),
+            200,
+        ),
+    };
+    let base_url = p.base_url.trim_end_matches('/').to_owned();
+    let secret = api_key(p, path, c);
+    let endpoint = endpoint(
+        p,
+        &base_url,
+        secret.as_ref(),
+        path,
+        connect_timeout,
+        live,
+        c,
+    );
+    let limits = provider_limits(name, &base_url, p, path, live, c);
+    let mut rules = error_rules(&p.error_classes, &format!("{path}.error_classes"), c);
+    rules.extend_from_slice(shared_rules);
+    let probe_interval = match &p.probe {
+        Some(probe) => probe_interval(
+            c,
+            &format!("{path}.probe.interval"),
+            Some(probe),
+            health.probe_interval,
+        ),
+        None => health.probe_interval,
+    };
+    Some(Provider {
+        name: name.to_owned(),
+        base_url,
+        endpoint: endpoint?,
+        secret,
+        key_file: p.api_key_file.as_ref().map(PathBuf::from),
+        timeout,
+        idle_timeout,
+        retry,
+        errors: ErrorTable::new(rules),
+        probe_interval,
+        limits,
+    })
+}
+
+/// A provider's protocol, URL and headers (the key included).
+fn endpoint(
+    p: &RawProvider,
+    base_url: &str,
+    secret: Option<&Secret>,
+    path: &str,
+    connect_timeout: Duration,
+    live: &LiveState,
+    c: &mut Checks<'_>,
+) -> Option<Endpoint> {
+    let adapter = match p.protocol.as_deref() {
+        None => Some(upstream::ADAPTERS[0]),
+        Some(name) => upstream::adapter(name).or_else(|| {
+            c.error(
+                &format!("{path}.protocol"),
+                format!(
+                    "unsupported protocol `{name}` (supported: {})",
+                    upstream::adapter_names()
+                ),
+            );
+            None
+        }),
+    };
+    let url_path = format!("{path}.base_url");
+    let base = c.url(&url_path, base_url);
+    if base.as_ref().is_some_and(|u| u.query().is_some()) {
+        c.error(
+            &url_path,
+            "a query string in base_url would end up before the path; not supported",
+        );
+    }
+    let mut headers = HeaderMap::new();
+    for (k, v) in &p.headers {
+        let hpath = format!("{path}.headers.{k}");
+        if let (Some(name), Some(value)) = (c.header_name(&hpath, k), c.header_value(&hpath, v)) {
+            headers.insert(name, value);
+        }
+    }
+    let adapter = adapter?;
+    for (name, value) in adapter.required_headers() {
+        if !headers.contains_key(*name) {
+            headers.insert(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+    }
+    if let Some(key) = secret {
+        match adapter.key_header(key) {
+            Ok((name, value)) => {
+                headers.insert(name, value);
+            }
+            Err(_) => c.error(
+                path,
+                "the API key contains characters not allowed in a header",
+            ),
+        }
+    }
+    let url = format!("{base_url}/{}", adapter.chat_path())
+        .parse::<Uri>()
+        .map_err(|e| c.error(&url_path, format!("bad URL: {e}")))
+        .ok();
+    let url = base.and(url)?;
+    let host_is_name = url.host().is_some_and(|h| {
+        h.trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+            .is_err()
+    });
+    Some(Endpoint {
+        adapter,
+        url,
+        headers,
+        host_is_name,
+        client: live.clients.get(connect_timeout),
+    })
+}
+
+/// The account's buckets, kept across reloads while account and limits stay.
+fn provider_limits(
+    name: &str,
+    base_url: &str,
+    p: &RawProvider,
+    path: &str,
+    live: &LiveState,
+    c: &mut Checks<'_>,
+) -> Option<Arc<ProviderLimits>> {
+    let rl = p.rate_limit.as_ref()?;
+    if rl.rpm == Some(0) || rl.tpm == Some(0) {
+        c.error(
+            &format!("{path}.rate_limit"),
+            "rpm and tpm must be at least 1",
+        );
+        return None;
+    }
+    let key = ProviderLimitsKey {
+        name: name.to_owned(),
+        base_url: base_url.to_owned(),
+        rpm: rl.rpm,
+        tpm: rl.tpm,
+        burst: rl.burst,
+    };
+    live.provider_limits
+        .get_or_make(key, || Some(ProviderLimits::new(rl.rpm, rl.tpm, rl.burst)))
+}
+
+/// Reads the provider's key from its env var or file. A missing key is a
+/// warning (an error under `--strict`): the upstream will answer 401, which
+/// the error table handles.
+fn api_key(p: &RawProvider, path: &str, c: &mut Checks<'_>) -> Option<Secret> {
+    match (&p.api_key_env, &p.api_key_file) {
+        (Some(_), Some(_)) => {
+            c.error(
+                &format!("{path}.api_key_file"),
+                "set either api_key_env or api_key_file, not both",
+            );
+            None
+        }
+        (Some(var), None) => env_secret(var).or_else(|| {
+            c.warn(
+                &format!("{path}.api_key_env"),
+                format!("environment variable `{var}` is not set"),
+            );
+            None
+        }),
+        (None, Some(file)) => match file_secret(file) {
+            Ok(Some(key)) => Some(key),
+            Ok(None) => {
+                c.warn(
+                    &format!("{path}.api_key_file"),
+                    format!("key file `{file}` is empty"),
+                );
+                None
+            }
+            Err(e) => {
+                c.warn(
+                    &format!("{path}.api_key_file"),
+                    format!("cannot read key file `{file}`: {e}"),
+                );
+                None
+            }
+        },
+        (None, None) => None,
+    }
+}
+
+/// A probe interval: a duration, or `0` to disable probing.
+fn probe_interval(
+    c: &mut Checks<'_>,
+    path: &str,
+    probe: Option<&crate::config::RawProbe>,
+    default: Option<Duration>,
+) -> Option<Duration> {
+    match probe.and_then(|p| p.interval.as_deref()) {
+        None => default,
+        Some(v) if v.trim().trim_end_matches(['s', 'm', 'h']).trim() == "0" => None,
+        Some(v) => Some(c.duration(path, Some(v), Duration::from_secs(60))),
+    }
+}
+
+/// Pass 6: every target, with the live health of its identity.
+fn targets(
+    raw: &RawConfig,
+    providers: &BTreeMap<String, Arc<Provider>>,
+    live: &LiveState,
+    c: &mut Checks<'_>,
+) -> BTreeMap<String, Arc<Target>> {
+    let mut targets = BTreeMap::new();
+    for (name, t) in &raw.targets {
+        let path = format!("targets.{name}");
+        let Some(provider) = providers.get(&t.provider) else {
+            if !raw.providers.contains_key(&t.provider) {
+                c.error(
+                    &format!("{path}.provider"),
+                    format!("unknown provider `{}`", t.provider),
+                );
+            }
+            continue;
+        };
+        if t.model.trim().is_empty() {
+            c.error(&format!("{path}.model"), "empty upstream model name");
+        }
+        let cost = t.cost.as_ref().map(|price| {
+            if !(price.input_per_1k >= 0.0 && price.output_per_1k >= 0.0) {
+                c.error(&format!("{path}.cost"), "prices must be zero or more");
+            }
+            Cost {
+                input_per_1k: price.input_per_1k,
+                output_per_1k: price.output_per_1k,
+            }
+        });
+        let weight = match t.weight {
+            Some(0) => {
+                c.error(
+                    &format!("{path}.weight"),
+                    "weight must be at least 1 (leave the target out of the chain instead)",
+                );
+                1
+            }
+            Some(w) => w,
+            None => 1,
+        };
+        let id = TargetId {
+            base_url: provider.base_url.clone(),
+            model: t.model.clone(),
+        };
+        let target = Target {
+            name: name.clone(),
+            provider: Arc::clone(provider),
+            model: t.model.clone(),
+            capabilities: t.capabilities.clone(),
+            max_context: t.max_context,
+            max_output: t.max_output,
+            cost,
+            weight,
+            health: live.health.get(&id),
+            metrics: live.metrics.target(name),
+        };
+        targets.insert(name.clone(), Arc::new(target));
+    }
+    targets
+}
+
+/// Tasks by name, and by name or alias.
+type Tasks = (BTreeMap<String, Arc<Task>>, HashMap<String, Arc<Task>>);
+
+/// Pass 7: every task, and the table of names and aliases that select one.
+fn tasks(
+    raw: &RawConfig,
+    targets: &BTreeMap<String, Arc<Target>>,
+    base_dir: Option<&Path>,
+    live: &LiveState,
+    c: &mut Checks<'_>,
+) -> Tasks {
+    let mut tasks = BTreeMap::new();
+    let mut models: HashMap<String, Arc<Task>> = HashMap::new();
+    let mut claimed: HashMap<String, String> = raw
+        .tasks
+        .keys()
+        .map(|k| (k.clone(), format!("task `{k}`")))
+        .collect();
+    for (name, t) in &raw.tasks {
+        let path = format!("tasks.{name}");
+        for (i, alias) in t.aliases.iter().enumerate() {
+            if let Some(owner) = claimed.insert(alias.clone(), format!("task `{name}`")) {
+                c.error(
+                    &format!("{path}.aliases[{i}]"),
+                    format!("alias `{alias}` is already used by {owner}"),
+                );
+            }
+        }
+        let task = Arc::new(task(name, t, &path, raw, targets, base_dir, live, c));
+        for id in std::iter::once(name).chain(&t.aliases) {
+            models.insert(id.clone(), Arc::clone(&task));
+        }
+        tasks.insert(name.clone(), task);
+    }
+    if raw.tasks.is_empty() {
+        c.warn("tasks", "no tasks: every request will get 404");
+    }
+    (tasks, models)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn task(
+    name: &str,
+    t: &RawTask,
+    path: &str,
+    raw: &RawConfig,
+    targets: &BTreeMap<String, Arc<Target>>,
+    base_dir: Option<&Path>,
+    live: &LiveState,
+    c: &mut Checks<'_>,
+) -> Task {
+    let chain = chain(t, path, raw, targets, c);
+    let strategy = match t.strategy.as_deref() {
+        None => Strategy::Priority,
+        Some(s) => Strategy::parse(s).unwrap_or_else(|| {
+            c.error(&format!("{path}.strategy"), format!("unknown strategy `{s}`, expected priority, weighted, round_robin, latency or cost"));
+            Strategy::Priority
+        }),
+    };
+    if strategy == Strategy::Cost {
+        for (i, target) in chain.iter().enumerate() {
+            if target.cost.is_none() {
+                c.error(
+                    &format!("{path}.chain[{i}]"),
+                    format!("strategy `cost` needs a `cost` on target `{}`", target.name),
+                );
+            }
+        }
+    }
+    for (i, tag) in t.requires.iter().enumerate() {
+        if !KNOWN_TAGS.contains(&tag.as_str())
+            && !chain.iter().any(|target| target.capabilities.contains(tag))
+        {
+            c.warn(
+                &format!("{path}.requires[{i}]"),
+                format!("no target in the chain has capability `{tag}`"),
+            );
+        }
+    }
+    let fallback_budget = t.fallback_budget.as_ref().map(|b| {
+        if !(b.usd_per_hour.is_finite() && b.usd_per_hour >= 0.0) {
+            c.error(
+                &format!("{path}.fallback_budget.usd_per_hour"),
+                "usd_per_hour must be zero or more",
+            );
+        }
+        b.usd_per_hour
+    });
+    let validate_tool_calls = match t.validate_tool_calls.as_deref() {
+        None => crate::schema::Mode::Degraded,
+        Some(mode) => crate::schema::Mode::parse(mode).unwrap_or_else(|| {
+            c.error(
+                &format!("{path}.validate_tool_calls"),
+                format!("unknown value `{mode}`, expected degraded, always or never"),
+            );
+            crate::schema::Mode::Degraded
+        }),
+    };
+    let metrics = &live.metrics;
+    Task {
+        name: name.to_owned(),
+        aliases: t.aliases.clone(),
+        budget: budget(t, path, chain.len(), c),
+        requires: t.requires.clone(),
+        strategy,
+        rate_limit: task_limits(name, t, path, live, c),
+        fallback_budget,
+        state: live.tasks.get(name.to_owned()),
+        validate_tool_calls,
+        tool_schemas: Arc::new(tool_schemas(&t.tool_schemas, path, base_dir, c)),
+        routes: chain
+            .iter()
+            .map(|target| metrics.route(name, &target.name))
+            .collect::<Vec<RouteMetrics>>(),
+        unserved: metrics.route(name, "none"),
+        cancelled: metrics.counter(m::CLIENT_CANCELLED, &[("task", name.to_owned().into())]),
+        chain,
+    }
+}
+
+/// A task's degradation chain, resolved.
+fn chain(
+    t: &RawTask,
+    path: &str,
+    raw: &RawConfig,
+    targets: &BTreeMap<String, Arc<Target>>,
+    c: &mut Checks<'_>,
+) -> Vec<Arc<Target>> {
+    if t.chain.is_empty() {
+        c.error(
+            &format!("{path}.chain"),
+            "empty degradation chain: name at least one target",
+        );
+    }
+    let mut chain = Vec::new();
+    let mut seen = HashSet::new();
+    for (i, target) in t.chain.iter().enumerate() {
+        let tpath = format!("{path}.chain[{i}]");
+        if !seen.insert(target) {
+            c.error(
+                &tpath,
+                format!("target `{target}` appears twice in the chain"),
+            );
+        }
+        match targets.get(target) {
+            Some(found) => chain.push(Arc::clone(found)),
+            // Its own entry has the problem, already reported.
+            None if raw.targets.contains_key(target) => {}
+            None => c.error(&tpath, format!("unknown target `{target}`")),
+        }
+    }
+    chain
+}
+
+fn budget(t: &RawTask, path: &str, chain_len: usize, c: &mut Checks<'_>) -> Budget {
+    let budget = t.budget.as_ref();
+    let bpath = format!("{path}.budget");
+    Budget {
+        total_timeout: c.duration(
+            &format!("{bpath}.total_timeout"),
+            budget.and_then(|b| b.total_timeout.as_deref()),
+            Duration::from_secs(30),
+        ),
+        max_failovers: budget
+            .and_then(|b| b.max_failovers)
+            .unwrap_or_else(|| u32::try_from(chain_len.saturating_sub(1)).unwrap_or(u32::MAX)),
+        first_token_timeout: budget
+            .and_then(|b| b.first_token_timeout.as_deref())
+            .map(|v| {
+                c.duration(
+                    &format!("{bpath}.first_token_timeout"),
+                    Some(v),
+                    Duration::from_secs(10),
+                )
+            }),
+    }
+}
+
+/// The task's client-facing buckets, kept across reloads while its limits stay.
+fn task_limits(
+    name: &str,
+    t: &RawTask,
+    path: &str,
+    live: &LiveState,
+    c: &mut Checks<'_>,
+) -> Option<Arc<TaskLimiter>> {
+    let rl = t.rate_limit.as_ref()?;
+    let lpath = format!("{path}.rate_limit");
+    if !(rl.rps.is_finite() && rl.rps > 0.0) {
+        c.error(&format!("{lpath}.rps"), "rps must be greater than zero");
+        return None;
+    }
+    let per_caller = rl
+        .per_caller_header
+        .as_ref()
+        .and_then(|h| c.header_name(&format!("{lpath}.per_caller_header"), h))
+        .map(|h| (h, rl.max_callers.unwrap_or(10_000).max(1)));
+    let key = TaskLimitKey {
+        task: name.to_owned(),
+        rps_bits: rl.rps.to_bits(),
+        burst: rl.burst,
+        per_caller_header: rl.per_caller_header.clone(),
+        max_callers: rl.max_callers,
+    };
+    live.task_limits
+        .get_or_make(key, || TaskLimiter::new(rl.rps, rl.burst, per_caller))
+}
+
+/// Reads and compiles a task's schema override files.
+fn tool_schemas(
+    files: &BTreeMap<String, String>,
+    task_path: &str,
+    base_dir: Option<&Path>,
+    c: &mut Checks<'_>,
+) -> crate::schema::Overrides {
+    let mut out = crate::schema::Overrides::new();
+    for (function, file) in files {
+        let full = base_dir.map_or_else(|| PathBuf::from(file), |d| d.join(file));
+        match schema_file(&full) {
+            Ok(v) => {
+                out.insert(function.clone(), Arc::new(v));
+            }
+            Err(e) => c.error(&format!("{task_path}.tool_schemas.{function}"), e),
+        }
+    }
+    out
+}
+
+/// Pass 8: what upstream error text may reach clients.
+fn sanitizer(
+    raw: &RawConfig,
+    providers: &BTreeMap<String, Arc<Provider>>,
+    c: &mut Checks<'_>,
+) -> Option<crate::sanitize::Sanitizer> {
+    let mut messages = HashMap::new();
+    for (status, text) in &raw.sanitize.messages {
+        match status.parse::<u16>() {
+            Ok(code) if (400..=599).contains(&code) => {
+                messages.insert(code, text.clone());
+            }
+            _ => c.error(
+                &format!("sanitize.messages.{status}"),
+                format!("`{status}` is not an HTTP error status (400-599)"),
+            ),
+        }
+    }
+    let hosts: Vec<String> = providers
+        .values()
+        .filter_map(|p| p.endpoint.url.host().map(str::to_owned))
+        .filter(|h| h != "127.0.0.1" && h != "localhost" && h != "[::1]")
+        .collect();
+    crate::sanitize::Sanitizer::new(&raw.sanitize.sensitive_words, &hosts, messages)
+        .map_err(|e| c.error("sanitize.sensitive_words", format!("cannot compile: {e}")))
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+
+    fn compile_text(text: &str) -> Result<Snapshot, Vec<Diagnostic>> {
+        let parsed = parse(text)?;
+        compile(
+            &parsed,
+            text,
+            &LiveState::default(),
+            CompileOptions::default(),
+        )
+        .map(|c| c.snapshot)
+    }
+
+    const GOOD: &str = "version: 1\nproviders:\n  a: { base_url: 'http://127.0.0.1:9/v1/' }\ntargets:\n  t1: { provider: a, model: m1 }\n  t2: { provider: a, model: m2 }\ntasks:\n  chat:\n    aliases: [gpt-4o]\n    chain: [t1, t2]\n";
+
+    #[test]
+    fn compiles_and_routes() {
+        let s = compile_text(GOOD).unwrap();
+        let task = s.route(None, Some("gpt-4o")).unwrap();
+        assert_eq!(task.name, "chat");
+        assert_eq!(task.budget.max_failovers, 1);
+        assert_eq!(
+            task.chain[0].provider.endpoint.url.to_string(),
+            "http://127.0.0.1:9/v1/chat/completions"
+        );
+        assert!(s.route(None, Some("nope")).is_none());
+        assert!(s.route(Some("chat"), Some("nope")).is_some());
+    }
+
+    #[test]
+    fn every_semantic_problem_is_reported_with_location() {
+        let text = "providers:\n  a: { base_url: 'not a url', timeout: soon }\ntargets:\n  t1: { provider: b, model: m }\ntasks:\n  x: { aliases: [dup], chain: [t9] }\n  y: { aliases: [dup], chain: [] }\n";
+        let diags = compile_text(text).unwrap_err();
+        let msgs: Vec<String> = diags.iter().map(ToString::to_string).collect();
+        let joined = msgs.join("\n");
+        for needle in [
+            "missing `version`",
+            "bad URL",
+            "bad duration",
+            "unknown provider `b`",
+            "unknown target `t9`",
+            "alias `dup`",
+            "empty degradation chain",
+        ] {
+            assert!(joined.contains(needle), "{needle} not in\n{joined}");
+        }
+        let t9 = diags.iter().find(|d| d.message.contains("t9")).unwrap();
+        assert_eq!((t9.line, t9.path.as_str()), (6, "tasks.x.chain[0]"));
+    }
+
+    #[test]
+    fn unset_key_env_is_a_warning_or_strict_error() {
+        let text = GOOD.replace(
+            "base_url: 'http://127.0.0.1:9/v1/'",
+            "base_url: 'http://127.0.0.1:9/v1/', api_key_env: SWITCHYARD_TEST_UNSET_VAR",
+        );
+        let parsed = parse(&text).unwrap();
+        let compiled = compile(
+            &parsed,
+            &text,
+            &LiveState::default(),
+            CompileOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(compiled.warnings.len(), 1);
+        let errs = compile(
+            &parsed,
+            &text,
+            &LiveState::default(),
+            CompileOptions { strict: true },
+        )
+        .unwrap_err();
+        assert_eq!(errs[0].severity, Severity::Error);
+    }
+
+    #[test]
+    fn startup_settings_get_a_note_that_never_fails_strict() {
+        let text = format!("{GOOD}listen: 127.0.0.1:9999\nmax_concurrent_requests: 3\n");
+        let parsed = parse(&text).unwrap();
+        let compiled = compile(
+            &parsed,
+            &text,
+            &LiveState::default(),
+            CompileOptions { strict: true },
+        )
+        .unwrap();
+        assert_eq!(compiled.startup.max_concurrent_requests, 3);
+        assert_eq!(compiled.warnings.len(), 2, "{:?}", compiled.warnings);
+        assert!(compiled
+            .warnings
+            .iter()
+            .all(|d| d.severity == Severity::Note && d.message.contains("takes a restart")));
+    }
+
+    #[test]
+    fn bad_rules_are_rejected() {
+        let text = format!("{GOOD}error_classes:\n  - match: {{ status: 7xx, network: [dns, wormhole], body: '(' }}\n    action: explode\n");
+        let joined: String = compile_text(&text)
+            .unwrap_err()
+            .iter()
+            .map(|d| format!("{d}\n"))
+            .collect();
+        for needle in [
+            "bad status",
+            "wormhole",
+            "bad regex",
+            "unknown action",
+            "cannot be combined",
+        ] {
+            assert!(joined.contains(needle), "{needle} not in\n{joined}");
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! State that outlives snapshots, keyed by typed identities: health by target
+//! identity, client pools by connect timeout, provider buckets by account and
+//! limits, task buckets and routing state by task name, and the gateway's
+//! metrics registry. A reload that keeps an identity keeps its state.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use parking_lot::Mutex;
+
+use crate::health;
+use crate::metrics::Metrics;
+use crate::ratelimit::{ProviderLimits, TaskLimiter};
+use crate::upstream::pool::Clients;
+
+/// What a provider's buckets are kept by: the account and its limits. A
+/// change of either starts fresh buckets.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ProviderLimitsKey {
+    /// Provider name.
+    pub name: String,
+    /// Its `base_url`.
+    pub base_url: String,
+    /// `rate_limit.rpm`.
+    pub rpm: Option<u32>,
+    /// `rate_limit.tpm`.
+    pub tpm: Option<u32>,
+    /// `rate_limit.burst`.
+    pub burst: Option<u32>,
+}
+
+/// What a task's client-facing buckets are kept by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TaskLimitKey {
+    /// Task name.
+    pub task: String,
+    /// `rate_limit.rps`, as its bits (an f64 has no `Eq`).
+    pub rps_bits: u64,
+    /// `rate_limit.burst`.
+    pub burst: Option<u32>,
+    /// `rate_limit.per_caller_header`.
+    pub per_caller_header: Option<String>,
+    /// `rate_limit.max_callers`.
+    pub max_callers: Option<usize>,
+}
+
+/// State that outlives snapshots.
+#[derive(Debug, Default)]
+pub struct LiveState {
+    /// Health per target identity.
+    pub health: health::Registry,
+    /// Upstream client pools.
+    pub clients: Clients,
+    /// Routing state per task (round-robin cursors, weights, fallback spend).
+    pub tasks: Keyed<String, TaskState>,
+    /// Provider buckets: kept while the account and its limits are unchanged.
+    pub provider_limits: Keyed<ProviderLimitsKey, ProviderLimits>,
+    /// Client-facing task buckets: kept while the task's limits are unchanged.
+    pub task_limits: Keyed<TaskLimitKey, TaskLimiter>,
+    /// The gateway's metrics registry.
+    pub metrics: Metrics,
+}
+
+/// Shared values by key, created on first use.
+#[derive(Debug)]
+pub struct Keyed<K, V> {
+    map: Mutex<HashMap<K, Arc<V>>>,
+}
+
+impl<K, V> Default for Keyed<K, V> {
+    fn default() -> Self {
+        Self {
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: Eq + Hash, V> Keyed<K, V> {
+    /// The value for `key`, made by `make` if there is none (`None` if `make` gives none).
+    pub fn get_or_make(&self, key: K, make: impl FnOnce() -> Option<V>) -> Option<Arc<V>> {
+        let mut map = self.map.lock();
+        if let Some(found) = map.get(&key) {
+            return Some(Arc::clone(found));
+        }
+        let made = Arc::new(make()?);
+        map.insert(key, Arc::clone(&made));
+        Some(made)
+    }
+}
+
+impl<K: Eq + Hash, V: Default> Keyed<K, V> {
+    /// The value for `key`, created with its default on first use.
+    pub fn get(&self, key: K) -> Arc<V> {
+        let mut map = self.map.lock();
+        Arc::clone(map.entry(key).or_default())
+    }
+}
+
+/// Live routing state of a task, kept across reloads by task name.
+#[derive(Debug, Default)]
+pub struct TaskState {
+    /// Round-robin cursor.
+    round_robin: AtomicU64,
+    /// Smooth weighted round robin: current weight per chain position.
+    swrr: Mutex<Vec<i64>>,
+    /// (clock hour, USD spent on non-first targets in it).
+    spend: Mutex<(u64, f64)>,
+}
+
+impl TaskState {
+    /// The next value of the round-robin cursor.
+    pub fn next_turn(&self) -> u64 {
+        self.round_robin.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Smooth weighted round robin (nginx's): each of `pool`'s (position,
+    /// weight) gains its weight, the largest current weight wins and pays the
+    /// total back. `positions` is the chain length.
+    pub fn smooth_weighted(&self, positions: usize, pool: &[(usize, i64)]) -> Option<usize> {
+        let mut current = self.swrr.lock();
+        if current.len() != positions {
+            *current = vec![0; positions];
+        }
+        let mut total = 0i64;
+        let mut best: Option<usize> = None;
+        for &(i, w) in pool {
+            current[i] += w;
+            total += w;
+            if best.is_none_or(|b| current[i] > current[b]) {
+                best = Some(i);
+            }
+        }
+        if let Some(b) = best {
+            current[b] -= total;
+        }
+        best
+    }
+
+    fn hour() -> u64 {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() / 3600)
+    }
+
+    /// USD spent on fallback targets in the current clock hour.
+    #[must_use]
+    pub fn spend_this_hour(&self) -> f64 {
+        let spend = self.spend.lock();
+        if spend.0 == Self::hour() {
+            spend.1
+        } else {
+            0.0
+        }
+    }
+
+    /// Adds fallback spend.
+    pub fn add_spend(&self, usd: f64) {
+        let hour = Self::hour();
+        let mut spend = self.spend.lock();
+        if spend.0 != hour {
+            *spend = (hour, 0.0);
+        }
+        spend.1 += usd;
+    }
+}

@@ -1,0 +1,54 @@
+//! OpenAI Chat Completions (`POST {base_url}/chat/completions`): the client's
+//! own protocol, so requests go as they came with `model` rewritten, and
+//! answers, errors and stream events come back untranslated.
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, InvalidHeaderValue, AUTHORIZATION};
+
+use super::{Adapter, Malformed, StreamTranslator, TargetModel, Unsupported};
+use crate::request::ChatRequest;
+use crate::secret::Secret;
+
+/// The OpenAI-compatible protocol (`protocol: openai`, the default).
+#[derive(Debug)]
+pub struct OpenAi;
+
+impl Adapter for OpenAi {
+    fn name(&self) -> &'static str {
+        "openai"
+    }
+
+    fn chat_path(&self) -> &'static str {
+        "chat/completions"
+    }
+
+    fn required_headers(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
+
+    fn key_header(&self, key: &Secret) -> Result<(HeaderName, HeaderValue), InvalidHeaderValue> {
+        let mut value = HeaderValue::from_str(&format!("Bearer {}", key.expose()))?;
+        value.set_sensitive(true);
+        Ok((AUTHORIZATION, value))
+    }
+
+    fn encode(
+        &self,
+        request: &ChatRequest<'_>,
+        target: TargetModel<'_>,
+    ) -> Result<Bytes, Unsupported> {
+        Ok(request.with_model(target.model))
+    }
+
+    fn decode_answer(&self, body: Bytes) -> Result<Bytes, Malformed> {
+        Ok(body)
+    }
+
+    fn decode_error(&self, body: Bytes) -> Bytes {
+        body
+    }
+
+    fn stream_translator(&self, _include_usage: bool) -> Option<Box<dyn StreamTranslator>> {
+        None
+    }
+}
