@@ -3,8 +3,8 @@
 //! This is the first of the two configuration phases: serde structs with
 //! `deny_unknown_fields` that accept any well-formed file. Values that need a
 //! semantic check (durations, URLs, regexes, references between sections) stay
-//! strings here; [`crate::snapshot::Snapshot::compile`] turns them into typed,
-//! resolved values and reports every problem at once through [`validate`].
+//! strings here; [`crate::snapshot::compile`] turns them into typed, resolved
+//! values and reports every problem at once through [`validate`]'s checkers.
 
 pub mod diagnostic;
 pub mod locate;
@@ -78,11 +78,14 @@ pub struct RawSanitize {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawProvider {
-    /// Wire protocol; `openai` (the default) is the only one supported so far.
+    /// Wire protocol: `openai` (the default; OpenAI Chat Completions) or
+    /// `anthropic` (the Messages API, translated both ways).
     pub protocol: Option<String>,
-    /// Base URL; requests go to `{base_url}/chat/completions`.
+    /// Base URL; requests go to `{base_url}/chat/completions` (`openai`) or
+    /// `{base_url}/messages` (`anthropic`).
     pub base_url: String,
-    /// Environment variable holding the API key (sent as `Authorization: Bearer`).
+    /// Environment variable holding the API key (sent as `Authorization: Bearer`
+    /// for `openai`, `x-api-key` for `anthropic`).
     pub api_key_env: Option<String>,
     /// File holding the API key (e.g. a mounted Kubernetes Secret); re-read on reload.
     pub api_key_file: Option<String>,

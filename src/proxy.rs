@@ -271,7 +271,7 @@ impl Walk<'_> {
                     break;
                 }
                 tokio::time::sleep(backoff).await;
-                permit = target.health.admit(Instant::now()).ok();
+                permit = admission.readmit(&target);
             }
             let Some(p) = permit.take() else { break };
             self.tally.attempts += 1;

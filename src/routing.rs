@@ -450,6 +450,13 @@ impl<'a> Admission<'a> {
         }
     }
 
+    /// A permit for a same-target retry of `target`: its breaker or a
+    /// cooldown may have closed it since the last attempt.
+    #[must_use]
+    pub fn readmit(&self, target: &Arc<Target>) -> Option<Permit> {
+        target.health.admit(Instant::now()).ok()
+    }
+
     /// After a context-length error at `target`: only larger windows from now on.
     pub fn raise_context_floor(&mut self, target: &Target) {
         self.context_floor = Some(target.max_context.unwrap_or(0));

@@ -40,6 +40,10 @@ impl Mode {
     }
 }
 
+/// Bytes of streamed tool call deltas held for validation, at most; a larger
+/// call is a violation.
+pub const HOLD_MAX_TOOL_BYTES: usize = 1024 * 1024;
+
 /// Compiled schema overrides of a task, by function name.
 pub type Overrides = BTreeMap<String, Arc<Validator>>;
 

@@ -5,6 +5,8 @@
 
 mod support;
 
+mod architecture;
+
 mod binary;
 mod failover;
 mod streaming;

@@ -21,7 +21,7 @@ use super::account::Account;
 use super::stream::{Relay, RelayState};
 use crate::classify::{self, AttemptOutcome, Decision, NetworkKind, Outcome};
 use crate::health::Permit;
-use crate::schema::{CallAssembler, Contract, Violation};
+use crate::schema::{CallAssembler, Contract, Violation, HOLD_MAX_TOOL_BYTES};
 use crate::snapshot::{Snapshot, Target, Task};
 use crate::sse::{self, Chunk};
 use crate::upstream::{pool, Events};
@@ -30,8 +30,6 @@ use crate::upstream::{pool, Events};
 const HOLD_MAX_EVENTS: usize = 64;
 /// Bytes held before the commit point, at most.
 const HOLD_MAX_BYTES: usize = 256 * 1024;
-/// Bytes of tool call deltas held for validation, at most; a larger call is a violation.
-pub const HOLD_MAX_TOOL_BYTES: usize = 1024 * 1024;
 /// Largest non-streamed upstream answer read; a larger one is a broken upstream.
 const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
 

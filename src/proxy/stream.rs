@@ -18,11 +18,10 @@ use tokio::time::{timeout_at, Instant};
 use tracing::{debug, info, warn, Instrument};
 
 use super::account::Account;
-use super::attempt::HOLD_MAX_TOOL_BYTES;
 use crate::body::{self, Body};
 use crate::classify::{self, AttemptOutcome, StreamEnd, StreamVerdict};
 use crate::health::{Failure, HealthConfig, Permit};
-use crate::schema::{CallAssembler, Contract};
+use crate::schema::{CallAssembler, Contract, HOLD_MAX_TOOL_BYTES};
 use crate::snapshot::Target;
 use crate::sse::{self, Chunk};
 use crate::upstream::Events;
