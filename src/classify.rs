@@ -80,8 +80,9 @@ pub enum Outcome<'a> {
         status: u16,
         /// Response headers.
         headers: &'a HeaderMap,
-        /// The body, or its first bytes.
-        body: &'a [u8],
+        /// The body, or its first bytes; `None` where body rules must not
+        /// apply (a chat completion, a stream not read yet).
+        body: Option<&'a [u8]>,
     },
 }
 
@@ -192,6 +193,9 @@ impl Match {
                     return false;
                 }
                 if let Some(re) = &self.body {
+                    // No body to test: a completion (body rules never discard
+                    // an answer), or a stream not read yet.
+                    let Some(body) = body else { return false };
                     let scanned = &body[..body.len().min(BODY_SCAN_LIMIT)];
                     if !re.is_match(&String::from_utf8_lossy(scanned)) {
                         return false;
@@ -234,6 +238,9 @@ pub struct Rule {
     pub cooldown: Option<Cooldown>,
     /// A context-window error: fail over only to a larger `max_context`.
     pub context_window: bool,
+    /// A 429 advertising a wait at most this long is waited out and retried
+    /// on the same target instead of failing over (`wait_retry_after`).
+    pub wait_retry_after: Option<Duration>,
 }
 
 /// The decision for one failed attempt.
@@ -247,6 +254,11 @@ pub struct Decision {
     pub cooldown: Option<Duration>,
     /// Fail over only to a larger context window.
     pub context_window: bool,
+    /// The outcome is a rate limit (a 429): its cooldown is a rate limit's.
+    pub rate_limited: bool,
+    /// Wait this long and retry the same target (a 429 whose advertised wait
+    /// fits the rule's `wait_retry_after`).
+    pub wait: Option<Duration>,
     /// Name of the rule that decided (for the per-attempt log line).
     pub rule: Arc<str>,
 }
@@ -259,6 +271,8 @@ impl Decision {
             health: true,
             cooldown: None,
             context_window: false,
+            rate_limited: false,
+            wait: None,
             rule: Arc::from(rule),
         }
     }
@@ -282,11 +296,24 @@ impl ErrorTable {
     #[must_use]
     pub fn classify(&self, outcome: &Outcome<'_>) -> Option<Decision> {
         if let Some(rule) = self.rules.iter().find(|r| r.matcher.matches(outcome)) {
+            let (status, advertised) = match outcome {
+                Outcome::Response {
+                    status, headers, ..
+                } => (Some(*status), advertised_wait(headers)),
+                Outcome::Network(_) => (None, None),
+            };
+            let rate_limited = status == Some(429);
             return Some(Decision {
                 action: rule.action,
                 health: rule.health,
-                cooldown: rule.cooldown.map(|c| cooldown_for(c, outcome)),
+                cooldown: rule.cooldown.map(|c| cooldown_for(c, advertised)),
                 context_window: rule.context_window,
+                rate_limited,
+                wait: rule
+                    .wait_retry_after
+                    .zip(advertised)
+                    .filter(|(limit, wait)| rate_limited && wait <= limit)
+                    .map(|(_, wait)| wait),
                 rule: Arc::clone(&rule.name),
             });
         }
@@ -307,34 +334,146 @@ impl ErrorTable {
     }
 }
 
-fn cooldown_for(c: Cooldown, outcome: &Outcome<'_>) -> Duration {
+fn cooldown_for(c: Cooldown, advertised: Option<Duration>) -> Duration {
     match c {
         Cooldown::Fixed(d) => d,
-        Cooldown::RetryAfter(default) => match outcome {
-            Outcome::Response { headers, .. } => retry_after(headers).unwrap_or(default),
-            Outcome::Network(_) => default,
-        },
+        Cooldown::RetryAfter(default) => advertised.unwrap_or(default),
     }
 }
 
-/// Reads `Retry-After` as delta-seconds or an HTTP-date (RFC 9110 §10.2.3).
-/// Dates in the past give zero; values are capped at one hour.
+/// Longest advertised wait honoured.
+const MAX_ADVERTISED_WAIT: Duration = Duration::from_secs(3600);
+
+/// The wait an upstream advertises, the longest of every form that applies:
+/// `Retry-After` (seconds or an HTTP-date, RFC 9110 §10.2.3), `retry-after-ms`,
+/// OpenAI's `x-ratelimit-reset-{requests,tokens}` (durations such as `1s`,
+/// `6m0s`, `20ms`) when the matching `x-ratelimit-remaining-*` is 0, and
+/// Anthropic's `anthropic-ratelimit-*-reset` (RFC 3339) when the matching
+/// `-remaining` is 0 or absent. Times in the past give zero; capped at one hour.
 #[must_use]
-pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let text = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    let d = if let Ok(secs) = text.parse::<u64>() {
-        Duration::from_secs(secs)
-    } else {
-        let at = httpdate::parse_http_date(text).ok()?;
-        at.duration_since(SystemTime::now())
-            .unwrap_or(Duration::ZERO)
+pub fn advertised_wait(headers: &HeaderMap) -> Option<Duration> {
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
     };
-    Some(d.min(Duration::from_secs(3600)))
+    let exhausted = |name: &str| text(name).is_some_and(|v| v == "0");
+    let mut waits = vec![
+        text(RETRY_AFTER.as_str()).and_then(retry_after_value),
+        text("retry-after-ms")
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|ms| ms.is_finite() && *ms >= 0.0)
+            .map(|ms| Duration::from_secs_f64(ms.min(1e9) / 1000.0)),
+    ];
+    for kind in ["requests", "tokens"] {
+        if exhausted(&format!("x-ratelimit-remaining-{kind}")) {
+            waits.push(text(&format!("x-ratelimit-reset-{kind}")).and_then(go_duration));
+        }
+    }
+    for kind in ["requests", "tokens", "input-tokens", "output-tokens"] {
+        let remaining = text(&format!("anthropic-ratelimit-{kind}-remaining"));
+        if remaining.is_none_or(|r| r == "0") {
+            waits.push(
+                text(&format!("anthropic-ratelimit-{kind}-reset"))
+                    .and_then(|t| humantime::parse_rfc3339(t).ok())
+                    .map(until),
+            );
+        }
+    }
+    waits
+        .into_iter()
+        .flatten()
+        .max()
+        .map(|d| d.min(MAX_ADVERTISED_WAIT))
 }
 
-/// Phrases providers use for "prompt longer than the context window"
-/// (OpenAI `context_length_exceeded`, Anthropic "prompt is too long", vLLM, llama.cpp).
-pub const CONTEXT_WINDOW_PATTERN: &str = r"(?i)context[_ ]length|context window|maximum context|prompt is too long|too many tokens|exceeds? the (model'?s? )?(max|context)";
+/// `Retry-After`: delta-seconds (a fraction tolerated) or an HTTP-date.
+fn retry_after_value(text: &str) -> Option<Duration> {
+    if let Ok(secs) = text.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(1e9)));
+    }
+    httpdate::parse_http_date(text).ok().map(until)
+}
+
+/// Time from now until `at` (zero if it has passed).
+fn until(at: SystemTime) -> Duration {
+    at.duration_since(SystemTime::now())
+        .unwrap_or(Duration::ZERO)
+}
+
+/// A Go `time.Duration` string as OpenAI sends it: `1s`, `6m0s`, `20ms`, `1h2m3.5s`.
+fn go_duration(text: &str) -> Option<Duration> {
+    let mut total = 0.0f64;
+    let mut rest = text;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let value: f64 = rest[..number_len].parse().ok()?;
+        rest = &rest[number_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        total += value * scale;
+        rest = &rest[unit_len..];
+    }
+    total
+        .is_finite()
+        .then(|| Duration::from_secs_f64(total.min(1e9)))
+}
+
+/// How providers say "the prompt is longer than the context window": OpenAI
+/// (`context_length_exceeded`, "maximum context length is"), Anthropic
+/// ("prompt is too long", "exceed context limit"), vLLM and sglang ("maximum
+/// context length", "longer than the model's context length"), Gemini ("input
+/// token count ... exceeds the maximum number of tokens"), llama.cpp
+/// ("exceeds the available context size"), Mistral ("too large for model
+/// with ... maximum context length"), Bedrock ("input is too long"). Every
+/// protocol adapter and the default table use this one list.
+pub const CONTEXT_LENGTH_PHRASES: &[&str] = &[
+    r"context[_ ]length",
+    r"context window",
+    r"maximum context",
+    r"context size",
+    r"context limit",
+    r"prompt is too long",
+    r"input is too long",
+    r"too many tokens",
+    r"exceeds? the (model'?s? )?(max|context)",
+    r"exceeds the maximum number of tokens",
+    r"input token count.{0,40}exceeds",
+    r"longer than the model'?s? context",
+    r"reduce the length of the messages",
+];
+
+/// The phrases as one case-insensitive regex.
+fn context_length_regex() -> &'static Regex {
+    static RE: std::sync::OnceLock<Regex> = std::sync::OnceLock::new();
+    RE.get_or_init(|| {
+        let pattern = format!("(?i){}", CONTEXT_LENGTH_PHRASES.join("|"));
+        #[allow(clippy::expect_used)] // a constant list, compiled by a unit test
+        Regex::new(&pattern).expect("the context-length phrases compile")
+    })
+}
+
+/// Whether an error text says the prompt is longer than the context window.
+#[must_use]
+pub fn is_context_length(text: &str) -> bool {
+    context_length_regex().is_match(text)
+}
 
 /// The default error-class table (the design's, documented in README.md), as
 /// rules tried after the file's own.
@@ -346,13 +485,11 @@ pub const CONTEXT_WINDOW_PATTERN: &str = r"(?i)context[_ ]length|context window|
 /// | 500, 502, 503, 504, 529 | retry once, then failover | yes |
 /// | 429 | failover, cool down for `Retry-After` (default 1 s) | no |
 /// | 401, 403, 404 | failover | yes |
-/// | 400 saying the context is too long | failover to a larger context | no |
+/// | 400 or 413 saying the context is too long ([`CONTEXT_LENGTH_PHRASES`]) | failover to a larger context | no |
 /// | 400, 413, 422 | return to client | no |
 /// | other 4xx | return to client | no |
 /// | other 5xx, anything else | failover | yes |
 ///
-/// # Panics
-/// Never: the one regex is a constant tested below.
 #[must_use]
 pub fn default_rules() -> Vec<Rule> {
     use NetworkKind::{Connect, Dns, Protocol, Reset, Timeout, Tls};
@@ -369,9 +506,8 @@ pub fn default_rules() -> Vec<Rule> {
             health,
             cooldown: None,
             context_window: false,
+            wait_retry_after: None,
         };
-    #[allow(clippy::expect_used)]
-    let context = Regex::new(CONTEXT_WINDOW_PATTERN).expect("constant regex compiles");
     vec![
         rule("timeout", vec![], vec![Timeout], Action::Failover, true),
         rule(
@@ -402,8 +538,8 @@ pub fn default_rules() -> Vec<Rule> {
         rule("404", vec![Code(404)], vec![], Action::Failover, true),
         Rule {
             matcher: Match {
-                status: vec![Code(400)],
-                body: Some(context),
+                status: vec![Code(400), Code(413)],
+                body: Some(context_length_regex().clone()),
                 ..Match::default()
             },
             context_window: true,
@@ -420,24 +556,56 @@ pub fn default_rules() -> Vec<Rule> {
     ]
 }
 
-/// For a 2xx JSON body that is really an error (`{"error": ...}` without
-/// `choices`): `Some(code)` with its numeric code, if any.
+/// The status an in-band error (a 2xx body or a stream event carrying
+/// `{"error": ...}`) is classified as: its own numeric code, else 400 when it
+/// says the context is too long, else 502.
 #[must_use]
-pub fn in_band_error(body: &[u8]) -> Option<Option<u16>> {
+pub fn in_band_status(code: Option<u16>, error_text: &[u8]) -> u16 {
+    code.unwrap_or_else(|| {
+        if is_context_length(&String::from_utf8_lossy(error_text)) {
+            400
+        } else {
+            502
+        }
+    })
+}
+
+/// What a 2xx non-streamed body is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerShape {
+    /// A chat completion: a JSON object with a non-empty `choices` array.
+    Completion,
+    /// `{"error": ...}` (as JSON, or as an SSE error event) with its numeric code, if any.
+    InBandError(Option<u16>),
+    /// Anything else: JSON without `choices`, HTML, an empty body, a stream.
+    NotACompletion,
+}
+
+/// Reads a 2xx non-streamed body: only a chat completion is an answer.
+#[must_use]
+pub fn answer_shape(body: &[u8]) -> AnswerShape {
     #[derive(serde::Deserialize)]
     struct Probe<'a> {
-        #[serde(borrow)]
+        #[serde(borrow, default)]
         error: Option<&'a serde_json::value::RawValue>,
-        choices: Option<serde::de::IgnoredAny>,
+        #[serde(default)]
+        choices: Option<Vec<serde::de::IgnoredAny>>,
     }
-    let first = body.iter().find(|b| !b.is_ascii_whitespace())?;
-    if *first != b'{' {
-        return None;
+    let text = body.trim_ascii_start();
+    if text.starts_with(b"data:") || text.starts_with(b"event:") {
+        // A stream sent to a non-streaming request: an error event is an
+        // in-band error; anything else is not an answer to this request.
+        return crate::sse::first_error_code(text)
+            .map_or(AnswerShape::NotACompletion, AnswerShape::InBandError);
     }
-    let probe: Probe<'_> = serde_json::from_slice(body).ok()?;
-    match (probe.error, probe.choices) {
-        (Some(e), None) if e.get() != "null" => Some(crate::sse::error_code(e.get())),
-        _ => None,
+    match serde_json::from_slice::<Probe<'_>>(text) {
+        Ok(Probe {
+            choices: Some(c), ..
+        }) if !c.is_empty() => AnswerShape::Completion,
+        Ok(Probe { error: Some(e), .. }) if e.get() != "null" => {
+            AnswerShape::InBandError(crate::sse::error_code(e.get()))
+        }
+        Ok(_) | Err(_) => AnswerShape::NotACompletion,
     }
 }
 
@@ -452,6 +620,8 @@ pub enum AttemptOutcome {
     Network(NetworkKind),
     /// A 2xx body that is really an error (`{"error": ...}` without `choices`).
     InBandError,
+    /// A 2xx body that is not a chat completion (no `choices`, HTML, empty).
+    InvalidAnswer,
     /// An in-band error event before a stream's commit point.
     StreamError,
     /// A committed stream that broke.
@@ -469,6 +639,7 @@ impl AttemptOutcome {
             AttemptOutcome::Status(s) => crate::metrics::status_class(s),
             AttemptOutcome::Network(k) => k.as_str(),
             AttemptOutcome::InBandError => "in_band_error",
+            AttemptOutcome::InvalidAnswer => "invalid_answer",
             AttemptOutcome::StreamError => "stream_error",
             AttemptOutcome::StreamInterrupted => "stream_interrupted",
             AttemptOutcome::ContractViolation => "contract_violation",
@@ -580,7 +751,7 @@ mod tests {
         table.classify(&Outcome::Response {
             status: code,
             headers: &headers,
-            body: body.as_bytes(),
+            body: Some(body.as_bytes()),
         })
     }
 
@@ -611,10 +782,10 @@ mod tests {
     fn retry_after_both_forms() {
         let mut h = HeaderMap::new();
         h.insert(RETRY_AFTER, "7".parse().unwrap());
-        assert_eq!(retry_after(&h), Some(Duration::from_secs(7)));
+        assert_eq!(advertised_wait(&h), Some(Duration::from_secs(7)));
         let later = SystemTime::now() + Duration::from_secs(30);
         h.insert(RETRY_AFTER, httpdate::fmt_http_date(later).parse().unwrap());
-        let d = retry_after(&h).unwrap();
+        let d = advertised_wait(&h).unwrap();
         assert!(
             d > Duration::from_secs(27) && d <= Duration::from_secs(30),
             "{d:?}"
@@ -622,21 +793,124 @@ mod tests {
     }
 
     #[test]
-    fn in_band_errors_are_recognised() {
+    fn only_a_completion_is_an_answer() {
+        use AnswerShape::{Completion, InBandError, NotACompletion};
         assert_eq!(
-            in_band_error(br#"{"error":{"message":"quota","code":429}}"#),
-            Some(Some(429))
+            answer_shape(br#"{"error":{"message":"quota","code":429}}"#),
+            InBandError(Some(429))
         );
         assert_eq!(
-            in_band_error(br#"{"error":{"message":"balance exhausted"}}"#),
-            Some(None)
+            answer_shape(br#"{"error":{"message":"balance exhausted"}}"#),
+            InBandError(None)
         );
-        assert_eq!(in_band_error(br#"{"choices":[],"error":null}"#), None);
         assert_eq!(
-            in_band_error(br#"{"choices":[{"message":{"content":"{\"error\":1}"}}]}"#),
-            None
+            answer_shape(br#"{"choices":[{"message":{"content":"{\"error\":1}"}}]}"#),
+            Completion
         );
-        assert_eq!(in_band_error(b"[1,2]"), None);
+        assert_eq!(
+            answer_shape(br#"{"choices":[],"error":null}"#),
+            NotACompletion
+        );
+        assert_eq!(
+            answer_shape(br#"{"code":1008,"msg":"Insufficient balance"}"#),
+            NotACompletion
+        );
+        assert_eq!(
+            answer_shape(b"<html>502 Bad Gateway</html>"),
+            NotACompletion
+        );
+        assert_eq!(answer_shape(b""), NotACompletion);
+        assert_eq!(answer_shape(b"[1,2]"), NotACompletion);
+        assert_eq!(
+            answer_shape(b"data: {\"error\":{\"message\":\"overloaded\",\"code\":529}}\n\n"),
+            InBandError(Some(529))
+        );
+        assert_eq!(
+            answer_shape(b"data: {\"choices\":[]}\n\ndata: [DONE]\n\n"),
+            NotACompletion
+        );
+    }
+
+    #[test]
+    fn every_form_of_advertised_wait_and_the_longest_wins() {
+        let headers = |pairs: &[(&'static str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, v.parse().unwrap());
+            }
+            h
+        };
+        let secs = |h: &HeaderMap| advertised_wait(h).map(|d| d.as_millis());
+        assert_eq!(secs(&headers(&[("retry-after", "7")])), Some(7000));
+        assert_eq!(secs(&headers(&[("retry-after-ms", "250")])), Some(250));
+        assert_eq!(
+            secs(&headers(&[
+                ("retry-after", "1"),
+                ("retry-after-ms", "2500")
+            ])),
+            Some(2500)
+        );
+        // OpenAI's resets count only when the matching remaining count is 0.
+        let openai = [
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "6m0s"),
+            ("x-ratelimit-remaining-tokens", "12"),
+            ("x-ratelimit-reset-tokens", "59m"),
+        ];
+        assert_eq!(secs(&headers(&openai)), Some(360_000));
+        assert_eq!(
+            secs(&headers(&[
+                ("x-ratelimit-remaining-tokens", "0"),
+                ("x-ratelimit-reset-tokens", "20ms")
+            ])),
+            Some(20)
+        );
+        let later = SystemTime::now() + Duration::from_secs(30);
+        let rfc3339 = humantime::format_rfc3339(later).to_string();
+        let d = advertised_wait(&headers(&[
+            ("anthropic-ratelimit-tokens-remaining", "0"),
+            ("anthropic-ratelimit-tokens-reset", &rfc3339),
+        ]))
+        .unwrap();
+        assert!(
+            d > Duration::from_secs(28) && d <= Duration::from_secs(30),
+            "{d:?}"
+        );
+        assert_eq!(secs(&headers(&[("retry-after", "99999")])), Some(3_600_000));
+        assert_eq!(secs(&headers(&[("retry-after", "soon")])), None);
+        assert_eq!(
+            go_duration("1h2m3.5s"),
+            Some(Duration::from_secs_f64(3723.5))
+        );
+        assert_eq!(go_duration("3x"), None);
+    }
+
+    #[test]
+    fn context_length_in_every_phrasing() {
+        for text in [
+            r#"{"error":{"code":"context_length_exceeded"}}"#,
+            "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.",
+            "prompt is too long: 210000 tokens > 200000 maximum",
+            "input length and `max_tokens` exceed context limit: 187000 + 20000 > 200000",
+            "The input (5000 tokens) is longer than the model's context length (4096 tokens).",
+            "The input token count (1234567) exceeds the maximum number of tokens allowed (1048576).",
+            "the request exceeds the available context size, try increasing it",
+            "Prompt contains 40000 tokens, too large for model with 32768 maximum context length",
+            "Input is too long for requested model.",
+        ] {
+            assert!(is_context_length(text), "{text}");
+        }
+        assert!(!is_context_length(
+            "Invalid value for 'temperature': must be at most 2"
+        ));
+        let t = ErrorTable::new(default_rules());
+        for code in [400, 413] {
+            let d = status(&t, code, "prompt is too long").unwrap();
+            assert!(d.context_window, "{code}");
+        }
+        assert_eq!(in_band_status(None, b"maximum context length is 4096"), 400);
+        assert_eq!(in_band_status(None, b"overloaded"), 502);
+        assert_eq!(in_band_status(Some(429), b"maximum context length"), 429);
     }
 
     #[test]
@@ -667,7 +941,7 @@ mod tests {
         let d = t.classify_failure(&Outcome::Response {
             status: 200,
             headers: &headers,
-            body: b"",
+            body: Some(b""),
         });
         assert_eq!(d.action, Action::Failover);
         assert_eq!(&*d.rule, "default:stream_error");

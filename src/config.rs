@@ -251,10 +251,17 @@ pub struct RawRule {
     pub action: String,
     /// Whether the outcome counts against the target's health (default true).
     pub health: Option<bool>,
-    /// Skip the target for this long (`retry_after` = the upstream's `Retry-After`).
+    /// Skip the target for this long (`retry_after` = the wait the upstream
+    /// advertises: `Retry-After`, `retry-after-ms`, rate-limit reset headers).
     #[serde(default, deserialize_with = "duration_text")]
     #[schemars(with = "Option<DurationText>")]
     pub cooldown: Option<String>,
+    /// For a 429 whose advertised wait is at most this long and fits the
+    /// deadline: wait it out and retry the same target once instead of
+    /// failing over (default: off).
+    #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<DurationText>")]
+    pub wait_retry_after: Option<String>,
 }
 
 /// The tests of an error-class rule.

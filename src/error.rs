@@ -48,14 +48,21 @@ pub enum GatewayError {
         /// The last upstream HTTP status seen.
         last_status: Option<u16>,
     },
-    /// Every target is DOWN or cooling down and `health.all_down` is `fail`. 503.
+    /// Nothing could be tried: every target is DOWN (and `health.all_down`
+    /// is `fail`, or its trial is taken) or paused by a cooldown. 503, with
+    /// `Retry-After` until the earliest one may be tried again.
     #[error("no target available: all are down or cooling down")]
-    NoTargetAvailable,
+    NoTargetAvailable {
+        /// Until the earliest target may be tried again, if known.
+        retry_after: Option<std::time::Duration>,
+    },
     /// No target of the task can take this request (a capability it lacks, a
     /// context window too small). 400.
     #[error("no target of this task can serve the request: {0}")]
     NoEligibleTarget(String),
-    /// The task's client-facing token bucket is empty. 429, with `Retry-After`.
+    /// A rate limit stands in the way: the task's (or the caller's) bucket is
+    /// empty, or every target that could serve is rate-limited upstream. 429,
+    /// with `Retry-After`.
     #[error("rate limit exceeded; retry in {:.1} s", .0.as_secs_f64())]
     RateLimited(std::time::Duration),
     /// More chat requests in progress than `max_concurrent_requests`. 503, with `Retry-After`.
@@ -88,7 +95,7 @@ impl GatewayError {
             GatewayError::AllTargetsFailed { .. } | GatewayError::ContractViolation(_) => {
                 StatusCode::BAD_GATEWAY
             }
-            GatewayError::NoTargetAvailable | GatewayError::Overloaded => {
+            GatewayError::NoTargetAvailable { .. } | GatewayError::Overloaded => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -110,7 +117,7 @@ impl GatewayError {
             | GatewayError::PayloadTooLarge(_) => Culprit::Downstream,
             GatewayError::AllTargetsFailed { .. }
             | GatewayError::ContractViolation(_)
-            | GatewayError::NoTargetAvailable
+            | GatewayError::NoTargetAvailable { .. }
             | GatewayError::DeadlineExceeded(_) => Culprit::Upstream,
             GatewayError::Overloaded => Culprit::Internal,
         }
@@ -129,7 +136,7 @@ impl GatewayError {
             | GatewayError::MethodNotAllowed
             | GatewayError::PayloadTooLarge(_)
             | GatewayError::AllTargetsFailed { .. }
-            | GatewayError::NoTargetAvailable
+            | GatewayError::NoTargetAvailable { .. }
             | GatewayError::NoEligibleTarget(_)
             | GatewayError::Unauthorized
             | GatewayError::ContractViolation(_)
@@ -137,12 +144,14 @@ impl GatewayError {
         }
     }
 
-    /// Whole seconds for `Retry-After`, for errors that pass in time.
+    /// Whole seconds for `Retry-After` (at least 1), for errors that pass in time.
     #[must_use]
     pub fn retry_after(&self) -> Option<u64> {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let whole = |wait: &std::time::Duration| wait.as_secs_f64().ceil().max(1.0) as u64;
         match self {
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            GatewayError::RateLimited(wait) => Some(wait.as_secs_f64().ceil().max(1.0) as u64),
+            GatewayError::RateLimited(wait) => Some(whole(wait)),
+            GatewayError::NoTargetAvailable { retry_after } => retry_after.as_ref().map(whole),
             GatewayError::Overloaded => Some(1),
             GatewayError::BadRequest { .. }
             | GatewayError::UnknownModel(_)
@@ -150,7 +159,6 @@ impl GatewayError {
             | GatewayError::MethodNotAllowed
             | GatewayError::PayloadTooLarge(_)
             | GatewayError::AllTargetsFailed { .. }
-            | GatewayError::NoTargetAvailable
             | GatewayError::NoEligibleTarget(_)
             | GatewayError::Unauthorized
             | GatewayError::ContractViolation(_)
@@ -181,7 +189,7 @@ impl GatewayError {
             | GatewayError::MethodNotAllowed
             | GatewayError::PayloadTooLarge(_)
             | GatewayError::AllTargetsFailed { .. }
-            | GatewayError::NoTargetAvailable
+            | GatewayError::NoTargetAvailable { .. }
             | GatewayError::NoEligibleTarget(_)
             | GatewayError::Overloaded
             | GatewayError::Unauthorized
@@ -203,7 +211,7 @@ impl GatewayError {
             GatewayError::PayloadTooLarge(_) => "payload_too_large",
             GatewayError::AllTargetsFailed { .. } => "all_targets_failed",
             GatewayError::ContractViolation(_) => "degraded_contract_violation",
-            GatewayError::NoTargetAvailable => "no_target_available",
+            GatewayError::NoTargetAvailable { .. } => "no_target_available",
             GatewayError::Overloaded => "overloaded",
             GatewayError::Unauthorized => "unauthorized",
             GatewayError::DeadlineExceeded(_) => "deadline_exceeded",

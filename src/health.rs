@@ -91,13 +91,22 @@ impl State {
     }
 }
 
-/// Why a target may not be tried now.
+/// Why a target may not be tried now, and until when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unavailable {
-    /// Breaker open (or its half-open trial is taken).
-    Down,
+    /// Breaker open (or its half-open trial is taken); `until` is when a
+    /// trial is due (now, if one is in flight).
+    Down {
+        /// When the next half-open trial may go.
+        until: Instant,
+    },
     /// Cooling down after a 429 or a rule's `cooldown`.
-    CoolingDown,
+    CoolingDown {
+        /// When the cooldown ends.
+        until: Instant,
+        /// Only rate limits (429s, an advertised wait) hold it back.
+        rate_limited: bool,
+    },
 }
 
 impl Unavailable {
@@ -105,8 +114,16 @@ impl Unavailable {
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
-            Unavailable::Down => "down",
-            Unavailable::CoolingDown => "cooldown",
+            Unavailable::Down { .. } => "down",
+            Unavailable::CoolingDown { .. } => "cooldown",
+        }
+    }
+
+    /// When the target may be tried again.
+    #[must_use]
+    pub fn until(self) -> Instant {
+        match self {
+            Unavailable::Down { until } | Unavailable::CoolingDown { until, .. } => until,
         }
     }
 }
@@ -126,7 +143,10 @@ struct Inner {
     consecutive_failures: u32,
     reopen_at: Option<Instant>,
     trial_in_flight: bool,
-    cooldown_until: Option<Instant>,
+    /// A rate limit's cooldown (429, an advertised wait) ends then.
+    limited_until: Option<Instant>,
+    /// Any other rule's cooldown ends then.
+    paused_until: Option<Instant>,
     last_failure: Option<Instant>,
     last_change: Instant,
     last_class: Option<Arc<str>>,
@@ -247,7 +267,8 @@ impl TargetHealth {
                 consecutive_failures: 0,
                 reopen_at: None,
                 trial_in_flight: false,
-                cooldown_until: None,
+                limited_until: None,
+                paused_until: None,
                 last_failure: None,
                 last_change: now,
                 last_class: None,
@@ -304,7 +325,25 @@ impl TargetHealth {
     /// Whether a cooldown (429 `Retry-After`, a rule's `cooldown`) is running.
     #[must_use]
     pub fn cooling_down(&self, now: Instant) -> bool {
-        self.lock().cooldown_until.is_some_and(|t| now < t)
+        self.lock().cooldown(now).is_some()
+    }
+
+    /// Why the target may not be tried now, if it may not: a cooldown first
+    /// (it holds even a DOWN target back), then an open breaker.
+    #[must_use]
+    pub fn unavailable(&self, now: Instant) -> Option<Unavailable> {
+        let inner = self.lock();
+        if let Some(cooling) = inner.cooldown(now) {
+            return Some(cooling);
+        }
+        match inner.state {
+            State::Down if inner.trial_in_flight => Some(Unavailable::Down { until: now }),
+            State::Down => inner
+                .reopen_at
+                .filter(|t| now < *t)
+                .map(|until| Unavailable::Down { until }),
+            State::Healthy | State::Degraded => None,
+        }
     }
 
     /// When this target last failed (for choosing a trial when all are DOWN).
@@ -320,8 +359,8 @@ impl TargetHealth {
     /// Why the target may not be tried now.
     pub fn admit(self: &Arc<Self>, now: Instant) -> Result<Permit, Unavailable> {
         let mut inner = self.lock();
-        if inner.cooldown_until.is_some_and(|t| now < t) {
-            return Err(Unavailable::CoolingDown);
+        if let Some(cooling) = inner.cooldown(now) {
+            return Err(cooling);
         }
         match inner.state {
             State::Healthy | State::Degraded => Ok(Permit {
@@ -329,8 +368,11 @@ impl TargetHealth {
                 trial: false,
             }),
             State::Down => {
-                if inner.trial_in_flight || inner.reopen_at.is_some_and(|t| now < t) {
-                    return Err(Unavailable::Down);
+                if inner.trial_in_flight {
+                    return Err(Unavailable::Down { until: now });
+                }
+                if let Some(until) = inner.reopen_at.filter(|t| now < *t) {
+                    return Err(Unavailable::Down { until });
                 }
                 inner.trial_in_flight = true;
                 Ok(Permit {
@@ -342,18 +384,40 @@ impl TargetHealth {
     }
 
     /// Forces a trial even though the breaker is open: used when every target of
-    /// a chain is DOWN and `health.all_down` is `trial`.
+    /// a chain is DOWN and `health.all_down` is `trial`. Never past a cooldown:
+    /// an upstream that asked for a wait gets it.
     #[must_use]
-    pub fn force_trial(self: &Arc<Self>) -> Permit {
+    pub fn force_trial(self: &Arc<Self>, now: Instant) -> Option<Permit> {
         let mut inner = self.lock();
+        if inner.cooldown(now).is_some() {
+            return None;
+        }
         let trial = inner.state == State::Down && !inner.trial_in_flight;
         if trial {
             inner.trial_in_flight = true;
         }
-        Permit {
+        Some(Permit {
             health: Arc::clone(self),
             trial,
+        })
+    }
+
+    /// A quiet window forgets: a DEGRADED target with no counted failure for a
+    /// whole `window` is HEALTHY again (else a target that gets no traffic,
+    /// as a DEGRADED one under most strategies, could never come back).
+    pub fn forget(&self, now: Instant, cfg: &HealthConfig) -> Option<Transition> {
+        let mut inner = self.lock();
+        if inner.state != State::Degraded {
+            return None;
         }
+        let quiet = inner
+            .last_failure
+            .is_none_or(|t| now.saturating_duration_since(t) >= cfg.window);
+        if !quiet || self.rate_exceeded(&mut inner, now, cfg) {
+            return None;
+        }
+        inner.consecutive_failures = 0;
+        change(&mut inner, State::Healthy, now)
     }
 
     fn second(&self, now: Instant) -> u64 {
@@ -402,7 +466,10 @@ impl TargetHealth {
         let since = inner
             .last_probe
             .map_or(inner.last_change, |p| p.max(inner.last_change));
-        let due = inner.state == State::Down && now.saturating_duration_since(since) >= interval;
+        // A target that asked for a wait is not called before it ends, not even by a probe.
+        let due = inner.state == State::Down
+            && inner.cooldown(now).is_none()
+            && now.saturating_duration_since(since) >= interval;
         if due {
             inner.last_probe = Some(now);
         }
@@ -440,7 +507,12 @@ impl TargetHealth {
         }
         if let Some(cd) = failure.cooldown {
             let until = now + cd;
-            inner.cooldown_until = Some(inner.cooldown_until.map_or(until, |t| t.max(until)));
+            let slot = if failure.rate_limited {
+                &mut inner.limited_until
+            } else {
+                &mut inner.paused_until
+            };
+            *slot = Some(slot.map_or(until, |t| t.max(until)));
         }
         if !failure.counted {
             return None;
@@ -486,7 +558,7 @@ impl TargetHealth {
                 State::Down => inner.reopen_at.map(|t| t.saturating_duration_since(now)),
                 State::Healthy | State::Degraded => None,
             },
-            cooldown_left: inner.cooldown_until.filter(|t| *t > now).map(|t| t - now),
+            cooldown_left: inner.cooldown(now).map(|u| u.until() - now),
         }
     }
 }
@@ -498,10 +570,32 @@ pub struct Failure {
     pub counted: bool,
     /// Skip the target for this long.
     pub cooldown: Option<Duration>,
+    /// The cooldown is a rate limit's (a 429, an advertised wait): the client
+    /// hears 429, not 503, when that is all that stands in the way.
+    pub rate_limited: bool,
     /// Name of the rule, kept as the "last error class".
     pub class: Arc<str>,
     /// In `[-1.0, 1.0]`: where in the ±20 % band the reopen time falls.
     pub jitter: f64,
+}
+
+impl Inner {
+    /// The running cooldown, if any: another rule's pause wins over a rate
+    /// limit's (the client must not be told "just slow down" then).
+    fn cooldown(&self, now: Instant) -> Option<Unavailable> {
+        let running = |t: Option<Instant>| t.filter(|t| now < *t);
+        match (running(self.paused_until), running(self.limited_until)) {
+            (Some(paused), limited) => Some(Unavailable::CoolingDown {
+                until: limited.map_or(paused, |l| l.max(paused)),
+                rate_limited: false,
+            }),
+            (None, Some(until)) => Some(Unavailable::CoolingDown {
+                until,
+                rate_limited: true,
+            }),
+            (None, None) => None,
+        }
+    }
 }
 
 fn change(inner: &mut Inner, to: State, now: Instant) -> Option<Transition> {
@@ -557,6 +651,7 @@ mod tests {
         Failure {
             counted: true,
             cooldown: None,
+            rate_limited: false,
             class: Arc::from(class),
             jitter: 0.0,
         }
@@ -584,13 +679,18 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(h.admit(Instant::now()).unwrap_err(), Unavailable::Down);
+        assert!(matches!(
+            h.admit(Instant::now()).unwrap_err(),
+            Unavailable::Down { .. }
+        ));
         tokio::time::advance(Duration::from_secs(20)).await;
         let trial = h.admit(Instant::now()).unwrap();
         assert!(trial.trial);
-        assert_eq!(
-            h.admit(Instant::now()).unwrap_err(),
-            Unavailable::Down,
+        assert!(
+            matches!(
+                h.admit(Instant::now()).unwrap_err(),
+                Unavailable::Down { .. }
+            ),
             "single flight"
         );
         let t = h.record_success(trial, Instant::now(), &cfg);
@@ -654,16 +754,20 @@ mod tests {
                 let f = Failure {
                     counted: false,
                     cooldown: Some(Duration::from_secs(2)),
+                    rate_limited: true,
                     ..fail("429")
                 };
                 h.record_failure(p, Instant::now(), &f, &cfg);
             }
         }
         assert_eq!(h.state(), State::Healthy);
-        assert_eq!(
+        assert!(matches!(
             h.admit(Instant::now()).unwrap_err(),
-            Unavailable::CoolingDown
-        );
+            Unavailable::CoolingDown {
+                rate_limited: true,
+                ..
+            }
+        ));
         tokio::time::advance(Duration::from_secs(2)).await;
         assert!(h.admit(Instant::now()).is_ok());
     }
@@ -751,5 +855,77 @@ mod tests {
         }
         assert_eq!(held.len(), 1);
         assert!(held[0].trial);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_window_forgets_a_degraded_target() {
+        let cfg = HealthConfig {
+            min_requests: 2,
+            window: Duration::from_secs(5),
+            ..HealthConfig::default()
+        };
+        let h = Arc::new(TargetHealth::new(Instant::now()));
+        for _ in 0..2 {
+            let p = h.admit(Instant::now()).unwrap();
+            h.record_failure(p, Instant::now(), &fail("x"), &cfg);
+        }
+        assert_eq!(h.state(), State::Degraded, "two of two failed");
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(h.forget(Instant::now(), &cfg), None, "not quiet yet");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            h.forget(Instant::now(), &cfg),
+            Some(Transition {
+                from: State::Degraded,
+                to: State::Healthy
+            })
+        );
+        assert_eq!(h.view(Instant::now(), &cfg).consecutive_failures, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cooldown_holds_back_trials_and_probes_and_says_its_kind() {
+        let cfg = HealthConfig {
+            down_after: 1,
+            open_for: Duration::from_secs(1),
+            ..HealthConfig::default()
+        };
+        let h = Arc::new(TargetHealth::new(Instant::now()));
+        let p = h.admit(Instant::now()).unwrap();
+        let f = Failure {
+            cooldown: Some(Duration::from_secs(7)),
+            rate_limited: true,
+            ..fail("429")
+        };
+        h.record_failure(p, Instant::now(), &f, &cfg);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let now = Instant::now();
+        assert!(h.force_trial(now).is_none(), "the upstream asked for 7 s");
+        assert!(!h.claim_probe(now, Duration::from_millis(1)));
+        let Some(Unavailable::CoolingDown {
+            until,
+            rate_limited: true,
+        }) = h.unavailable(now)
+        else {
+            panic!("{:?}", h.unavailable(now))
+        };
+        assert_eq!(until - now, Duration::from_secs(5));
+        // Another rule's pause on top is not "only a rate limit" any more.
+        let p = h.force_trial(now + Duration::from_secs(6));
+        assert!(p.is_some());
+        let f = Failure {
+            counted: false,
+            cooldown: Some(Duration::from_secs(60)),
+            rate_limited: false,
+            ..fail("401")
+        };
+        h.record_failure(p.unwrap(), now, &f, &cfg);
+        assert!(matches!(
+            h.unavailable(now),
+            Some(Unavailable::CoolingDown {
+                rate_limited: false,
+                ..
+            })
+        ));
     }
 }

@@ -41,7 +41,7 @@ use crate::classify::{Action, AttemptOutcome};
 use crate::error::GatewayError;
 use crate::health::Failure;
 use crate::request::ChatRequest;
-use crate::routing::{self, Admission, Admitted, Needs};
+use crate::routing::{self, Admission, Admitted, Holdbacks, Needs};
 use crate::schema::{Contract, Mode as ValidateMode, Violation};
 use crate::snapshot::{Snapshot, Target, Task};
 use account::{Account, CancelGuard};
@@ -101,6 +101,7 @@ pub async fn chat_completions(
             max_tokens: needs.max_tokens,
         },
         tally: Tally::default(),
+        holdbacks: Holdbacks::default(),
         last_status: None,
         deadline_hit: false,
         violation: None,
@@ -191,6 +192,8 @@ struct Walk<'a> {
     contract: Option<Arc<Contract>>,
     account: Account,
     tally: Tally,
+    /// What held attempted targets back (rate limits) or that one failed for real.
+    holdbacks: Holdbacks,
     last_status: Option<u16>,
     deadline_hit: bool,
     /// The last contract violation seen.
@@ -260,17 +263,12 @@ impl Walk<'_> {
             permit,
             body,
         } = admitted;
-        let retry_policy = target.provider.retry;
         let mut permit = Some(permit);
         let mut reason = "unknown";
-        for retry in 0..=retry_policy.max {
-            if retry > 0 {
-                let backoff = full_jitter(retry_policy.backoff, retry);
-                if Instant::now() + backoff >= self.deadline {
-                    debug!(target = %target.name, "retry backoff would overrun the deadline; failing over");
-                    break;
-                }
-                tokio::time::sleep(backoff).await;
+        let mut tries = Tries::default();
+        loop {
+            if let Some(pause) = tries.pause.take() {
+                tokio::time::sleep(pause).await;
                 permit = admission.readmit(&target);
             }
             let Some(p) = permit.take() else { break };
@@ -295,8 +293,7 @@ impl Walk<'_> {
                 }
                 Attempt::Failed(failed) => {
                     reason = failed.outcome.label();
-                    let retries_left = retry < retry_policy.max;
-                    match self.failed(&target, failed, retries_left, admission) {
+                    match self.failed(&target, failed, &mut tries, admission) {
                         Next::Retry => {}
                         Next::Failover => break,
                         Next::Return(resp) => return TargetEnd::Served(resp),
@@ -364,6 +361,7 @@ impl Walk<'_> {
         let failure = Failure {
             counted: false,
             cooldown: None,
+            rate_limited: false,
             class: Arc::from("contract_violation"),
             jitter: 0.0,
         };
@@ -378,7 +376,7 @@ impl Walk<'_> {
         &mut self,
         target: &Target,
         failed: Failed,
-        retries_left: bool,
+        tries: &mut Tries,
         admission: &mut Admission<'_>,
     ) -> Next {
         let Failed {
@@ -389,25 +387,39 @@ impl Walk<'_> {
             permit,
         } = failed;
         self.last_status = status.or(self.last_status);
-        let next = match decision.action {
-            Action::Retry if retries_left => "retry",
-            Action::Return => "return",
-            Action::Retry | Action::Failover => "failover",
-        };
-        info!(target = %target.name, attempt = self.tally.attempts, outcome = outcome.label(),
-            rule = %decision.rule, next, "upstream attempt failed");
         target.metrics.attempts.increment(outcome.label(), 1);
+        let now = Instant::now();
         let failure = Failure {
             counted: decision.health,
             cooldown: decision.cooldown,
+            rate_limited: decision.rate_limited,
             class: Arc::clone(&decision.rule),
             jitter: rand::random::<f64>() * 2.0 - 1.0,
         };
-        let t =
-            target
-                .health
-                .record_failure(permit, Instant::now(), &failure, &self.snapshot.health);
+        let t = target
+            .health
+            .record_failure(permit, now, &failure, &self.snapshot.health);
         target.report(t);
+        match (decision.rate_limited, decision.cooldown) {
+            (true, Some(cooldown)) => self.holdbacks.limited(now + cooldown),
+            (true, None) | (false, _) => self.holdbacks.failed = true,
+        }
+        // What really happens next: a retry only if the pause fits the
+        // deadline and the target will take it (a cooldown or an open
+        // breaker turns it into a failover).
+        let retry = tries
+            .pause_after(&decision, &target.provider.retry)
+            .filter(|pause| {
+                let at = now + *pause;
+                at < self.deadline && target.health.unavailable(at).is_none()
+            });
+        let next = match (decision.action, retry) {
+            (Action::Return, _) => "return",
+            (Action::Retry | Action::Failover, Some(_)) => "retry",
+            (Action::Retry | Action::Failover, None) => "failover",
+        };
+        info!(target = %target.name, attempt = self.tally.attempts, outcome = outcome.label(),
+            rule = %decision.rule, next, "upstream attempt failed");
         if decision.context_window {
             admission.raise_context_floor(target);
             self.context_answer = answer.as_ref().map(|(status, bytes)| {
@@ -415,24 +427,40 @@ impl Walk<'_> {
                 (self.serve(resp, target), self.tally.attempts)
             });
         }
-        match decision.action {
-            Action::Return => {
+        match (decision.action, retry) {
+            (Action::Return, _) => {
                 let (status, bytes) = answer.unwrap_or((StatusCode::BAD_GATEWAY, Bytes::new()));
                 let resp = respond::upstream_error(self.snapshot, status, &bytes, target);
                 Next::Return(self.serve(resp, target))
             }
-            Action::Retry if retries_left => Next::Retry,
-            Action::Retry | Action::Failover => Next::Failover,
+            (Action::Retry | Action::Failover, Some(pause)) => {
+                tries.take(&decision, pause);
+                Next::Retry
+            }
+            (Action::Retry | Action::Failover, None) => Next::Failover,
         }
     }
 
     /// Step 6: nothing was served; switchyard's own answer says why.
     fn give_up(&mut self, admission: &mut Admission<'_>) -> Response<Body> {
+        let held = admission.holdbacks();
+        let now = Instant::now();
+        let limited = self.holdbacks.limited.into_iter().chain(held.limited).min();
         if self.tally.attempts == 0 && !self.deadline_hit {
             if let Some(why) = admission.take_unsupported() {
                 return self.error(&GatewayError::bad_request(why));
             }
-            return self.error(&GatewayError::NoTargetAvailable);
+        }
+        if !self.holdbacks.failed && !self.deadline_hit && self.violation.is_none() {
+            // Nothing failed: only waits stood in the way. Rate limits alone
+            // are a 429; anything else that could not be tried is a 503.
+            let wait = |until: Instant| until.saturating_duration_since(now);
+            return match (limited, held.unavailable) {
+                (Some(until), None) => self.error(&GatewayError::RateLimited(wait(until))),
+                (limited, unavailable) => self.error(&GatewayError::NoTargetAvailable {
+                    retry_after: limited.into_iter().chain(unavailable).min().map(wait),
+                }),
+            };
         }
         if let Some(v) = self.violation.take() {
             return self.error(&GatewayError::ContractViolation(v.to_string()));
@@ -462,9 +490,50 @@ impl Walk<'_> {
 
 /// What follows a failed attempt.
 enum Next {
+    /// The same target again, after [`Tries::pause`].
     Retry,
     Failover,
     Return(Response<Body>),
+}
+
+/// The same-target retries of one target: `retry.max` counted ones with
+/// backoff, plus one waited-out 429 (`wait_retry_after`).
+#[derive(Debug, Default)]
+struct Tries {
+    /// Counted retries taken.
+    counted: u32,
+    /// The one waited retry was taken.
+    waited: bool,
+    /// The pause before the next attempt.
+    pause: Option<Duration>,
+}
+
+impl Tries {
+    /// The pause a retry after `decision` would take, if one is allowed.
+    fn pause_after(
+        &self,
+        decision: &crate::classify::Decision,
+        policy: &crate::snapshot::RetryPolicy,
+    ) -> Option<Duration> {
+        match (decision.wait, decision.action) {
+            (_, Action::Return) => None,
+            (Some(wait), Action::Retry | Action::Failover) if !self.waited => Some(wait),
+            (Some(_) | None, Action::Retry) if self.counted < policy.max => {
+                Some(full_jitter(policy.backoff, self.counted + 1))
+            }
+            (Some(_) | None, Action::Retry | Action::Failover) => None,
+        }
+    }
+
+    /// Takes the retry `pause_after` offered.
+    fn take(&mut self, decision: &crate::classify::Decision, pause: Duration) {
+        if decision.wait.is_some() && !self.waited {
+            self.waited = true;
+        } else {
+            self.counted += 1;
+        }
+        self.pause = Some(pause);
+    }
 }
 
 /// Exponential backoff with full jitter: uniform in `[0, base * 2^(n-1)]`, capped.

@@ -33,20 +33,28 @@ impl ProviderLimits {
         }
     }
 
-    /// Takes one request and `tokens` tokens from the buckets; false if either
+    /// Takes one request and `tokens` tokens from the buckets, unless either
     /// cannot admit them now (the target is then skipped, as if it said 429).
-    pub fn admit(&self, tokens: u64) -> bool {
+    ///
+    /// # Errors
+    /// How long until the buckets could admit the request.
+    pub fn admit(&self, tokens: u64) -> Result<(), Duration> {
+        let clock = governor::clock::DefaultClock::default();
+        let now = governor::clock::Clock::now(&clock);
         if let Some(rpm) = &self.rpm {
-            if rpm.check().is_err() {
-                return false;
-            }
+            rpm.check().map_err(|until| until.wait_time_from(now))?;
         }
         if let Some(tpm) = &self.tpm {
             let n = NonZeroU32::new(u32::try_from(tokens.max(1)).unwrap_or(u32::MAX))
                 .unwrap_or(NonZeroU32::MIN);
-            return matches!(tpm.check_n(n), Ok(Ok(())));
+            return match tpm.check_n(n) {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(until)) => Err(until.wait_time_from(now)),
+                // More tokens than a minute's worth: it never fits.
+                Err(_) => Err(Duration::from_secs(60)),
+            };
         }
-        true
+        Ok(())
     }
 
     /// Charges tokens the upstream reported beyond the estimate (best effort:
@@ -129,11 +137,12 @@ mod tests {
     #[test]
     fn provider_buckets_admit_then_refuse() {
         let l = ProviderLimits::new(Some(60), None, Some(2));
-        assert!(l.admit(10) && l.admit(10));
-        assert!(!l.admit(10), "burst of 2 spent");
+        assert!(l.admit(10).is_ok() && l.admit(10).is_ok());
+        let wait = l.admit(10).unwrap_err();
+        assert!(wait <= Duration::from_secs(1), "burst of 2 spent: {wait:?}");
         let l = ProviderLimits::new(None, Some(1000), None);
-        assert!(l.admit(900));
-        assert!(!l.admit(200), "tpm bucket has ~100 left");
+        assert!(l.admit(900).is_ok());
+        assert!(l.admit(200).is_err(), "tpm bucket has ~100 left");
     }
 
     #[test]

@@ -392,6 +392,46 @@ pub fn estimated_cost(target: &Target, needs: &Needs) -> f64 {
     target.usd(needs.prompt_tokens, out)
 }
 
+/// Why the targets that could have served did not, as far as the client's
+/// answer goes: rate limits (answered 429, with the earliest end), other
+/// unavailability (DOWN, a rule's cooldown: 503), or a real failure.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Holdbacks {
+    /// The earliest end of a rate limit that held a target back.
+    pub limited: Option<Instant>,
+    /// The earliest time a DOWN or paused target may be tried again.
+    pub unavailable: Option<Instant>,
+    /// Some attempt failed for real (an error, not a wait).
+    pub failed: bool,
+}
+
+impl Holdbacks {
+    /// A target held back by a rate limit until `until`.
+    pub fn limited(&mut self, until: Instant) {
+        self.limited = Some(self.limited.map_or(until, |t| t.min(until)));
+    }
+
+    /// A target unavailable (DOWN, paused) until `until`.
+    pub fn unavailable(&mut self, until: Instant) {
+        self.unavailable = Some(self.unavailable.map_or(until, |t| t.min(until)));
+    }
+
+    /// A target skipped or refused for `why`.
+    pub fn held(&mut self, why: Unavailable) {
+        match why {
+            Unavailable::CoolingDown {
+                until,
+                rate_limited: true,
+            } => self.limited(until),
+            Unavailable::CoolingDown {
+                until,
+                rate_limited: false,
+            }
+            | Unavailable::Down { until } => self.unavailable(until),
+        }
+    }
+}
+
 /// A target admitted for one attempt (and its same-target retries).
 #[derive(Debug)]
 pub struct Admitted {
@@ -418,6 +458,8 @@ pub struct Admission<'a> {
     /// Why the last target the protocol could not express was skipped.
     unsupported: Option<String>,
     trial_offered: bool,
+    /// What held skipped targets back.
+    holdbacks: Holdbacks,
 }
 
 impl<'a> Admission<'a> {
@@ -431,8 +473,15 @@ impl<'a> Admission<'a> {
         request: &'a ChatRequest<'a>,
     ) -> Self {
         let mut down = Vec::new();
+        let mut holdbacks = Holdbacks::default();
+        let now = Instant::now();
         for (target, why) in &plan.excluded {
             skip(task, target, why);
+            if matches!(why, Exclusion::Down | Exclusion::CoolingDown) {
+                if let Some(held) = target.health.unavailable(now) {
+                    holdbacks.held(held);
+                }
+            }
             if *why == Exclusion::Down {
                 down.push(Arc::clone(target));
             }
@@ -447,7 +496,14 @@ impl<'a> Admission<'a> {
             context_floor: None,
             unsupported: None,
             trial_offered: false,
+            holdbacks,
         }
+    }
+
+    /// What held the skipped targets back so far.
+    #[must_use]
+    pub fn holdbacks(&self) -> Holdbacks {
+        self.holdbacks
     }
 
     /// A permit for a same-target retry of `target`: its breaker or a
@@ -499,12 +555,13 @@ impl<'a> Admission<'a> {
         let permit = match target.health.admit(Instant::now()) {
             Ok(p) => p,
             Err(why) => {
-                let why = match why {
-                    Unavailable::Down => Exclusion::Down,
-                    Unavailable::CoolingDown => Exclusion::CoolingDown,
+                self.holdbacks.held(why);
+                let exclusion = match why {
+                    Unavailable::Down { .. } => Exclusion::Down,
+                    Unavailable::CoolingDown { .. } => Exclusion::CoolingDown,
                 };
-                skip(self.task, &target, &why);
-                if why == Exclusion::Down {
+                skip(self.task, &target, &exclusion);
+                if exclusion == Exclusion::Down {
                     self.down.push(Arc::clone(&target));
                 }
                 return None;
@@ -512,9 +569,10 @@ impl<'a> Admission<'a> {
         };
         let body = self.encode(&target)?;
         if let Some(limits) = &target.provider.limits {
-            if !limits.admit(self.needs.total_tokens(&target)) {
+            if let Err(wait) = limits.admit(self.needs.total_tokens(&target)) {
                 skip(self.task, &target, &Exclusion::ProviderRateLimited);
                 self.snapshot.rate_limited.increment("provider", 1);
+                self.holdbacks.limited(Instant::now() + wait);
                 return None;
             }
         }
@@ -543,17 +601,19 @@ impl<'a> Admission<'a> {
 
     /// Every candidate was DOWN: rather than fail without trying, give the
     /// least recently failed one a trial. (Cooling-down targets asked not to
-    /// be called: they are not DOWN.)
+    /// be called, and are not: the trial is for open breakers.)
     fn all_down(&mut self) -> Option<Admitted> {
         let floor = self.context_floor;
+        let now = Instant::now();
         let target = self
             .down
             .iter()
             .filter(|t| floor.is_none_or(|min| t.max_context.unwrap_or(0) > min))
+            .filter(|t| !t.health.cooling_down(now))
             .min_by_key(|t| t.health.last_failure())
             .cloned()?;
+        let permit = target.health.force_trial(now)?;
         info!(task = %self.task.name, target = %target.name, "all targets unavailable; trying the least recently failed");
-        let permit = target.health.force_trial();
         let body = self.encode(&target)?;
         Some(Admitted {
             target,

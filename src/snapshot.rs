@@ -55,6 +55,9 @@ pub struct Provider {
     pub key_file: Option<PathBuf>,
     /// Per-attempt timeout.
     pub timeout: Duration,
+    /// TCP + TLS connect timeout (also how long a silence before a close
+    /// must last, at least 1 s, to count as a timeout rather than a reset).
+    pub connect_timeout: Duration,
     /// Longest silence between stream chunks after the first.
     pub idle_timeout: Duration,
     /// Same-target retries.

@@ -294,6 +294,20 @@ pub fn error_code(error_json: &str) -> Option<u16> {
         .filter(|c| (100..=599).contains(c))
 }
 
+/// In a whole SSE body: the first in-band error event, as `Some(code)` (its
+/// numeric code, if any); `None` when no event is an error.
+#[must_use]
+pub fn first_error_code(body: &[u8]) -> Option<Option<u16>> {
+    let mut parser = Parser::default();
+    parser.push(body);
+    while let Some(event) = parser.next_event(true) {
+        if let Chunk::Error { code } = classify_event(&event) {
+            return Some(code);
+        }
+    }
+    None
+}
+
 /// The closing pair switchyard sends when a stream breaks after the commit
 /// point: one OpenAI-style error event, then `data: [DONE]`.
 #[must_use]

@@ -8,11 +8,12 @@
 //! [`ADAPTERS`]. Nothing outside this module matches on a protocol.
 
 pub mod anthropic;
+pub mod decode;
 pub mod openai;
 pub mod pool;
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
+use http::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, ACCEPT_ENCODING, CONTENT_TYPE};
 use http::{Method, Request, Response, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -149,6 +150,11 @@ impl Endpoint {
         let h = req.headers_mut();
         h.clone_from(&self.headers);
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        // Never ask for a coding we would have to undo on every request; a
+        // provider's `headers` may ask for one switchyard decodes.
+        if !h.contains_key(ACCEPT_ENCODING) {
+            h.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        }
         if let Some(id) = request_id {
             h.insert(HeaderName::from_static("x-request-id"), id.clone());
         }
@@ -168,25 +174,46 @@ impl Endpoint {
 /// protocol.
 #[derive(Debug)]
 pub struct Events {
+    decoder: decode::Decoder,
     parser: crate::sse::Parser,
     translator: Option<Box<dyn StreamTranslator>>,
     ready: std::collections::VecDeque<crate::sse::Event>,
 }
 
+/// Most bytes one compressed read may decode to (the parser then bounds
+/// each event at [`crate::sse::MAX_EVENT_BYTES`]).
+const MAX_DECODED_READ: usize = 16 * 1024 * 1024;
+
 impl Events {
-    /// Events of a stream in `adapter`'s protocol.
-    #[must_use]
-    pub fn new(adapter: &dyn Adapter, include_usage: bool) -> Self {
-        Self {
+    /// Events of a stream in `adapter`'s protocol whose body has `coding`.
+    ///
+    /// # Errors
+    /// Only if a decoder cannot be set up.
+    pub fn new(
+        adapter: &dyn Adapter,
+        include_usage: bool,
+        coding: decode::Coding,
+    ) -> std::io::Result<Self> {
+        Ok(Self {
+            decoder: decode::Decoder::new(coding, MAX_DECODED_READ, true)?,
             parser: crate::sse::Parser::default(),
             translator: adapter.stream_translator(include_usage),
             ready: std::collections::VecDeque::new(),
-        }
+        })
     }
 
-    /// Appends bytes read from the upstream.
-    pub fn push(&mut self, bytes: &[u8]) {
-        self.parser.push(bytes);
+    /// Appends bytes read from the upstream (decoded first, if encoded).
+    ///
+    /// # Errors
+    /// Corrupt encoded data, or one read that decodes to more than 16 MiB.
+    pub fn push(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if self.decoder.is_identity() {
+            self.parser.push(bytes);
+            return Ok(());
+        }
+        let decoded = self.decoder.push(bytes)?;
+        self.parser.push(&decoded);
+        Ok(())
     }
 
     /// Bytes held that do not yet form a complete event.

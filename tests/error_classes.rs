@@ -151,13 +151,19 @@ async fn body_regex_rule_fails_over_a_200_that_says_insufficient_balance() {
     assert_eq!(ans.json()["model"], "model-a");
     assert_eq!((a.calls(), b.calls()), (2, 1));
 
-    // Without the rule the same 200 is a success handed to the client.
+    // Without the rule the same 200 is still not a chat completion: never a
+    // success, it fails over like a 502.
     let a2 = Fake::always(fake::json(200, balance)).await;
     let gw2 = gateway(&routes(&[hop("a", &a2.url()), hop("b", &b.url())], "", "")).await;
     let ans = chat(gw2.addr, hello("gpt-4o")).await;
     assert_eq!(ans.status, 200);
-    assert_eq!(ans.json()["msg"], "Insufficient balance, please recharge");
-    assert_eq!((a2.calls(), b.calls()), (1, 1));
+    assert_eq!(ans.json()["model"], "model-b", "{}", ans.text());
+    assert!(!ans.text().contains("balance"));
+    assert_eq!(
+        a2.calls(),
+        2,
+        "the 502 class: retried once, then failed over"
+    );
 }
 
 #[tokio::test]

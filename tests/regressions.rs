@@ -159,7 +159,10 @@ async fn all_down_trial_respects_retry_after() {
     })
     .await;
     let gw = gateway(&chain_config(&[("a", &a.url())], "", "")).await;
-    assert_eq!(chat(gw.addr, hello("gpt-4o")).await.status, 502);
+    // A rate limit reaches the caller as what it is: 429 and its wait.
+    let first = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(first.status, 429, "{}", first.text());
+    assert_eq!(first.header("retry-after"), "30");
     assert_eq!(a.calls(), 1);
     let ans = chat(gw.addr, hello("gpt-4o")).await;
     assert_eq!(
@@ -167,7 +170,9 @@ async fn all_down_trial_respects_retry_after() {
         1,
         "a target inside its Retry-After window gets no trial"
     );
-    assert!(ans.status.is_server_error());
+    assert_eq!(ans.status, 429, "{}", ans.text());
+    let wait: u64 = ans.header("retry-after").parse().unwrap();
+    assert!((29..=30).contains(&wait), "{wait}");
 }
 
 #[tokio::test]

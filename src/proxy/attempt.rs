@@ -8,6 +8,7 @@
 //! hands the health permit back for the loop to record.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
@@ -19,19 +20,24 @@ use tracing::debug;
 
 use super::account::Account;
 use super::stream::{Relay, RelayState};
-use crate::classify::{self, AttemptOutcome, Decision, NetworkKind, Outcome};
+use crate::classify::{self, AnswerShape, AttemptOutcome, Decision, NetworkKind, Outcome};
 use crate::health::Permit;
 use crate::schema::{CallAssembler, Contract, Violation, HOLD_MAX_TOOL_BYTES};
-use crate::snapshot::{Snapshot, Target, Task};
+use crate::snapshot::{Provider, Snapshot, Target, Task};
 use crate::sse::{self, Chunk};
+use crate::upstream::decode::{self, Coding};
 use crate::upstream::{pool, Events};
 
 /// Events held before the commit point, at most; past this the stream commits anyway.
 const HOLD_MAX_EVENTS: usize = 64;
 /// Bytes held before the commit point, at most.
 const HOLD_MAX_BYTES: usize = 256 * 1024;
-/// Largest non-streamed upstream answer read; a larger one is a broken upstream.
+/// Largest non-streamed upstream answer read (and decoded); a larger one is a
+/// broken upstream.
 const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
+/// Silence before a close that makes it a timeout, at least (else the
+/// provider's `connect_timeout`, if longer).
+const SILENCE_FLOOR: Duration = Duration::from_secs(1);
 
 /// What one attempt needs to know.
 #[derive(Debug)]
@@ -113,7 +119,10 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
         .send(body, Some(call.request_id), call.stream);
     let response = match timeout_at(first_deadline, sent).await {
         Err(_) => return timed_out(call, first_deadline, permit),
-        Ok(Err(kind)) => return network(call.target, kind, permit),
+        Ok(Err(kind)) => {
+            let kind = silence_is_timeout(kind, started.elapsed(), provider);
+            return network(call.target, kind, permit);
+        }
         Ok(Ok(r)) => r,
     };
     if !call.stream {
@@ -132,7 +141,7 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
         let outcome = Outcome::Response {
             status,
             headers: response.headers(),
-            body: &[],
+            body: None,
         };
         if let Some(decision) = provider.errors.classify(&outcome) {
             return Attempt::Failed(Failed {
@@ -156,6 +165,10 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
     }
     // Non-streaming (or an error status, which is never wrapped in a stream).
     let (parts, incoming) = response.into_parts();
+    let Some(coding) = Coding::of(&parts.headers) else {
+        debug!(target = %call.target.name, "answer in a content coding switchyard cannot decode");
+        return network(call.target, NetworkKind::Protocol, permit);
+    };
     let read = timeout_at(
         attempt_deadline,
         Limited::new(incoming, MAX_UPSTREAM_BODY).collect(),
@@ -172,6 +185,10 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
         }
         Ok(Ok(c)) => c.to_bytes(),
     };
+    let Ok(bytes) = decode::decode_all(coding, &bytes, MAX_UPSTREAM_BODY) else {
+        debug!(target = %call.target.name, ?coding, "undecodable content coding");
+        return network(call.target, NetworkKind::Protocol, permit);
+    };
     answered(call, parts.status, &parts.headers, bytes, permit)
 }
 
@@ -185,46 +202,54 @@ fn answered(
 ) -> Attempt {
     let target = call.target;
     let adapter = target.provider.endpoint.adapter;
-    let bytes = if status.is_success() {
-        match adapter.decode_answer(bytes) {
-            Ok(b) => b,
-            Err(e) => {
-                debug!(target = %target.name, error = %e, "undecodable answer");
-                return network(target, NetworkKind::Protocol, permit);
-            }
-        }
-    } else {
-        adapter.decode_error(bytes)
-    };
     let code = status.as_u16();
-    let in_band = status
-        .is_success()
-        .then(|| classify::in_band_error(&bytes))
-        .flatten();
-    let classified = in_band.map_or(code, |c| c.unwrap_or(502));
-    let outcome = Outcome::Response {
-        status: classified,
-        headers,
-        body: &bytes,
-    };
-    if let Some(decision) = target.provider.errors.classify(&outcome) {
-        return Attempt::Failed(Failed {
+    if !status.is_success() {
+        let bytes = adapter.decode_error(bytes);
+        let outcome = Outcome::Response {
+            status: code,
+            headers,
+            body: Some(&bytes),
+        };
+        let decision = target.provider.errors.classify_failure(&outcome);
+        let failed = Failed {
             decision,
-            outcome: if in_band.is_some() {
-                AttemptOutcome::InBandError
-            } else {
-                AttemptOutcome::Status(code)
-            },
-            // An in-band error names its own status; the client hears that one.
-            status: Some(classified),
+            outcome: AttemptOutcome::Status(code),
+            status: Some(code),
             answer: Some((status, bytes)),
             permit,
-        });
+        };
+        return Attempt::Failed(failed);
+    }
+    let bytes = match adapter.decode_answer(bytes) {
+        Ok(b) => b,
+        Err(e) => {
+            debug!(target = %target.name, error = %e, "undecodable answer");
+            return network(target, NetworkKind::Protocol, permit);
+        }
+    };
+    let shape = classify::answer_shape(&bytes);
+    if shape != AnswerShape::Completion {
+        return not_an_answer(target, code, headers, shape, bytes, permit);
     }
     if let Some(contract) = &call.contract {
         if let Err(violation) = contract.check_completion(&bytes) {
             return Attempt::Violated { violation, permit };
         }
+    }
+    // Header rules may still claim a completion; body rules never discard one.
+    let outcome = Outcome::Response {
+        status: code,
+        headers,
+        body: None,
+    };
+    if let Some(decision) = target.provider.errors.classify(&outcome) {
+        return Attempt::Failed(Failed {
+            decision,
+            outcome: AttemptOutcome::Status(code),
+            status: Some(code),
+            answer: None,
+            permit,
+        });
     }
     let cfg = &call.snapshot.health;
     target.report(target.health.record_success(permit, Instant::now(), cfg));
@@ -236,6 +261,66 @@ fn answered(
     Attempt::Answer {
         status,
         body: bytes,
+    }
+}
+
+/// A 2xx body that is not a chat completion is an upstream failure: the
+/// file's and provider's rules on its real status (`{status: 200, body:
+/// ...}`) decide first; else its in-band code (an in-band context-length
+/// error reads as 400), else the 502 class.
+fn not_an_answer(
+    target: &Target,
+    code: u16,
+    headers: &HeaderMap,
+    shape: AnswerShape,
+    bytes: Bytes,
+    permit: Permit,
+) -> Attempt {
+    let errors = &target.provider.errors;
+    let own = Outcome::Response {
+        status: code,
+        headers,
+        body: Some(&bytes),
+    };
+    let (classified, outcome) = match shape {
+        AnswerShape::InBandError(c) => (
+            classify::in_band_status(c, &bytes),
+            AttemptOutcome::InBandError,
+        ),
+        AnswerShape::NotACompletion | AnswerShape::Completion => {
+            (502, AttemptOutcome::InvalidAnswer)
+        }
+    };
+    let decision = errors.classify(&own).unwrap_or_else(|| {
+        errors.classify_failure(&Outcome::Response {
+            status: classified,
+            headers,
+            body: Some(&bytes),
+        })
+    });
+    // The client never hears a 200 for it: a `return` relays the in-band status.
+    let status = StatusCode::from_u16(classified).unwrap_or(StatusCode::BAD_GATEWAY);
+    Attempt::Failed(Failed {
+        decision,
+        outcome,
+        status: Some(classified),
+        answer: Some((status, bytes)),
+        permit,
+    })
+}
+
+/// A connection closed before any response byte after a long silence is a
+/// timeout, not a reset: retrying it would multiply the wait.
+fn silence_is_timeout(kind: NetworkKind, silent_for: Duration, provider: &Provider) -> NetworkKind {
+    let long = provider.connect_timeout.max(SILENCE_FLOOR);
+    match kind {
+        NetworkKind::Reset if silent_for >= long => NetworkKind::Timeout,
+        NetworkKind::Reset
+        | NetworkKind::Connect
+        | NetworkKind::Timeout
+        | NetworkKind::Tls
+        | NetworkKind::Dns
+        | NetworkKind::Protocol => kind,
     }
 }
 
@@ -283,7 +368,12 @@ async fn hold(
     started: Instant,
 ) -> Attempt {
     let target = call.target;
-    let mut events = Events::new(target.provider.endpoint.adapter, call.include_usage);
+    let provider = &target.provider;
+    let events = Coding::of(headers)
+        .and_then(|coding| Events::new(provider.endpoint.adapter, call.include_usage, coding).ok());
+    let Some(mut events) = events else {
+        return network(target, NetworkKind::Protocol, permit);
+    };
     let mut held = Held {
         events: Vec::new(),
         bytes: 0,
@@ -292,6 +382,7 @@ async fn hold(
         done: false,
     };
     let mut eof = false;
+    let mut last_read = started;
     loop {
         let frame = match timeout_at(first_deadline, incoming.frame()).await {
             Err(_) => return timed_out(call, first_deadline, permit),
@@ -299,12 +390,16 @@ async fn hold(
                 eof = true;
                 None
             }
-            Ok(Some(Err(e))) => return network(target, pool::body_error_kind(&e), permit),
+            Ok(Some(Err(e))) => {
+                let kind = pool::body_error_kind(&e);
+                let kind = silence_is_timeout(kind, last_read.elapsed(), provider);
+                return network(target, kind, permit);
+            }
             Ok(Some(Ok(frame))) => frame.into_data().ok(),
         };
+        last_read = Instant::now();
         if let Some(data) = frame {
-            events.push(&data);
-            if events.pending() > sse::MAX_EVENT_BYTES {
+            if events.push(&data).is_err() || events.pending() > sse::MAX_EVENT_BYTES {
                 return network(target, NetworkKind::Protocol, permit);
             }
         }
@@ -315,12 +410,12 @@ async fn hold(
             }
             Hold::More => {}
             Hold::Commit => break,
-            Hold::Fail(decision, status) => {
+            Hold::Fail(decision, status, answer) => {
                 return Attempt::Failed(Failed {
                     decision,
                     outcome: AttemptOutcome::StreamError,
-                    status,
-                    answer: None,
+                    status: Some(status),
+                    answer,
                     permit,
                 })
             }
@@ -335,7 +430,9 @@ async fn hold(
 enum Hold {
     More,
     Commit,
-    Fail(Decision, Option<u16>),
+    /// An in-band error event: its decision, the status it reads as, and the
+    /// error (an OpenAI error body) to give the client if nothing else serves.
+    Fail(Decision, u16, Option<(StatusCode, Bytes)>),
     Malformed,
     Violated(Violation),
 }
@@ -367,14 +464,16 @@ fn take_events(
             }
             Chunk::Done => held.done = true,
             Chunk::Error { code } => {
-                let data = event.data.unwrap_or_default();
+                let data = Bytes::from(event.data.unwrap_or_default());
+                let status = classify::in_band_status(code, &data);
                 let outcome = Outcome::Response {
-                    status: code.unwrap_or(502),
+                    status,
                     headers,
-                    body: data.as_bytes(),
+                    body: Some(&data),
                 };
                 let decision = call.target.provider.errors.classify_failure(&outcome);
-                return Hold::Fail(decision, code);
+                let answer = StatusCode::from_u16(status).ok().map(|s| (s, data));
+                return Hold::Fail(decision, status, answer);
             }
             Chunk::Malformed => return Hold::Malformed,
         }

@@ -172,7 +172,10 @@ impl Relay {
             Some(Err(_)) => return Some(StreamEnd::BodyError),
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
-                    s.events.push(&data);
+                    if s.events.push(&data).is_err() {
+                        // Corrupt compressed data: the stream is broken.
+                        return Some(StreamEnd::BodyError);
+                    }
                     if s.events.pending() > sse::MAX_EVENT_BYTES {
                         return Some(StreamEnd::EventTooLarge);
                     }
@@ -306,6 +309,7 @@ impl Relay {
                 let failure = Failure {
                     counted: true,
                     cooldown: None,
+                    rate_limited: false,
                     class: Arc::from("stream_interrupted"),
                     jitter: rand::random::<f64>() * 2.0 - 1.0,
                 };

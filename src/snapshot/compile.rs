@@ -369,6 +369,13 @@ fn error_rule(r: &RawRule, path: &str, c: &mut Checks<'_>) -> Rule {
             ))
         }
     });
+    let wait_retry_after = r.wait_retry_after.as_deref().map(|w| {
+        c.duration(
+            &format!("{path}.wait_retry_after"),
+            Some(w),
+            Duration::from_secs(1),
+        )
+    });
     Rule {
         name: Arc::from(path),
         matcher,
@@ -376,6 +383,7 @@ fn error_rule(r: &RawRule, path: &str, c: &mut Checks<'_>) -> Rule {
         health: r.health.unwrap_or(true),
         cooldown,
         context_window: false,
+        wait_retry_after,
     }
 }
 
@@ -519,6 +527,7 @@ fn provider(
         secret,
         key_file: p.api_key_file.as_ref().map(PathBuf::from),
         timeout,
+        connect_timeout,
         idle_timeout,
         retry,
         errors: ErrorTable::new(rules),
