@@ -1,6 +1,7 @@
 //! Active probes: every DOWN target gets a minimal real request (`max_tokens:
 //! 1`, one short user message) each `probe.interval`, through its provider's
-//! client, key and timeout.
+//! client, key and timeout. The same tick lets a DEGRADED target whose
+//! sliding window went quiet become HEALTHY again.
 //!
 //! Any status below 500 counts as reachable and restores the target (seed
 //! lesson: judging by 200 would read a 401 or a "balance exhausted" body as
@@ -34,6 +35,8 @@ pub fn spawn(app: Arc<App>) -> tokio::task::JoinHandle<()> {
             let snapshot = app.snapshot.load_full();
             let now = Instant::now();
             for target in snapshot.targets.values() {
+                // A DEGRADED target whose window went quiet is healthy again.
+                target.report(target.health.forget(now, &snapshot.health));
                 let Some(interval) = target.provider.probe_interval else {
                     continue;
                 };

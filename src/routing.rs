@@ -36,6 +36,10 @@ use crate::request::ChatRequest;
 use crate::snapshot::{Snapshot, Strategy, Target, Task};
 use crate::upstream::TargetModel;
 
+/// Share of first picks (under strategies other than `priority`) in which
+/// DEGRADED targets compete with HEALTHY ones.
+const DEGRADED_SHARE: f64 = 0.1;
+
 /// What a request needs from a target, read from its body.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Needs {
@@ -344,13 +348,15 @@ fn pick(task: &Task, needs: &Needs, eligible: &[usize], now: Instant) -> Option<
     if task.strategy == Strategy::Priority {
         return eligible.first().copied();
     }
-    // Peers of one rank: HEALTHY before DEGRADED.
+    // Peers of one rank: HEALTHY before DEGRADED, but a DEGRADED target
+    // keeps a small share of first picks, so a success can bring it back.
     let healthy: Vec<usize> = eligible
         .iter()
         .copied()
         .filter(|i| task.chain[*i].health.state() == State::Healthy)
         .collect();
-    let pool = if healthy.is_empty() {
+    let degraded_turn = rand::random::<f64>() < DEGRADED_SHARE;
+    let pool = if healthy.is_empty() || degraded_turn {
         eligible
     } else {
         &healthy[..]

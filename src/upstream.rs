@@ -144,25 +144,27 @@ impl Endpoint {
         request_id: Option<&HeaderValue>,
         stream: bool,
     ) -> Result<Response<Incoming>, NetworkKind> {
-        let mut req = Request::new(Full::new(body));
-        *req.method_mut() = Method::POST;
-        *req.uri_mut() = self.url.clone();
-        let h = req.headers_mut();
-        h.clone_from(&self.headers);
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        // Never ask for a coding we would have to undo on every request; a
-        // provider's `headers` may ask for one switchyard decodes.
-        if !h.contains_key(ACCEPT_ENCODING) {
-            h.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-        }
-        if let Some(id) = request_id {
-            h.insert(HeaderName::from_static("x-request-id"), id.clone());
-        }
-        if stream {
-            h.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
-        }
-        self.client
-            .request(req)
+        let build = || {
+            let mut req = Request::new(Full::new(body.clone()));
+            *req.method_mut() = Method::POST;
+            *req.uri_mut() = self.url.clone();
+            let h = req.headers_mut();
+            h.clone_from(&self.headers);
+            h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            // Never ask for a coding we would have to undo on every request; a
+            // provider's `headers` may ask for one switchyard decodes.
+            if !h.contains_key(ACCEPT_ENCODING) {
+                h.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+            }
+            if let Some(id) = request_id {
+                h.insert(HeaderName::from_static("x-request-id"), id.clone());
+            }
+            if stream {
+                h.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+            }
+            req
+        };
+        pool::send(&self.client, build)
             .await
             .map_err(|e| pool::request_error_kind(&e, self.host_is_name))
     }

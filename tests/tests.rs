@@ -29,4 +29,5 @@ mod readme;
 mod regressions;
 mod routing;
 mod sanitize;
+mod semantics;
 mod stream_edges;

@@ -570,6 +570,9 @@ fn endpoint(
     let mut headers = HeaderMap::new();
     for (k, v) in &p.headers {
         let hpath = format!("{path}.headers.{k}");
+        if k.eq_ignore_ascii_case("accept-encoding") {
+            check_accept_encoding(&hpath, v, c);
+        }
         if let (Some(name), Some(value)) = (c.header_name(&hpath, k), c.header_value(&hpath, v)) {
             headers.insert(name, value);
         }
@@ -611,6 +614,31 @@ fn endpoint(
         host_is_name,
         client: live.clients.get(connect_timeout),
     })
+}
+
+/// An `accept-encoding` a provider sends may only ask for codings switchyard
+/// decodes.
+fn check_accept_encoding(path: &str, value: &str, c: &mut Checks<'_>) {
+    for token in value.split(',') {
+        let coding = token
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        if !coding.is_empty()
+            && coding != "*"
+            && !crate::upstream::decode::DECODABLE.contains(&coding.as_str())
+        {
+            c.error(
+                path,
+                format!(
+                    "switchyard cannot decode the content coding `{coding}` (it decodes {})",
+                    crate::upstream::decode::DECODABLE.join(", ")
+                ),
+            );
+        }
+    }
 }
 
 /// The account's buckets, kept across reloads while account and limits stay.

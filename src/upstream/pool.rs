@@ -8,12 +8,21 @@
 
 use std::collections::HashMap;
 use std::error::Error as _;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::{Request, Response, Uri};
 use http_body_util::Full;
+use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{
+    capture_connection, Connected, Connection, HttpConnector,
+};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
@@ -21,7 +30,7 @@ use parking_lot::Mutex;
 use crate::classify::NetworkKind;
 
 /// The client type used for every upstream call.
-pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+pub type HttpClient = Client<Counting<HttpsConnector<HttpConnector>>, Full<Bytes>>;
 
 /// Idle pooled connections are closed after this long (below the common 120 s
 /// of provider load balancers, so we close first and never reuse a dead one).
@@ -64,7 +73,144 @@ fn build(connect_timeout: Duration) -> HttpClient {
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         .pool_max_idle_per_host(256)
-        .build(https)
+        .build(Counting(https))
+}
+
+/// Sends the request `build` makes. A request that fails before any byte of a response on a
+/// *reused* pooled connection (the upstream closed it while it sat idle, and
+/// the close crossed our request) is sent once more, on a fresh connection:
+/// that failure is the pool's, not the upstream's, so it counts nowhere.
+///
+/// # Errors
+/// The request's failure, or the retry's.
+pub async fn send(
+    client: &HttpClient,
+    build: impl Fn() -> Request<Full<Bytes>>,
+) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+    match request_once(client, build()).await {
+        Ok(resp) => Ok(resp),
+        Err((e, true)) if !e.is_connect() => {
+            tracing::debug!(error = %e, "pooled connection was closed while idle; sending again");
+            request_once(client, build()).await.map_err(|(e, _)| e)
+        }
+        Err((e, _)) => Err(e),
+    }
+}
+
+/// One try; on failure, whether it failed on a reused connection before
+/// any response byte.
+async fn request_once(
+    client: &HttpClient,
+    mut req: Request<Full<Bytes>>,
+) -> Result<Response<Incoming>, (hyper_util::client::legacy::Error, bool)> {
+    let captured = capture_connection(&mut req);
+    let result = client.request(req).await;
+    let earlier_uses = captured.connection_metadata().as_ref().and_then(|c| {
+        let mut extras = http::Extensions::new();
+        c.get_extras(&mut extras);
+        extras.get::<Uses>().map(Uses::count)
+    });
+    match result {
+        Ok(resp) => Ok(resp),
+        Err(e) => {
+            let stale = earlier_uses.is_some_and(|n| n > 0)
+                && matches!(request_error_kind(&e, false), NetworkKind::Reset);
+            Err((e, stale))
+        }
+    }
+}
+
+/// How many requests a connection has carried, attached to it as an extra.
+#[derive(Debug, Clone, Default)]
+pub struct Uses(Arc<AtomicU64>);
+
+impl Uses {
+    /// Requests started on the connection before now; counts this one.
+    fn count(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// A connector whose connections count their requests ([`Uses`]), so a
+/// failure can tell a fresh connection from a reused one.
+#[derive(Debug, Clone)]
+pub struct Counting<C>(C);
+
+/// A connection with its [`Uses`].
+#[derive(Debug)]
+pub struct Counted<T> {
+    io: T,
+    uses: Uses,
+}
+
+impl<C> tower_service::Service<Uri> for Counting<C>
+where
+    C: tower_service::Service<Uri>,
+    C::Future: Send + 'static,
+{
+    type Response = Counted<C::Response>;
+    type Error = C::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.0.call(uri);
+        Box::pin(async move {
+            connecting.await.map(|io| Counted {
+                io,
+                uses: Uses::default(),
+            })
+        })
+    }
+}
+
+impl<T: Connection> Connection for Counted<T> {
+    fn connected(&self) -> Connected {
+        self.io.connected().extra(self.uses.clone())
+    }
+}
+
+impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for Counted<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Counted<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
 }
 
 /// Maps a failed request (no response headers) to a network kind, by the
