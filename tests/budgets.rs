@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::edge_support::*;
 use crate::support::fake::{self, Fake, Reply};
 use crate::support::*;
 

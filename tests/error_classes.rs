@@ -6,8 +6,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::edge_support::*;
-use crate::support::fake::{self, Fake, Reply};
+use crate::support::fake::{self, Fake, RawFake, Reply};
 use crate::support::*;
 
 /// A reply with a status, JSON body and extra headers.
@@ -218,7 +217,11 @@ async fn header_rule_applies_to_a_streaming_200() {
     }
     let a = RawFake::start(vec![(
         Duration::ZERO,
-        format!("{}{body}", sse_head(&[("x-vendor-state", "overloaded")])).into_bytes(),
+        format!(
+            "{}{body}",
+            fake::sse_head(&[("x-vendor-state", "overloaded")])
+        )
+        .into_bytes(),
     )])
     .await;
     let b = Fake::always(fake::stream("model-b", &["from", " b"])).await;

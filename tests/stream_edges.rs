@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::edge_support::*;
-use crate::support::fake::{self, Fake};
+use crate::support::fake::{self, Fake, RawFake};
 use crate::support::*;
 
 const M: &str = "model-a";
@@ -164,7 +163,7 @@ async fn raw_tcp_writes_cut_anywhere_are_relayed_byte_for_byte() {
         done("\r\n"),
     ]
     .concat();
-    let mut steps = vec![(Duration::ZERO, sse_head(&[]).into_bytes())];
+    let mut steps = vec![(Duration::ZERO, fake::sse_head(&[]).into_bytes())];
     let bytes = whole.as_bytes();
     // 7-byte writes hit every position class: mid-field, mid-JSON, mid-`\r\n`.
     for piece in bytes.chunks(7) {

@@ -22,7 +22,6 @@ mod anthropic;
 mod budgets;
 mod chaos;
 mod contract;
-mod edge_support;
 mod error_classes;
 mod health;
 mod readme;
