@@ -15,7 +15,10 @@
 //! and `data: [DONE]`. Content chunk *i* carries the text `[seq i] ` (the
 //! non-streaming answer is the same text in one piece), so a client can prove
 //! that no text was repeated, dropped or reordered. Bodies are rendered once
-//! at start; a request costs one body read and a byte scan for `"stream"`.
+//! at start, by the renderers of the tests' and the demo's fake
+//! (`examples/support/fake.rs`), so there is one definition of a fake
+//! completion and chunk; a request costs one body read and a byte scan for
+//! `"stream"`.
 //! `GET /healthz`, `GET /v1/models` and `GET /stats` (requests and faults by
 //! kind, JSON) answer too.
 //!
@@ -48,6 +51,9 @@
 // A demo and bench tool, not the gateway: it may stop on a broken invariant.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(dead_code)]
+
+#[path = "support/fake.rs"]
+mod fake;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -357,33 +363,16 @@ struct Rendered {
     frames: Arc<Vec<Bytes>>,
 }
 
+/// The completion and the stream of `chunks` content chunks, content chunk
+/// *i* saying `[seq i] `, rendered by the shared fake (`support/fake.rs`).
 fn render(model: &str, chunks: usize) -> Rendered {
-    let text: String = (0..chunks).map(|i| format!("[seq {i}] ")).collect();
-    let completion = serde_json::json!({
-        "id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": chunks, "total_tokens": 5 + chunks}
-    })
-    .to_string();
-    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
-        let v = serde_json::json!({
-            "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
-        });
-        Bytes::from(format!("data: {v}\n\n"))
-    };
-    let mut frames = vec![chunk(
-        serde_json::json!({"role": "assistant", "content": ""}),
-        None,
-    )];
-    for i in 0..chunks {
-        frames.push(chunk(
-            serde_json::json!({"content": format!("[seq {i}] ")}),
-            None,
-        ));
-    }
-    frames.push(chunk(serde_json::json!({}), Some("stop")));
-    frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    let texts: Vec<String> = (0..chunks).map(|i| format!("[seq {i}] ")).collect();
+    let words: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let completion = fake::completion_json(model, &texts.concat(), chunks);
+    let frames = fake::sse_events(model, &words)
+        .into_iter()
+        .map(Bytes::from)
+        .collect();
     Rendered {
         completion: Bytes::from(completion),
         frames: Arc::new(frames),
@@ -969,6 +958,26 @@ mod tests {
         let s = parse_schedule("ok*3;status=503*2").unwrap();
         assert_eq!(s.len(), 2);
         assert_eq!(s[0].1, 3);
+    }
+
+    #[test]
+    fn bodies_carry_sequence_markers() {
+        let r = render("fake-model", 3);
+        let v: serde_json::Value = serde_json::from_slice(&r.completion).unwrap();
+        assert_eq!(v["model"], "fake-model");
+        assert_eq!(
+            v["choices"][0]["message"]["content"],
+            "[seq 0] [seq 1] [seq 2] "
+        );
+        assert_eq!(v["usage"]["completion_tokens"], 3);
+        assert_eq!(r.frames.len(), 6, "role, 3 content chunks, finish, [DONE]");
+        for i in 0..3 {
+            let event = std::str::from_utf8(&r.frames[1 + i]).unwrap();
+            let data = event.strip_prefix("data: ").unwrap().trim_end();
+            let v: serde_json::Value = serde_json::from_str(data).unwrap();
+            assert_eq!(v["choices"][0]["delta"]["content"], format!("[seq {i}] "));
+        }
+        assert_eq!(&r.frames[5][..], b"data: [DONE]\n\n");
     }
 
     #[test]

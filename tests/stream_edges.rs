@@ -246,7 +246,7 @@ async fn multi_line_data_is_relayed_and_commits() {
 #[tokio::test]
 async fn usage_chunk_with_empty_choices_before_done_is_relayed() {
     let usage = event(
-        r#"{"id":"chatcmpl-edge","object":"chat.completion.chunk","created":1,"model":"model-a","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}"#,
+        r#"{"id":"chatcmpl-fake","object":"chat.completion.chunk","created":1,"model":"model-a","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}"#,
         "\n",
     );
     let parts = vec![
@@ -274,7 +274,7 @@ async fn usage_chunk_with_empty_choices_before_done_is_relayed() {
 
 #[tokio::test]
 async fn last_event_without_blank_line_after_finish_gets_closed_and_done() {
-    let finish_json = chunk_json(M, serde_json::json!({}), Some("stop"));
+    let finish_json = fake::chunk_json(M, serde_json::json!({}), Some("stop"));
     let head = vec![role(M, "\n"), content(M, "hi", "\n")];
     let mut parts = head.clone();
     parts.push(format!("data: {finish_json}"));
@@ -289,7 +289,7 @@ async fn last_event_without_blank_line_after_finish_gets_closed_and_done() {
 
 #[tokio::test]
 async fn last_event_with_one_line_end_after_finish_gets_exactly_one_blank_line() {
-    let finish_json = chunk_json(M, serde_json::json!({}), Some("stop"));
+    let finish_json = fake::chunk_json(M, serde_json::json!({}), Some("stop"));
     let head = vec![role(M, "\n"), content(M, "hi", "\n")];
     let mut parts = head.clone();
     parts.push(format!("data: {finish_json}\n"));
@@ -305,7 +305,7 @@ async fn last_event_with_one_line_end_after_finish_gets_exactly_one_blank_line()
 async fn unterminated_last_event_that_is_also_the_commit_point_is_closed() {
     // Content and finish in one last event with no line end: it is read only
     // at EOF, before the commit point, so it is held rather than relayed.
-    let last = chunk_json(M, serde_json::json!({"content": "hi"}), Some("stop"));
+    let last = fake::chunk_json(M, serde_json::json!({"content": "hi"}), Some("stop"));
     let parts = vec![role(M, "\n"), format!("data: {last}")];
     let (_a, gw) = one(parts, Duration::from_millis(2)).await;
     let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
@@ -323,7 +323,7 @@ async fn unterminated_last_event_that_is_also_the_commit_point_is_closed() {
 async fn unterminated_content_at_eof_before_commit_still_gets_a_readable_interrupt() {
     // No finish_reason: the stream is truncated, and the client must see the
     // content, then the stream_interrupted event, then [DONE], as three events.
-    let last = chunk_json(M, serde_json::json!({"content": "hi"}), None);
+    let last = fake::chunk_json(M, serde_json::json!({"content": "hi"}), None);
     let parts = vec![role(M, "\n"), format!("data: {last}")];
     let (_a, gw) = one(parts, Duration::from_millis(2)).await;
     let ans = chat(gw.addr, hello_stream("gpt-4o")).await;

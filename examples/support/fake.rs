@@ -310,14 +310,37 @@ pub fn completion(model: &str, text: &str) -> Reply {
     json(200, &completion_body(model, text))
 }
 
-/// The JSON of a chat completion.
+/// The JSON of a chat completion (usage: 5 prompt and 2 completion tokens).
 pub fn completion_body(model: &str, text: &str) -> String {
+    completion_json(model, text, 2)
+}
+
+/// The JSON of a chat completion whose usage reports 5 prompt tokens and
+/// `completion_tokens` completion tokens. The one definition of a fake
+/// completion: the tests, the demo and `examples/fake_upstream.rs` render theirs here.
+pub fn completion_json(model: &str, text: &str, completion_tokens: usize) -> String {
     serde_json::json!({
         "id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+        "usage": {"prompt_tokens": 5, "completion_tokens": completion_tokens, "total_tokens": 5 + completion_tokens}
     })
     .to_string()
+}
+
+/// The JSON of a `chat.completion.chunk` with one choice. The one definition
+/// of a fake chunk: [`sse_events`], the tests' SSE builders and
+/// `examples/fake_upstream.rs` render theirs here.
+pub fn chunk_json(model: &str, delta: serde_json::Value, finish: Option<&str>) -> String {
+    serde_json::json!({
+        "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+    })
+    .to_string()
+}
+
+/// One chunk as an SSE event: `data: {chunk}\n\n`.
+pub fn chunk_event(model: &str, delta: serde_json::Value, finish: Option<&str>) -> String {
+    format!("data: {}\n\n", chunk_json(model, delta, finish))
 }
 
 /// Any status with a JSON body.
@@ -338,27 +361,24 @@ pub fn error(status: u16, message: &str) -> Reply {
     )
 }
 
-/// The SSE events of a streamed answer: a role chunk, one chunk per word
-/// (each marked with its sequence number), a finish chunk, `[DONE]`.
+/// The SSE events of a streamed answer: a role chunk, one content chunk per
+/// word, a finish chunk, `[DONE]`.
 pub fn sse_events(model: &str, words: &[&str]) -> Vec<String> {
-    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
-        let v = serde_json::json!({
-            "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
-        });
-        format!("data: {v}\n\n")
-    };
-    let mut out = vec![chunk(
+    let mut out = vec![chunk_event(
+        model,
         serde_json::json!({"role": "assistant", "content": ""}),
         None,
     )];
     for w in words {
-        out.push(chunk(serde_json::json!({"content": w}), None));
+        out.push(chunk_event(model, serde_json::json!({"content": w}), None));
     }
-    out.push(chunk(serde_json::json!({}), Some("stop")));
-    out.push("data: [DONE]\n\n".to_owned());
+    out.push(chunk_event(model, serde_json::json!({}), Some("stop")));
+    out.push(SSE_DONE.to_owned());
     out
 }
+
+/// The last event of a stream.
+pub const SSE_DONE: &str = "data: [DONE]\n\n";
 
 /// A clean stream of `words`.
 pub fn stream(model: &str, words: &[&str]) -> Reply {

@@ -3,16 +3,7 @@
 
 use std::time::Duration;
 
-use super::fake::Reply;
-
-/// A `chat.completion.chunk` JSON with one choice.
-pub fn chunk_json(model: &str, delta: serde_json::Value, finish: Option<&str>) -> String {
-    serde_json::json!({
-        "id": "chatcmpl-edge", "object": "chat.completion.chunk", "created": 1, "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
-    })
-    .to_string()
-}
+use super::fake::{chunk_json, Reply};
 
 /// A complete event `data: {json}` with line ending `eol`.
 pub fn event(json: &str, eol: &str) -> String {
