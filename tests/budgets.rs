@@ -99,7 +99,7 @@ async fn total_timeout_gives_504_on_time_and_tries_nothing_after() {
     );
     assert_eq!((a.calls(), b.calls()), (1, 0), "no hop after the deadline");
     assert!(
-        wait_for(|| a.cancelled() == 1, Duration::from_secs(1)).await,
+        wait_for(Duration::from_secs(1), || a.cancelled() == 1).await,
         "the hanging upstream call is closed"
     );
 }

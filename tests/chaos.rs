@@ -21,7 +21,7 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::support::wait_blocking;
 
 /// Set in the child process.
 const CHILD: &str = "SWITCHYARD_CHAOS_CHILD";
@@ -58,18 +58,14 @@ fn chaos_suite_in_its_own_process() {
         let _ = err.read_to_string(&mut s);
         s
     });
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for the chaos child") {
-            break Some(status);
-        }
-        if started.elapsed() > LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let mut status = None;
+    if !wait_blocking(LIMIT, || {
+        status = child.try_wait().expect("wait for the chaos child");
+        status.is_some()
+    }) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     let stdout = out_reader.join().unwrap_or_default();
     let stderr = err_reader.join().unwrap_or_default();
     println!("{stdout}");

@@ -21,25 +21,12 @@ fn config(a: &str, b: &str, health: &str) -> String {
         + health
 }
 
-async fn admin_state(gw: &Gw, target: &str) -> serde_json::Value {
-    let v = get(gw.addr, "/admin/targets").await.json();
-    v["targets"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["target"] == target)
-        .cloned()
-        .unwrap()
-}
-
+/// Waits (up to 3 s) until `target`'s state is `state`.
 async fn wait_for_state(gw: &Gw, target: &str, state: &str) -> bool {
-    for _ in 0..60 {
-        if admin_state(gw, target).await["state"] == state {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
+    eventually(Duration::from_secs(3), || async {
+        admin_target(gw, target).await["state"] == state
+    })
+    .await
 }
 
 #[tokio::test]
@@ -60,7 +47,7 @@ async fn failing_target_is_taken_out_then_restored_by_a_probe() {
             "b"
         );
     }
-    let st = admin_state(&gw, "a").await;
+    let st = admin_target(&gw, "a").await;
     assert_eq!(st["state"], "down", "{st}");
     assert_eq!(st["consecutive_failures"], 3);
     assert_eq!(st["last_error_class"], "default:5xx-transient");
@@ -119,7 +106,7 @@ async fn a_401_probe_counts_as_reachable() {
             .header("x-switchyard-target"),
         "b"
     );
-    assert_eq!(admin_state(&gw, "a").await["state"], "down");
+    assert_eq!(admin_target(&gw, "a").await["state"], "down");
     assert!(
         wait_for_state(&gw, "a", "healthy").await,
         "a reachable upstream must not stay down"
@@ -129,15 +116,33 @@ async fn a_401_probe_counts_as_reachable() {
 #[tokio::test]
 async fn probe_interval_zero_disables_probing() {
     let a = Fake::always(fake::error(503, "x")).await;
+    // A witness, DOWN too, whose own provider probes every 100 ms: once it has
+    // been probed twice, the prober has had its rounds and skipped `a`.
+    let w = Fake::always(fake::error(503, "x")).await;
     let b = Fake::always(fake::completion("model-b", "b")).await;
-    let gw = gateway(&config(
-        &a.url(),
-        &b.url(),
-        "health: { down_after: 1, degraded_after: 1, open_for: 60s, probe: { interval: 0 } }\n",
-    ))
-    .await;
-    chat(gw.addr, hello("gpt-4o")).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let no_retry = "retry: { max: 0 }";
+    let hops = [
+        hop("a", &a.url()).provider(no_retry),
+        hop("w", &w.url()).provider("retry: { max: 0 }\nprobe: { interval: 100ms }"),
+        hop("b", &b.url()).provider(no_retry),
+    ];
+    let health =
+        "health: { down_after: 1, degraded_after: 1, open_for: 60s, probe: { interval: 0 } }\n";
+    let gw = gateway(&routes(&hops, "", health)).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
+    assert_eq!(admin_target(&gw, "a").await["state"], "down");
+    assert_eq!(admin_target(&gw, "w").await["state"], "down");
+    assert!(
+        wait_for(Duration::from_secs(3), || w
+            .seen()
+            .iter()
+            .filter(|s| is_probe(s))
+            .count()
+            >= 2)
+        .await,
+        "the witness was not probed"
+    );
     assert_eq!(a.calls(), 1, "no probes");
 }
 
@@ -160,14 +165,24 @@ async fn half_open_trial_restores_after_open_for() {
     );
     assert_eq!(a.calls(), 1);
     a.set(|_, _| fake::completion("model-a", "a"));
-    tokio::time::sleep(Duration::from_millis(400)).await; // > open_for * 1.2
+    let waiting = admin_target(&gw, "a").await["next_trial_in_seconds"].clone();
+    assert!(waiting.as_f64().unwrap() > 0.0, "{waiting}");
+    // The next request must come once open_for (300 ms, ±20 % jitter) has
+    // passed, to be the half-open trial: wait until the breaker says it is due.
+    assert!(
+        eventually(Duration::from_secs(1), || async {
+            admin_target(&gw, "a").await["next_trial_in_seconds"] == 0.0
+        })
+        .await,
+        "no trial due within 1 s of open_for: 300ms"
+    );
     assert_eq!(
         chat(gw.addr, hello("gpt-4o"))
             .await
             .header("x-switchyard-target"),
         "a"
     );
-    assert_eq!(admin_state(&gw, "a").await["state"], "healthy");
+    assert_eq!(admin_target(&gw, "a").await["state"], "healthy");
 }
 
 #[tokio::test]
@@ -209,29 +224,30 @@ async fn health_survives_reload_by_identity() {
     let cfg = config(&a.url(), &b.url(), h);
     let gw = gateway(&cfg).await;
     chat(gw.addr, hello("gpt-4o")).await;
-    assert_eq!(admin_state(&gw, "a").await["state"], "down");
+    assert_eq!(admin_target(&gw, "a").await["state"], "down");
 
     // Same identity (URL + model), new alias: still DOWN.
     gw.rewrite(&cfg.replace("aliases: [gpt-4o]", "aliases: [gpt-4o, extra]"));
-    for _ in 0..40 {
-        if gw.app.snapshot.load().models.contains_key("extra") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     assert!(
-        gw.app.snapshot.load().models.contains_key("extra"),
+        wait_for(Duration::from_secs(2), || gw
+            .app
+            .snapshot
+            .load()
+            .models
+            .contains_key("extra"))
+        .await,
         "reload applied"
     );
-    assert_eq!(admin_state(&gw, "a").await["state"], "down");
+    assert_eq!(admin_target(&gw, "a").await["state"], "down");
 
     // New identity (other upstream model): starts HEALTHY.
     gw.rewrite(&cfg.replace("model: upstream-a", "model: upstream-a2"));
-    for _ in 0..40 {
-        if admin_state(&gw, "a").await["model"] == "upstream-a2" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(admin_state(&gw, "a").await["state"], "healthy");
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            admin_target(&gw, "a").await["model"] == "upstream-a2"
+        })
+        .await,
+        "reload applied"
+    );
+    assert_eq!(admin_target(&gw, "a").await["state"], "healthy");
 }

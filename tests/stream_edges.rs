@@ -51,7 +51,7 @@ async fn first_token_timeout_after_a_role_only_chunk_fails_over() {
     );
     assert_eq!((a.calls(), b.calls()), (1, 1), "a timeout is not retried");
     assert!(
-        wait_for(|| a.cancelled() == 1, Duration::from_millis(1500)).await,
+        wait_for(Duration::from_millis(1500), || a.cancelled() == 1).await,
         "a's abandoned stream is closed"
     );
 }
@@ -107,17 +107,23 @@ async fn client_cancel_while_waiting_for_the_first_token_closes_the_upstream() {
     let a = Fake::always(pieces(parts, Duration::from_millis(50))).await;
     let gw = gateway(&routes(&[hop("a", &a.url())], "", "")).await;
     let addr = gw.addr;
-    let req = tokio::spawn(async move { chat(addr, hello_stream("gpt-4o")).await });
+    let mut req = tokio::spawn(async move { chat(addr, hello_stream("gpt-4o")).await });
     assert!(
-        wait_for(|| a.calls() == 1, Duration::from_secs(1)).await,
+        wait_for(Duration::from_secs(1), || a.calls() == 1).await,
         "request reached a"
     );
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    assert!(!req.is_finished(), "nothing is sent before the first token");
+    // The scenario: a stall of 150 ms (three keep-alives) with no content, over
+    // which the client's answer must stay incomplete.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(150), &mut req)
+            .await
+            .is_err(),
+        "nothing is sent before the first token"
+    );
     req.abort();
     let aborted = Instant::now();
     assert!(
-        wait_for(|| a.cancelled() == 1, Duration::from_secs(1)).await,
+        wait_for(Duration::from_secs(1), || a.cancelled() == 1).await,
         "upstream not cancelled within 1s"
     );
     assert!(aborted.elapsed() < Duration::from_secs(1));

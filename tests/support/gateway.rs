@@ -8,6 +8,8 @@ use switchyard::server::Gateway;
 use switchyard::snapshot::CompileOptions;
 use tokio::sync::oneshot;
 
+use super::get;
+
 /// A running gateway; stops when dropped.
 pub struct Gw {
     pub addr: SocketAddr,
@@ -59,6 +61,10 @@ pub async fn gateway(yaml: &str) -> Gw {
     tokio::spawn(gw.run(async {
         let _ = rx.await;
     }));
+    // `run` starts the config watcher and the prober before it accepts: once
+    // /healthz answers, both are running (a rewrite before that goes unseen).
+    let up = get(addr, "/healthz").await;
+    assert_eq!(up.status, 200, "{}", up.text());
     Gw {
         addr,
         admin,
