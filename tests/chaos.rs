@@ -8,8 +8,9 @@
 //! time (`cargo test --test tests -- --ignored --test-threads=1`); run it
 //! alone with `cargo test --test tests chaos -- --ignored --nocapture` (the
 //! summary table is printed). The run itself happens in a child process of
-//! this test binary, so that the descriptors, RSS and metrics it checks are
-//! its own and not those of other tests in the same process.
+//! this test binary, so that the descriptors and RSS it checks are its own
+//! and not those of other tests in the same process (its gateway's metrics
+//! are its own anyway: each gateway has its own registry).
 
 #[path = "../examples/fake_upstream.rs"]
 mod fake_upstream;

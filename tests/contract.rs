@@ -99,12 +99,15 @@ async fn a_degraded_call_to_an_unoffered_tool_fails_over_once() {
         "get_weather"
     );
     assert_eq!((a.calls(), b.calls(), c.calls()), (2, 1, 1));
-    let page = get(gw.addr, "/metrics").await.text();
-    assert!(
-        page.contains(
+    assert_eq!(
+        metric(
+            &gw,
             r#"switchyard_failovers_total{task="chat",from="b",to="c",reason="contract_violation"}"#
-        ),
-        "{page}"
+        )
+        .await,
+        1.0,
+        "{}",
+        metrics_page(&gw).await
     );
 }
 

@@ -77,17 +77,49 @@ async fn failing_target_is_taken_out_then_restored_by_a_probe() {
     );
     assert!(a.seen().iter().any(is_probe));
 
-    let metrics = get(gw.addr, "/metrics").await.text();
-    assert!(
-        metrics.contains(
-            r#"switchyard_breaker_transitions_total{target="a",from="degraded",to="down"}"#
-        ),
-        "{metrics}"
+    // This gateway's own registry: every count is exactly this test's.
+    let page = metrics_page(&gw).await;
+    let value = |series: &str| {
+        series_value(&page, series).unwrap_or_else(|| panic!("no {series} in\n{page}"))
+    };
+    for (from, to) in [
+        ("healthy", "degraded"),
+        ("degraded", "down"),
+        ("down", "healthy"),
+    ] {
+        assert_eq!(
+            value(&format!(
+                r#"switchyard_breaker_transitions_total{{target="a",from="{from}",to="{to}"}}"#
+            )),
+            1.0,
+            "{from} -> {to}"
+        );
+    }
+    assert_eq!(
+        value(r#"switchyard_probes_total{target="a",result="reachable"}"#),
+        1.0,
+        "the first reachable probe restores a, and a healthy target is not probed"
     );
-    assert!(metrics.contains(r#"switchyard_probes_total{target="a",result="reachable"}"#));
-    // (The health gauge is shared with other tests that name a target `a`, so
-    // its value is checked through /admin/targets above instead.)
-    assert!(metrics.contains(r#"switchyard_target_health{target="a"}"#));
+    let unreachable = series_value(
+        &page,
+        r#"switchyard_probes_total{target="a",result="unreachable"}"#,
+    )
+    .unwrap_or(0.0);
+    assert_eq!(
+        a.seen().iter().filter(|s| is_probe(s)).count() as f64,
+        unreachable + 1.0,
+        "every probe a saw is counted"
+    );
+    assert_eq!(
+        value(r#"switchyard_target_health{target="a"}"#),
+        0.0,
+        "healthy"
+    );
+    assert_eq!(
+        value(r#"switchyard_target_health{target="b"}"#),
+        0.0,
+        "healthy"
+    );
 }
 
 #[tokio::test]

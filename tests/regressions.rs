@@ -181,17 +181,21 @@ async fn first_config_load_and_every_target_show_in_metrics_from_the_start() {
     .unwrap();
     let served = crate::binary::Served::start(&config, dir.path(), &[]);
     let page = get(served.addr, "/metrics").await.text();
-    assert!(
-        page.contains(r#"switchyard_config_reloads_total{result="ok"} 1"#),
+    let value = |series: &str| series_value(&page, series);
+    assert_eq!(
+        value(r#"switchyard_config_reloads_total{result="ok"}"#),
+        Some(1.0),
         "{page}"
     );
-    assert!(page.contains("switchyard_config_hash "), "{page}");
-    assert!(
-        page.contains(r#"switchyard_target_health{target="a"} 0"#),
+    assert!(value("switchyard_config_hash").is_some(), "{page}");
+    assert_eq!(
+        value(r#"switchyard_target_health{target="a"}"#),
+        Some(0.0),
         "{page}"
     );
-    assert!(
-        page.contains(r#"switchyard_target_health{target="b"} 0"#),
+    assert_eq!(
+        value(r#"switchyard_target_health{target="b"}"#),
+        Some(0.0),
         "{page}"
     );
 }

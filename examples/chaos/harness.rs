@@ -1050,14 +1050,11 @@ fn summary(
         );
     }
 
-    let is_chaos = |l: &BTreeMap<String, String>| l.values().any(|v| v.starts_with("chaos-"));
     let mut reasons: BTreeMap<String, f64> = BTreeMap::new();
     for (l, v) in delta(metrics0, metrics, "switchyard_failovers_total") {
-        if is_chaos(&l) {
-            *reasons
-                .entry(l.get("reason").cloned().unwrap_or_default())
-                .or_default() += v;
-        }
+        *reasons
+            .entry(l.get("reason").cloned().unwrap_or_default())
+            .or_default() += v;
     }
     let _ = writeln!(o, "\n| failovers by reason | count |\n|---|---:|");
     for (r, v) in &reasons {
@@ -1065,15 +1062,13 @@ fn summary(
     }
     let mut transitions: BTreeMap<String, f64> = BTreeMap::new();
     for (l, v) in delta(metrics0, metrics, "switchyard_breaker_transitions_total") {
-        if is_chaos(&l) {
-            let key = format!(
-                "{} {}→{}",
-                l.get("target").map_or("", String::as_str),
-                l.get("from").map_or("", String::as_str),
-                l.get("to").map_or("", String::as_str)
-            );
-            *transitions.entry(key).or_default() += v;
-        }
+        let key = format!(
+            "{} {}→{}",
+            l.get("target").map_or("", String::as_str),
+            l.get("from").map_or("", String::as_str),
+            l.get("to").map_or("", String::as_str)
+        );
+        *transitions.entry(key).or_default() += v;
     }
     let _ = writeln!(o, "\n| health transitions | count |\n|---|---:|");
     for (k, v) in &transitions {
@@ -1086,14 +1081,12 @@ fn summary(
         ("switchyard_probes_total", "result"),
     ] {
         for (l, v) in delta(metrics0, metrics, name) {
-            if is_chaos(&l) {
-                let short = name
-                    .trim_start_matches("switchyard_")
-                    .trim_end_matches("_total");
-                *other
-                    .entry(format!("{short} {}", l.get(key).map_or("", String::as_str)))
-                    .or_default() += v;
-            }
+            let short = name
+                .trim_start_matches("switchyard_")
+                .trim_end_matches("_total");
+            *other
+                .entry(format!("{short} {}", l.get(key).map_or("", String::as_str)))
+                .or_default() += v;
         }
     }
     for (l, v) in delta(metrics0, metrics, "switchyard_config_reloads_total") {
