@@ -52,8 +52,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(dead_code)]
 
+/// The scriptable fake of the tests and the demo, for its body renderers.
 #[path = "support/fake.rs"]
-mod fake;
+pub mod fake;
 
 use std::collections::HashMap;
 use std::future::Future;

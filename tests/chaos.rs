@@ -12,8 +12,8 @@
 //! and not those of other tests in the same process (its gateway's metrics
 //! are its own anyway: each gateway has its own registry).
 
-#[path = "../examples/fake_upstream.rs"]
-mod fake_upstream;
+// `harness` reaches it as `super::fake_upstream`.
+use crate::fake_upstream;
 
 #[path = "../examples/chaos/harness.rs"]
 mod harness;

@@ -6,8 +6,9 @@
 //! `use crate::support::*`.
 #![allow(dead_code)]
 
-#[path = "../../examples/support/fake.rs"]
-pub mod fake;
+/// `examples/support/fake.rs`, through `examples/fake_upstream.rs`, which
+/// includes it (it renders its bodies with the same functions).
+pub use crate::fake_upstream::fake;
 
 mod gateway;
 mod observe;
