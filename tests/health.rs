@@ -15,6 +15,10 @@ fn real_calls(f: &Fake) -> usize {
     f.seen().iter().filter(|s| !is_probe(s)).count()
 }
 
+fn probes(f: &Fake) -> usize {
+    f.seen().iter().filter(|s| is_probe(s)).count()
+}
+
 fn config(a: &str, b: &str, health: &str) -> String {
     chain_config(&[("a", a), ("b", b)], "", "")
         .replace("retry: { max: 1, backoff: 10ms }", "retry: { max: 0 }")
@@ -106,7 +110,7 @@ async fn failing_target_is_taken_out_then_restored_by_a_probe() {
     )
     .unwrap_or(0.0);
     assert_eq!(
-        a.seen().iter().filter(|s| is_probe(s)).count() as f64,
+        probes(&a) as f64,
         unreachable + 1.0,
         "every probe a saw is counted"
     );
@@ -166,13 +170,7 @@ async fn probe_interval_zero_disables_probing() {
     assert_eq!(admin_target(&gw, "a").await["state"], "down");
     assert_eq!(admin_target(&gw, "w").await["state"], "down");
     assert!(
-        wait_for(Duration::from_secs(3), || w
-            .seen()
-            .iter()
-            .filter(|s| is_probe(s))
-            .count()
-            >= 2)
-        .await,
+        wait_for(Duration::from_secs(3), || probes(&w) >= 2).await,
         "the witness was not probed"
     );
     assert_eq!(a.calls(), 1, "no probes");

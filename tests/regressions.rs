@@ -54,10 +54,9 @@ async fn busy_directory_does_not_postpone_a_reload() {
             }
         }
     });
+    let busy = || writes.load(Ordering::SeqCst) >= 4;
     assert!(
-        wait_for(Duration::from_secs(1), || writes.load(Ordering::SeqCst)
-            >= 4)
-        .await,
+        wait_for(Duration::from_secs(1), busy).await,
         "the directory is busy"
     );
     gw.rewrite(&cfg.replace("chain: [a, b]", "chain: [b]"));

@@ -1,9 +1,16 @@
-//! Test harness: the gateway started in-process on port 0 against a
-//! routes.yaml in a temp dir ([`gateway`]), a plain HTTP client
-//! ([`requests`]), routes.yaml builders ([`routes`]), SSE builders and
-//! readers ([`sse`]), admin lookups ([`observe`]), bounded waits ([`wait`]),
-//! and the fake upstreams ([`fake`], shared with the examples). Tests
-//! `use crate::support::*`.
+//! Test harness, one file per concern, all re-exported here (tests `use
+//! crate::support::*`):
+//!
+//! - `gateway.rs`: the gateway in-process on port 0 against a routes.yaml in
+//!   a temp dir, running (watcher and prober started) when returned;
+//! - `requests.rs`: a plain HTTP client and the requests tests send;
+//! - `routes.rs`: routes.yaml builders (`chain_config`, `Hop`/`routes`) and
+//!   `compile_errors`;
+//! - `sse.rs`: SSE event builders and strict readers;
+//! - `observe.rs`: `/admin/targets` entries and exact `/metrics` values;
+//! - `wait.rs`: bounded waits for a condition;
+//! - `fake`: the fake upstreams (`Fake`, scriptable; `RawFake`, raw TCP),
+//!   shared with the examples.
 #![allow(dead_code)]
 
 /// `examples/support/fake.rs`, through `examples/fake_upstream.rs`, which
