@@ -10,6 +10,7 @@
 #[path = "support/fake.rs"]
 mod fake;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -18,6 +19,7 @@ use bytes::Bytes;
 use fake::{Fake, Reply};
 use http::Request;
 use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use switchyard::server::Gateway;
@@ -61,48 +63,13 @@ fn primary_reply(scenario: &str, stream: bool) -> Reply {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let primary = Fake::start(|_, seen| {
-        let scenario = seen.body["demo_scenario"]
-            .as_str()
-            .unwrap_or("ok")
-            .to_owned();
-        let stream = seen.body["stream"].as_bool().unwrap_or(false);
-        primary_reply(&scenario, stream)
-    })
-    .await;
-    let fallback = Fake::start(|_, seen| {
-        if seen.body["stream"].as_bool().unwrap_or(false) {
-            fake::stream("fallback-model", &["Hello", " from", " the", " fallback"])
-        } else {
-            fake::completion("fallback-model", "Hello from the fallback")
-        }
-    })
-    .await;
+    let primary = start_primary().await;
+    let fallback = start_fallback().await;
 
     let dir = std::env::temp_dir().join(format!("switchyard-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config = dir.join("routes.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"version: 1
-providers:
-  vendor-a: {{ base_url: "{}", timeout: 300ms, retry: {{ max: 1, backoff: 20ms }} }}
-  vendor-b: {{ base_url: "{}", timeout: 5s }}
-targets:
-  primary: {{ provider: vendor-a, model: big-model }}
-  fallback: {{ provider: vendor-b, model: small-model }}
-tasks:
-  chat:
-    aliases: [gpt-4o]
-    chain: [primary, fallback]
-    budget: {{ total_timeout: 5s, max_failovers: 1 }}
-health: {{ degraded_after: 3, down_after: 8, open_for: 1s }}
-"#,
-            primary.url(),
-            fallback.url()
-        ),
-    )?;
+    std::fs::write(&config, routes_yaml(&primary.url(), &fallback.url()))?;
 
     let gateway = Gateway::bind(
         &config,
@@ -115,16 +82,7 @@ health: {{ degraded_after: 3, down_after: 8, open_for: 1s }}
     let server = tokio::spawn(gateway.run(async {
         let _ = stopped.await;
     }));
-    println!(
-        "switchyard on http://{addr}, task `chat` (alias gpt-4o), chain [primary -> fallback]"
-    );
-    println!(
-        "health: DEGRADED after 3 counted failures, DOWN after 8, half-open trial after 1 s\n"
-    );
-    println!(
-        "{:>2}  {:<6}  {:<30} {:>5}  {:>6}  {:<9} {:>8} {:>9} {:>5}  answer",
-        "#", "kind", "primary does", "calls", "status", "served by", "attempts", "failovers", "ms"
-    );
+    print_header(addr);
 
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut n = 0;
@@ -135,11 +93,104 @@ health: {{ degraded_after: 3, down_after: 8, open_for: 1s }}
             continue;
         }
         n += 1;
+        let row = Row {
+            n,
+            scenario,
+            does,
+            stream: *stream,
+        };
+        row.run(&client, addr, &primary).await?;
+    }
+    println!(
+        "\nprimary was called {} times, fallback {} times.",
+        primary.calls(),
+        fallback.calls()
+    );
+    let _ = stop.send(());
+    let _ = server.await;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The primary: fails as the request's `demo_scenario` says.
+async fn start_primary() -> Fake {
+    Fake::start(|_, seen| {
+        let scenario = seen.body["demo_scenario"]
+            .as_str()
+            .unwrap_or("ok")
+            .to_owned();
+        let stream = seen.body["stream"].as_bool().unwrap_or(false);
+        primary_reply(&scenario, stream)
+    })
+    .await
+}
+
+/// The fallback: always answers.
+async fn start_fallback() -> Fake {
+    Fake::start(|_, seen| {
+        if seen.body["stream"].as_bool().unwrap_or(false) {
+            fake::stream("fallback-model", &["Hello", " from", " the", " fallback"])
+        } else {
+            fake::completion("fallback-model", "Hello from the fallback")
+        }
+    })
+    .await
+}
+
+/// The demo's routes.yaml: task `chat`, chain [primary, fallback].
+fn routes_yaml(primary: &str, fallback: &str) -> String {
+    format!(
+        r#"version: 1
+providers:
+  vendor-a: {{ base_url: "{primary}", timeout: 300ms, retry: {{ max: 1, backoff: 20ms }} }}
+  vendor-b: {{ base_url: "{fallback}", timeout: 5s }}
+targets:
+  primary: {{ provider: vendor-a, model: big-model }}
+  fallback: {{ provider: vendor-b, model: small-model }}
+tasks:
+  chat:
+    aliases: [gpt-4o]
+    chain: [primary, fallback]
+    budget: {{ total_timeout: 5s, max_failovers: 1 }}
+health: {{ degraded_after: 3, down_after: 8, open_for: 1s }}
+"#
+    )
+}
+
+fn print_header(addr: SocketAddr) {
+    println!(
+        "switchyard on http://{addr}, task `chat` (alias gpt-4o), chain [primary -> fallback]"
+    );
+    println!(
+        "health: DEGRADED after 3 counted failures, DOWN after 8, half-open trial after 1 s\n"
+    );
+    println!(
+        "{:>2}  {:<6}  {:<30} {:>5}  {:>6}  {:<9} {:>8} {:>9} {:>5}  answer",
+        "#", "kind", "primary does", "calls", "status", "served by", "attempts", "failovers", "ms"
+    );
+}
+
+/// One line of the table: a request in one scenario.
+struct Row<'a> {
+    n: usize,
+    scenario: &'a str,
+    does: &'a str,
+    stream: bool,
+}
+
+impl Row<'_> {
+    /// Sends the request and prints what happened.
+    async fn run(
+        &self,
+        client: &Client<HttpConnector, Full<Bytes>>,
+        addr: SocketAddr,
+        primary: &Fake,
+    ) -> Result<(), Box<dyn std::error::Error>> {
         let body = serde_json::json!({
             "model": "gpt-4o",
-            "stream": stream,
+            "stream": self.stream,
             "messages": [{"role": "user", "content": "hello"}],
-            "demo_scenario": scenario,
+            "demo_scenario": self.scenario,
         });
         let calls_before = primary.calls();
         let req = Request::post(format!("http://{addr}/v1/chat/completions"))
@@ -159,30 +210,24 @@ health: {{ degraded_after: 3, down_after: 8, open_for: 1s }}
                 .to_owned()
         };
         let text = String::from_utf8_lossy(&bytes);
-        let answer = if *stream && parts.status.is_success() {
+        let answer = if self.stream && parts.status.is_success() {
             summarize_stream(&text)
         } else {
             summarize_json(&text)
         };
         let primary_calls = primary.calls() - calls_before;
         println!(
-            "{n:>2}  {:<6}  {does:<30} {primary_calls:>5}  {:>6}  {:<9} {:>8} {:>9} {ms:>5}  {answer}",
-            if *stream { "stream" } else { "chat" },
+            "{:>2}  {:<6}  {:<30} {primary_calls:>5}  {:>6}  {:<9} {:>8} {:>9} {ms:>5}  {answer}",
+            self.n,
+            if self.stream { "stream" } else { "chat" },
+            self.does,
             parts.status.as_u16(),
             h("x-switchyard-target"),
             h("x-switchyard-attempts"),
             h("x-switchyard-failovers"),
         );
+        Ok(())
     }
-    println!(
-        "\nprimary was called {} times, fallback {} times.",
-        primary.calls(),
-        fallback.calls()
-    );
-    let _ = stop.send(());
-    let _ = server.await;
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
 }
 
 fn summarize_json(text: &str) -> String {

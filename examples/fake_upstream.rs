@@ -15,7 +15,10 @@
 //! and `data: [DONE]`. Content chunk *i* carries the text `[seq i] ` (the
 //! non-streaming answer is the same text in one piece), so a client can prove
 //! that no text was repeated, dropped or reordered. Bodies are rendered once
-//! at start; a request costs one body read and a byte scan for `"stream"`.
+//! at start, by the renderers of the tests' and the demo's fake
+//! (`examples/support/fake.rs`), so there is one definition of a fake
+//! completion and chunk; a request costs one body read and a byte scan for
+//! `"stream"`.
 //! `GET /healthz`, `GET /v1/models` and `GET /stats` (requests and faults by
 //! kind, JSON) answer too.
 //!
@@ -48,6 +51,10 @@
 // A demo and bench tool, not the gateway: it may stop on a broken invariant.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(dead_code)]
+
+/// The scriptable fake of the tests and the demo, for its body renderers.
+#[path = "support/fake.rs"]
+pub mod fake;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -357,33 +364,16 @@ struct Rendered {
     frames: Arc<Vec<Bytes>>,
 }
 
+/// The completion and the stream of `chunks` content chunks, content chunk
+/// *i* saying `[seq i] `, rendered by the shared fake (`support/fake.rs`).
 fn render(model: &str, chunks: usize) -> Rendered {
-    let text: String = (0..chunks).map(|i| format!("[seq {i}] ")).collect();
-    let completion = serde_json::json!({
-        "id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": chunks, "total_tokens": 5 + chunks}
-    })
-    .to_string();
-    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
-        let v = serde_json::json!({
-            "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
-        });
-        Bytes::from(format!("data: {v}\n\n"))
-    };
-    let mut frames = vec![chunk(
-        serde_json::json!({"role": "assistant", "content": ""}),
-        None,
-    )];
-    for i in 0..chunks {
-        frames.push(chunk(
-            serde_json::json!({"content": format!("[seq {i}] ")}),
-            None,
-        ));
-    }
-    frames.push(chunk(serde_json::json!({}), Some("stop")));
-    frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    let texts: Vec<String> = (0..chunks).map(|i| format!("[seq {i}] ")).collect();
+    let words: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let completion = fake::completion_json(model, &texts.concat(), chunks);
+    let frames = fake::sse_events(model, &words)
+        .into_iter()
+        .map(Bytes::from)
+        .collect();
     Rendered {
         completion: Bytes::from(completion),
         frames: Arc::new(frames),
@@ -631,28 +621,7 @@ fn error_json(status: u16, message: &str) -> Bytes {
 async fn serve(s: Arc<Shared>, req: Request<Incoming>) -> Result<Response<FakeBody>, Abort> {
     let path = req.uri().path();
     if req.method() != Method::POST {
-        return Ok(match path {
-            "/healthz" => json_response(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ok\"}")),
-            "/stats" | "/_fake/stats" => {
-                let by_kind: serde_json::Map<String, serde_json::Value> = KINDS
-                    .iter()
-                    .zip(&s.by_kind)
-                    .map(|(k, c)| ((*k).to_owned(), c.load(Ordering::Relaxed).into()))
-                    .collect();
-                let v = serde_json::json!({
-                    "requests": s.requests.load(Ordering::Relaxed), "by_kind": by_kind,
-                });
-                json_response(StatusCode::OK, Bytes::from(v.to_string()))
-            }
-            "/v1/models" | "/models" => json_response(
-                StatusCode::OK,
-                Bytes::from(
-                    serde_json::json!({"object": "list", "data": [{"id": s.b.model, "object": "model", "created": 1, "owned_by": "fake"}]})
-                        .to_string(),
-                ),
-            ),
-            _ => json_response(StatusCode::NOT_FOUND, error_json(404, "not found")),
-        });
+        return Ok(get_endpoint(&s, path));
     }
     if !path.ends_with("/chat/completions") {
         return Ok(json_response(
@@ -660,6 +629,38 @@ async fn serve(s: Arc<Shared>, req: Request<Incoming>) -> Result<Response<FakeBo
             error_json(404, "not found"),
         ));
     }
+    chat(&s, req).await
+}
+
+/// `GET /healthz`, `/stats`, `/v1/models`; 404 otherwise.
+fn get_endpoint(s: &Shared, path: &str) -> Response<FakeBody> {
+    match path {
+        "/healthz" => json_response(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ok\"}")),
+        "/stats" | "/_fake/stats" => {
+            let by_kind: serde_json::Map<String, serde_json::Value> = KINDS
+                .iter()
+                .zip(&s.by_kind)
+                .map(|(k, c)| ((*k).to_owned(), c.load(Ordering::Relaxed).into()))
+                .collect();
+            let v = serde_json::json!({
+                "requests": s.requests.load(Ordering::Relaxed), "by_kind": by_kind,
+            });
+            json_response(StatusCode::OK, Bytes::from(v.to_string()))
+        }
+        "/v1/models" | "/models" => json_response(
+            StatusCode::OK,
+            Bytes::from(
+                serde_json::json!({"object": "list", "data": [{"id": s.b.model, "object": "model", "created": 1, "owned_by": "fake"}]})
+                    .to_string(),
+            ),
+        ),
+        _ => json_response(StatusCode::NOT_FOUND, error_json(404, "not found")),
+    }
+}
+
+/// A chat request: picks its fault (the `x-fake-fault` header first), counts
+/// and journals it, then answers.
+async fn chat(s: &Shared, req: Request<Incoming>) -> Result<Response<FakeBody>, Abort> {
     let header_fault = req
         .headers()
         .get("x-fake-fault")
@@ -689,16 +690,27 @@ async fn serve(s: Arc<Shared>, req: Request<Incoming>) -> Result<Response<FakeBo
         None => s.pick(n),
     };
     let fault = fault.unwrap_or_default();
-    let kind = fault.kind();
-    s.by_kind[kind].fetch_add(1, Ordering::Relaxed);
-    if let Some(id) = request_id {
-        let injected = fault.status.filter(|s| !(200..300).contains(s));
-        s.journal.lock().entry(id).or_default().push(Served {
-            kind,
-            status: injected,
-        });
-    }
+    s.record(&fault, request_id);
+    answer(s, &fault, stream).await
+}
 
+impl Shared {
+    /// Counts the fault by kind and journals it under the request id.
+    fn record(&self, fault: &Fault, request_id: Option<String>) {
+        let kind = fault.kind();
+        self.by_kind[kind].fetch_add(1, Ordering::Relaxed);
+        if let Some(id) = request_id {
+            let injected = fault.status.filter(|s| !(200..300).contains(s));
+            self.journal.lock().entry(id).or_default().push(Served {
+                kind,
+                status: injected,
+            });
+        }
+    }
+}
+
+/// The answer to a chat request with this fault (the default: none).
+async fn answer(s: &Shared, fault: &Fault, stream: bool) -> Result<Response<FakeBody>, Abort> {
     let wait = s.b.latency + fault.delay.unwrap_or_default();
     if !wait.is_zero() {
         tokio::time::sleep(wait).await;
@@ -710,56 +722,74 @@ async fn serve(s: Arc<Shared>, req: Request<Incoming>) -> Result<Response<FakeBo
         return Err(Abort);
     }
     if let Some(status) = fault.status.filter(|s| !(200..300).contains(s)) {
-        let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut resp = json_response(code, error_json(status, "injected fault"));
-        if let Some(ra) = fault
-            .retry_after
-            .as_deref()
-            .and_then(|v| HeaderValue::from_str(v).ok())
-        {
-            resp.headers_mut().insert("retry-after", ra);
-        }
-        return Ok(resp);
+        return Ok(error_status(status, fault.retry_after.as_deref()));
     }
     if fault.error_200 {
-        let err = error_json(503, "injected in-band error");
-        if stream {
-            let mut b = BytesMut::from(&b"data: "[..]);
-            b.extend_from_slice(&err);
-            b.extend_from_slice(b"\n\n");
-            return Ok(sse_response(FakeBody::Full(Some(b.freeze()))));
-        }
-        return Ok(json_response(StatusCode::OK, err));
+        return Ok(in_band_error(stream));
     }
-    if !stream {
-        if let Some(d) = fault.slow_first {
-            tokio::time::sleep(d).await;
-        }
-        let full = s.rendered.completion.clone();
-        let cut = if fault.reset_after_headers {
-            Some(0)
-        } else {
-            fault.cut_after.map(|_| full.len() / 2)
-        };
-        let Some(keep) = cut else {
-            return Ok(json_response(StatusCode::OK, full));
-        };
-        let mut resp = json_response(StatusCode::OK, Bytes::new());
-        resp.headers_mut()
-            .insert(CONTENT_LENGTH, HeaderValue::from(full.len()));
-        *resp.body_mut() = FakeBody::Stream(StreamBody {
-            frames: Arc::new(vec![full.slice(..keep)]),
-            next: 0,
-            end: usize::from(keep > 0),
-            slow_first: None,
-            chunk_delay: Duration::ZERO,
-            sleep: None,
-            waited: false,
-            abort: true,
-        });
-        return Ok(resp);
+    if stream {
+        Ok(stream_answer(s, fault))
+    } else {
+        Ok(completion_answer(s, fault).await)
     }
+}
 
+/// An injected error status, with `Retry-After` if given.
+fn error_status(status: u16, retry_after: Option<&str>) -> Response<FakeBody> {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = json_response(code, error_json(status, "injected fault"));
+    if let Some(ra) = retry_after.and_then(|v| HeaderValue::from_str(v).ok()) {
+        resp.headers_mut().insert("retry-after", ra);
+    }
+    resp
+}
+
+/// A 200 whose body (or first SSE event) is an error with code 503.
+fn in_band_error(stream: bool) -> Response<FakeBody> {
+    let err = error_json(503, "injected in-band error");
+    if stream {
+        let mut b = BytesMut::from(&b"data: "[..]);
+        b.extend_from_slice(&err);
+        b.extend_from_slice(b"\n\n");
+        return sse_response(FakeBody::Full(Some(b.freeze())));
+    }
+    json_response(StatusCode::OK, err)
+}
+
+/// The non-streaming answer: the whole completion, or (`reset-after-headers`,
+/// `cut-after`) its content-length promised and the body cut short.
+async fn completion_answer(s: &Shared, fault: &Fault) -> Response<FakeBody> {
+    if let Some(d) = fault.slow_first {
+        tokio::time::sleep(d).await;
+    }
+    let full = s.rendered.completion.clone();
+    let cut = if fault.reset_after_headers {
+        Some(0)
+    } else {
+        fault.cut_after.map(|_| full.len() / 2)
+    };
+    let Some(keep) = cut else {
+        return json_response(StatusCode::OK, full);
+    };
+    let mut resp = json_response(StatusCode::OK, Bytes::new());
+    resp.headers_mut()
+        .insert(CONTENT_LENGTH, HeaderValue::from(full.len()));
+    *resp.body_mut() = FakeBody::Stream(StreamBody {
+        frames: Arc::new(vec![full.slice(..keep)]),
+        next: 0,
+        end: usize::from(keep > 0),
+        slow_first: None,
+        chunk_delay: Duration::ZERO,
+        sleep: None,
+        waited: false,
+        abort: true,
+    });
+    resp
+}
+
+/// The streaming answer: the rendered frames (re-rendered for a `chunks`
+/// override), paced, and cut short by `reset-after-headers` or `cut-after`.
+fn stream_answer(s: &Shared, fault: &Fault) -> Response<FakeBody> {
     let chunks = fault.chunks.unwrap_or(s.b.chunks);
     let frames = if chunks == s.b.chunks {
         Arc::clone(&s.rendered.frames)
@@ -774,7 +804,7 @@ async fn serve(s: Arc<Shared>, req: Request<Incoming>) -> Result<Response<FakeBo
     } else {
         frames.len()
     };
-    Ok(sse_response(FakeBody::Stream(StreamBody {
+    sse_response(FakeBody::Stream(StreamBody {
         frames,
         next: 0,
         end,
@@ -783,7 +813,7 @@ async fn serve(s: Arc<Shared>, req: Request<Incoming>) -> Result<Response<FakeBo
         sleep: None,
         waited: false,
         abort: fault.reset_after_headers || fault.cut_after.is_some(),
-    })))
+    }))
 }
 
 fn sse_response(body: FakeBody) -> Response<FakeBody> {
@@ -969,6 +999,26 @@ mod tests {
         let s = parse_schedule("ok*3;status=503*2").unwrap();
         assert_eq!(s.len(), 2);
         assert_eq!(s[0].1, 3);
+    }
+
+    #[test]
+    fn bodies_carry_sequence_markers() {
+        let r = render("fake-model", 3);
+        let v: serde_json::Value = serde_json::from_slice(&r.completion).unwrap();
+        assert_eq!(v["model"], "fake-model");
+        assert_eq!(
+            v["choices"][0]["message"]["content"],
+            "[seq 0] [seq 1] [seq 2] "
+        );
+        assert_eq!(v["usage"]["completion_tokens"], 3);
+        assert_eq!(r.frames.len(), 6, "role, 3 content chunks, finish, [DONE]");
+        for i in 0..3 {
+            let event = std::str::from_utf8(&r.frames[1 + i]).unwrap();
+            let data = event.strip_prefix("data: ").unwrap().trim_end();
+            let v: serde_json::Value = serde_json::from_str(data).unwrap();
+            assert_eq!(v["choices"][0]["delta"]["content"], format!("[seq {i}] "));
+        }
+        assert_eq!(&r.frames[5][..], b"data: [DONE]\n\n");
     }
 
     #[test]

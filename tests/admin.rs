@@ -88,12 +88,10 @@ async fn over_the_concurrency_cap_gets_503_with_retry_after() {
         gateway(&(chain_config(&[("a", &a.url())], "", "") + "max_concurrent_requests: 1\n")).await;
     let addr = gw.addr;
     let first = tokio::spawn(async move { chat(addr, hello("gpt-4o")).await.status });
-    for _ in 0..100 {
-        if a.calls() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    assert!(
+        wait_for(Duration::from_millis(500), || a.calls() == 1).await,
+        "the first request reached the upstream"
+    );
     let second = chat(gw.addr, hello("gpt-4o")).await;
     assert_eq!(second.status, 503);
     assert_eq!(second.header("retry-after"), "1");
@@ -130,12 +128,10 @@ async fn shutdown_waits_for_in_flight_requests_at_most_drain_timeout() {
         let _ = stopped.await;
     }));
     let hanging = tokio::spawn(async move { chat(addr, hello("gpt-4o")).await });
-    for _ in 0..100 {
-        if a.calls() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    assert!(
+        wait_for(Duration::from_millis(500), || a.calls() == 1).await,
+        "the request is in flight"
+    );
     let started = Instant::now();
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(3), server)

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::edge_support::*;
 use crate::support::fake::{self, Fake, Reply};
 use crate::support::*;
 
@@ -48,13 +47,10 @@ async fn retries_and_failovers_bound_the_total_attempts() {
     let busy = || Fake::always(fake::error(503, "busy"));
     let (a, b, c) = (busy().await, busy().await, busy().await);
     let retry = "retry: { max: 2, backoff: 5ms }";
-    // Three counted failures make a target DEGRADED, which sets the process-wide
-    // `switchyard_target_health{target=...}` gauge: unique names keep this test
-    // from disturbing metric assertions about targets `a`/`b` in other modules.
     let hops = [
-        hop("bound-a", &a.url()).provider(retry),
-        hop("bound-b", &b.url()).provider(retry),
-        hop("bound-c", &c.url()).provider(retry),
+        hop("a", &a.url()).provider(retry),
+        hop("b", &b.url()).provider(retry),
+        hop("c", &c.url()).provider(retry),
     ];
     // Default max_failovers: chain length - 1 = 2 -> 3 targets x 3 attempts.
     let gw = gateway(&routes(&hops, "", "")).await;
@@ -63,20 +59,35 @@ async fn retries_and_failovers_bound_the_total_attempts() {
     assert_eq!((a.calls(), b.calls(), c.calls()), (3, 3, 3));
     assert_eq!(ans.header("x-switchyard-attempts"), "9");
     assert_eq!(ans.header("x-switchyard-failovers"), "2");
+    // Three counted failures (the default degraded_after) each: all DEGRADED.
+    assert_eq!(health_gauges(&gw).await, [1.0, 1.0, 1.0]);
     drop(gw);
 
     // max_failovers 1 -> 2 targets x 3 attempts, the third never called.
     let (a, b, c) = (busy().await, busy().await, busy().await);
     let hops = [
-        hop("bound-a", &a.url()).provider(retry),
-        hop("bound-b", &b.url()).provider(retry),
-        hop("bound-c", &c.url()).provider(retry),
+        hop("a", &a.url()).provider(retry),
+        hop("b", &b.url()).provider(retry),
+        hop("c", &c.url()).provider(retry),
     ];
     let gw = gateway(&routes(&hops, "budget: { max_failovers: 1 }", "")).await;
     let ans = chat(gw.addr, hello("gpt-4o")).await;
     assert_eq!(ans.status, 502, "{}", ans.text());
     assert_eq!((a.calls(), b.calls(), c.calls()), (3, 3, 0));
     assert_eq!(ans.header("x-switchyard-attempts"), "6");
+    assert_eq!(health_gauges(&gw).await, [1.0, 1.0, 0.0], "c untouched");
+}
+
+/// `switchyard_target_health` of targets a, b and c (0 healthy, 1 degraded, 2 down).
+async fn health_gauges(gw: &Gw) -> [f64; 3] {
+    let page = metrics_page(gw).await;
+    ["a", "b", "c"].map(|t| {
+        series_value(
+            &page,
+            &format!(r#"switchyard_target_health{{target="{t}"}}"#),
+        )
+        .unwrap_or_else(|| panic!("no health gauge of {t} in\n{page}"))
+    })
 }
 
 #[tokio::test]
@@ -100,7 +111,7 @@ async fn total_timeout_gives_504_on_time_and_tries_nothing_after() {
     );
     assert_eq!((a.calls(), b.calls()), (1, 0), "no hop after the deadline");
     assert!(
-        wait_for(|| a.cancelled() == 1, Duration::from_secs(1)).await,
+        wait_for(Duration::from_secs(1), || a.cancelled() == 1).await,
         "the hanging upstream call is closed"
     );
 }

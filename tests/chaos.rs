@@ -8,11 +8,12 @@
 //! time (`cargo test --test tests -- --ignored --test-threads=1`); run it
 //! alone with `cargo test --test tests chaos -- --ignored --nocapture` (the
 //! summary table is printed). The run itself happens in a child process of
-//! this test binary, so that the descriptors, RSS and metrics it checks are
-//! its own and not those of other tests in the same process.
+//! this test binary, so that the descriptors and RSS it checks are its own
+//! and not those of other tests in the same process (its gateway's metrics
+//! are its own anyway: each gateway has its own registry).
 
-#[path = "../examples/fake_upstream.rs"]
-mod fake_upstream;
+// `harness` reaches it as `super::fake_upstream`.
+use crate::fake_upstream;
 
 #[path = "../examples/chaos/harness.rs"]
 mod harness;
@@ -21,7 +22,7 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::support::wait_blocking;
 
 /// Set in the child process.
 const CHILD: &str = "SWITCHYARD_CHAOS_CHILD";
@@ -58,18 +59,14 @@ fn chaos_suite_in_its_own_process() {
         let _ = err.read_to_string(&mut s);
         s
     });
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for the chaos child") {
-            break Some(status);
-        }
-        if started.elapsed() > LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let mut status = None;
+    if !wait_blocking(LIMIT, || {
+        status = child.try_wait().expect("wait for the chaos child");
+        status.is_some()
+    }) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     let stdout = out_reader.join().unwrap_or_default();
     let stderr = err_reader.join().unwrap_or_default();
     println!("{stdout}");

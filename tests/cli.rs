@@ -315,13 +315,10 @@ async fn sigterm_lets_an_in_flight_request_finish() {
     let mut served = Served::start(&config, dir.path(), &[]);
     let addr = served.addr;
     let pending = tokio::spawn(async move { chat(addr, hello("gpt-4o")).await });
-    for _ in 0..200 {
-        if a.calls() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(a.calls(), 1, "the request reached the upstream");
+    assert!(
+        wait_for(Duration::from_secs(1), || a.calls() == 1).await,
+        "the request reached the upstream"
+    );
     let status = tokio::task::block_in_place(|| served.terminate(Duration::from_secs(5)));
     let ans = pending.await.unwrap();
     assert_eq!(ans.status, 200, "{}", ans.text());

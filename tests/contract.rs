@@ -30,13 +30,7 @@ fn tool_answer(model: &str, name: &str, args: &str) -> Reply {
 }
 
 fn tool_stream(model: &str, name: &str, arg_pieces: &[&str], text_first: Option<&str>) -> Reply {
-    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
-        format!(
-            "data: {}\n\n",
-            serde_json::json!({"id": "s", "object": "chat.completion.chunk", "created": 1, "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-        )
-    };
+    let chunk = |delta, finish| fake::chunk_event(model, delta, finish);
     let mut pieces = vec![chunk(
         serde_json::json!({"role": "assistant", "content": ""}),
         None,
@@ -55,7 +49,7 @@ fn tool_stream(model: &str, name: &str, arg_pieces: &[&str], text_first: Option<
         ));
     }
     pieces.push(chunk(serde_json::json!({}), Some("tool_calls")));
-    pieces.push("data: [DONE]\n\n".to_owned());
+    pieces.push(fake::SSE_DONE.to_owned());
     Reply::Stream {
         pieces,
         delay: Duration::ZERO,
@@ -105,12 +99,15 @@ async fn a_degraded_call_to_an_unoffered_tool_fails_over_once() {
         "get_weather"
     );
     assert_eq!((a.calls(), b.calls(), c.calls()), (2, 1, 1));
-    let page = get(gw.addr, "/metrics").await.text();
-    assert!(
-        page.contains(
+    assert_eq!(
+        metric(
+            &gw,
             r#"switchyard_failovers_total{task="chat",from="b",to="c",reason="contract_violation"}"#
-        ),
-        "{page}"
+        )
+        .await,
+        1.0,
+        "{}",
+        metrics_page(&gw).await
     );
 }
 

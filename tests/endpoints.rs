@@ -128,15 +128,19 @@ async fn metrics_count_a_request() {
     assert_eq!(page.status, 200);
     assert!(page.header("content-type").starts_with("text/plain"));
     let text = page.text();
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with("switchyard_requests_total{")
-                && l.contains("task=\"summarize\"")
-                && l.contains("target=\"t\"")
-                && l.contains("status=\"200\"")),
+    assert_eq!(
+        series_value(
+            &text,
+            r#"switchyard_requests_total{task="summarize",target="t",status="200"}"#
+        ),
+        Some(1.0),
         "{text}"
     );
-    assert!(text.contains("switchyard_config_reloads_total"), "{text}");
+    assert_eq!(
+        series_value(&text, r#"switchyard_config_reloads_total{result="ok"}"#),
+        Some(1.0),
+        "the first load: {text}"
+    );
 }
 
 #[tokio::test]

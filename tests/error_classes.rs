@@ -6,8 +6,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::edge_support::*;
-use crate::support::fake::{self, Fake, Reply};
+use crate::support::fake::{self, Fake, RawFake, Reply};
 use crate::support::*;
 
 /// A reply with a status, JSON body and extra headers.
@@ -36,9 +35,7 @@ async fn ok_fake(name: &str) -> Fake {
 async fn status_code_rule_replaces_the_default_retry() {
     let a = Fake::always(fake::error(503, "busy")).await;
     let b = ok_fake("b").await;
-    // High thresholds: three failures of `a` must not move the process-wide
-    // health gauge that other modules' metric assertions read.
-    let top = "error_classes:\n  - match: { status: 503 }\n    action: failover\nhealth: { degraded_after: 10, down_after: 20 }\n";
+    let top = "error_classes:\n  - match: { status: 503 }\n    action: failover\n";
     let gw = gateway(&routes(&[hop("a", &a.url()), hop("b", &b.url())], "", top)).await;
     let ans = chat(gw.addr, hello("gpt-4o")).await;
     assert_eq!(ans.status, 200, "{}", ans.text());
@@ -52,6 +49,12 @@ async fn status_code_rule_replaces_the_default_retry() {
     assert_eq!(ans.status, 200);
     assert_eq!(a.calls(), 3, "502 is retried once by the default table");
     assert_eq!(b.calls(), 2);
+    // Both rules' failures count: three make a DEGRADED (the default threshold).
+    assert_eq!(admin_target(&gw, "a").await["state"], "degraded");
+    assert_eq!(
+        metric(&gw, r#"switchyard_target_health{target="a"}"#).await,
+        1.0
+    );
 }
 
 #[tokio::test]
@@ -224,7 +227,11 @@ async fn header_rule_applies_to_a_streaming_200() {
     }
     let a = RawFake::start(vec![(
         Duration::ZERO,
-        format!("{}{body}", sse_head(&[("x-vendor-state", "overloaded")])).into_bytes(),
+        format!(
+            "{}{body}",
+            fake::sse_head(&[("x-vendor-state", "overloaded")])
+        )
+        .into_bytes(),
     )])
     .await;
     let b = Fake::always(fake::stream("model-b", &["from", " b"])).await;

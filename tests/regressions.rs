@@ -1,38 +1,31 @@
 //! Regression tests, each named after a bug found by a review of this gateway.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
-
-use tokio::time::Instant;
 
 use crate::support::fake::{self, Fake};
 use crate::support::*;
-
-/// The value of a metric line `name{labels} value` on the metrics page, 0 if absent.
-fn metric(page: &str, series: &str) -> f64 {
-    page.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)
-                .and_then(|rest| rest.trim().parse().ok())
-        })
-        .unwrap_or(0.0)
-}
 
 #[tokio::test]
 async fn rejected_reload_is_logged_and_counted_once_not_in_a_loop() {
     let a = Fake::always(fake::completion("model-a", "a")).await;
     let cfg = chain_config(&[("a", &a.url())], "", "");
     let gw = gateway(&cfg).await;
-    let series = r#"switchyard_config_reloads_total{result="error"}"#;
-    let before = metric(&get(gw.addr, "/metrics").await.text(), series);
+    assert_eq!(reloads(&gw, "error").await, 0.0);
     gw.rewrite(&cfg.replace("chain: [a]", "chain: [nope]"));
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let after = metric(&get(gw.addr, "/metrics").await.text(), series);
-    // Other tests in this binary may reload broken files at the same time: allow
-    // their few events, but a self-triggering watcher would add ~8 here.
     assert!(
-        (1.0..=3.0).contains(&(after - before)),
-        "{before} -> {after}"
+        eventually(Duration::from_secs(3), || async {
+            reloads(&gw, "error").await >= 1.0
+        })
+        .await,
+        "the rejected file was not counted within 3 s"
     );
+    // The scenario: a watcher set off by its own reads would reject the file
+    // again every 150 ms debounce; over 1 s it would count about 6 more.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(reloads(&gw, "error").await, 1.0, "counted once");
+    assert_eq!(reloads(&gw, "ok").await, 1.0, "only the first load");
     assert_eq!(
         chat(gw.addr, hello("gpt-4o")).await.status,
         200,
@@ -47,30 +40,40 @@ async fn busy_directory_does_not_postpone_a_reload() {
     let cfg = chain_config(&[("a", &a.url()), ("b", &b.url())], "", "");
     let gw = gateway(&cfg).await;
     let log = gw.dir.path().join("app.log");
-    let writer = tokio::spawn(async move {
-        for i in 0..60 {
-            let _ = std::fs::write(&log, format!("line {i}\n"));
-            tokio::time::sleep(Duration::from_millis(25)).await;
+    let writes = Arc::new(AtomicUsize::new(0));
+    let writer = tokio::spawn({
+        let writes = Arc::clone(&writes);
+        async move {
+            for i in 0..60 {
+                let _ = std::fs::write(&log, format!("line {i}\n"));
+                writes.fetch_add(1, Ordering::SeqCst);
+                // The scenario: a write every 25 ms, well inside the 150 ms
+                // debounce, so a debounce that restarted on every event would
+                // never fire.
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
         }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let written = Instant::now();
+    let busy = || writes.load(Ordering::SeqCst) >= 4;
+    assert!(
+        wait_for(Duration::from_secs(1), busy).await,
+        "the directory is busy"
+    );
     gw.rewrite(&cfg.replace("chain: [a, b]", "chain: [b]"));
-    let mut switched = None;
-    while written.elapsed() < Duration::from_millis(1000) {
-        if chat(gw.addr, hello("gpt-4o"))
+    let switched = eventually(Duration::from_millis(1000), || async {
+        chat(gw.addr, hello("gpt-4o"))
             .await
             .header("x-switchyard-target")
             == "b"
-        {
-            switched = Some(written.elapsed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
+    assert!(
+        writes.load(Ordering::SeqCst) < 60,
+        "the directory was still busy when the reload was applied"
+    );
     writer.abort();
     assert!(
-        switched.is_some(),
+        switched,
         "reload not applied within 1 s while another file in the directory kept changing"
     );
 }
@@ -93,15 +96,11 @@ async fn rotated_api_key_file_takes_effect_without_editing_routes() {
     let tmp = gw_dir_key.path().join("..key.tmp");
     std::fs::write(&tmp, "sk-second\n").unwrap();
     std::fs::rename(&tmp, &key).unwrap();
-    let mut rotated = false;
-    for _ in 0..40 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let rotated = eventually(Duration::from_secs(2), || async {
         chat(gw.addr, hello("gpt-4o")).await;
-        if a.seen().last().unwrap().headers["authorization"] == "Bearer sk-second" {
-            rotated = true;
-            break;
-        }
-    }
+        a.seen().last().unwrap().headers["authorization"] == "Bearer sk-second"
+    })
+    .await;
     assert!(rotated, "the rotated key was not picked up within 2 s");
 }
 
@@ -131,11 +130,10 @@ async fn own_400_and_413_are_counted_in_requests_total() {
     let a = Fake::always(fake::completion("model-a", "a")).await;
     let gw = gateway(&chain_config(&[("a", &a.url())], "", "")).await;
     let series = r#"switchyard_requests_total{task="unknown",target="none",status="400"}"#;
-    let before = metric(&get(gw.addr, "/metrics").await.text(), series);
+    assert_eq!(metric(&gw, series).await, 0.0);
     let ans = post_raw(gw.addr, "/v1/chat/completions", "[1,2]", &[]).await;
     assert_eq!(ans.status, 400);
-    let after = metric(&get(gw.addr, "/metrics").await.text(), series);
-    assert!(after > before, "{before} -> {after}");
+    assert_eq!(metric(&gw, series).await, 1.0);
 }
 
 #[tokio::test]
@@ -187,17 +185,21 @@ async fn first_config_load_and_every_target_show_in_metrics_from_the_start() {
     .unwrap();
     let served = crate::binary::Served::start(&config, dir.path(), &[]);
     let page = get(served.addr, "/metrics").await.text();
-    assert!(
-        page.contains(r#"switchyard_config_reloads_total{result="ok"} 1"#),
+    let value = |series: &str| series_value(&page, series);
+    assert_eq!(
+        value(r#"switchyard_config_reloads_total{result="ok"}"#),
+        Some(1.0),
         "{page}"
     );
-    assert!(page.contains("switchyard_config_hash "), "{page}");
-    assert!(
-        page.contains(r#"switchyard_target_health{target="a"} 0"#),
+    assert!(value("switchyard_config_hash").is_some(), "{page}");
+    assert_eq!(
+        value(r#"switchyard_target_health{target="a"}"#),
+        Some(0.0),
         "{page}"
     );
-    assert!(
-        page.contains(r#"switchyard_target_health{target="b"} 0"#),
+    assert_eq!(
+        value(r#"switchyard_target_health{target="b"}"#),
+        Some(0.0),
         "{page}"
     );
 }
@@ -235,8 +237,15 @@ async fn deeply_nested_reload_is_rejected_and_the_old_config_keeps_serving() {
     let a = Fake::always(fake::completion("model-a", "a")).await;
     let gw = gateway(&chain_config(&[("a", &a.url())], "", "")).await;
     gw.rewrite(&format!("version: 1\ntasks:\n{}x\n", "- ".repeat(20_000)));
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            reloads(&gw, "error").await == 1.0
+        })
+        .await,
+        "the nested file was not rejected within 3 s"
+    );
     assert_eq!(chat(gw.addr, hello("gpt-4o")).await.status, 200);
+    assert_eq!(reloads(&gw, "ok").await, 1.0, "only the first load");
 }
 
 #[test]

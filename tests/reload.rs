@@ -79,35 +79,6 @@ async fn ask(gw: &Gw, streamed: bool) -> (u16, String) {
     (ans.status.as_u16(), target)
 }
 
-/// The value of a `switchyard_config_reloads_total{result=...}` counter (0 if absent).
-async fn reloads(gw: &Gw, result: &str) -> f64 {
-    let page = get(gw.addr, "/metrics").await;
-    assert_eq!(page.status, 200);
-    let prefix = format!("switchyard_config_reloads_total{{result=\"{result}\"}} ");
-    page.text()
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .map_or(0.0, |v| v.trim().parse().unwrap())
-}
-
-/// Polls `cond` every 20 ms for at most `within`; returns whether it held.
-async fn eventually<F, Fut>(within: Duration, mut cond: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let started = Instant::now();
-    loop {
-        if cond().await {
-            return true;
-        }
-        if started.elapsed() >= within {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[derive(Debug)]
 struct Sample {
     sent: Duration,
@@ -162,6 +133,7 @@ async fn chain_change_under_live_traffic_loses_no_request() {
         }));
     }
 
+    // The scenario: the chain changes 600 ms into 1.9 s of traffic.
     tokio::time::sleep(write_at.saturating_sub(start.elapsed())).await;
     let written = start.elapsed();
     gw.rewrite(&config(&a, &b, "b"));
@@ -254,7 +226,7 @@ async fn invalid_reload_keeps_the_old_config_until_fixed() {
         let before = reloads(&gw, "error").await;
         gw.rewrite(&text);
         let rejected = eventually(Duration::from_secs(3), || async {
-            reloads(&gw, "error").await > before
+            reloads(&gw, "error").await == before + 1.0
         })
         .await;
         assert!(rejected, "{what}: no reload error counted within 3 s");
@@ -272,6 +244,8 @@ async fn invalid_reload_keeps_the_old_config_until_fixed() {
         );
     }
     assert_eq!(b.calls(), 0);
+    assert_eq!(reloads(&gw, "error").await, 2.0, "each broken file once");
+    assert_eq!(reloads(&gw, "ok").await, 1.0, "the first load only");
 
     // Fixing the file applies it.
     gw.rewrite(&config(&a, &b, "b"));
@@ -282,6 +256,8 @@ async fn invalid_reload_keeps_the_old_config_until_fixed() {
     assert!(applied, "the fixed file was not applied within 3 s");
     assert_eq!(ask(&gw, true).await, (200, "b".into()));
     assert_ne!(get(gw.addr, "/readyz").await.json()["config_hash"], hash);
+    assert_eq!(reloads(&gw, "ok").await, 2.0);
+    assert_eq!(reloads(&gw, "error").await, 2.0);
 }
 
 #[tokio::test]
@@ -303,6 +279,7 @@ async fn identical_rewrite_changes_nothing() {
             "an identical file replaced the snapshot"
         );
         n += 1;
+        // Pacing of the watch window above (the scenario, not a wait).
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert!(
@@ -311,18 +288,8 @@ async fn identical_rewrite_changes_nothing() {
     );
     assert!(Arc::ptr_eq(&before, &gw.app.snapshot.load_full()));
     assert_eq!(b.calls(), 0);
-}
-
-/// The health state of `target` from `/admin/targets`.
-async fn state(gw: &Gw, target: &str) -> String {
-    let v = get(gw.addr, "/admin/targets").await.json();
-    v["targets"]
-        .as_array()
-        .expect("targets")
-        .iter()
-        .find(|t| t["target"] == target)
-        .map(|t| t["state"].as_str().unwrap_or_default().to_owned())
-        .unwrap_or_default()
+    assert_eq!(reloads(&gw, "ok").await, 1.0, "the first load only");
+    assert_eq!(reloads(&gw, "error").await, 0.0);
 }
 
 /// Rewrites the file and waits (up to 3 s) until the served config hash changes.
@@ -347,7 +314,7 @@ async fn reload_keeps_the_health_of_unchanged_targets() {
     let gw = gateway(&text).await;
     assert_eq!(ask(&gw, false).await, (200, "b".into()));
     assert_eq!(a.calls(), 2, "one try and one retry");
-    assert_eq!(state(&gw, "a").await, "down");
+    assert_eq!(admin_target(&gw, "a").await["state"], "down");
 
     // An edit that leaves target a as it was: a stays DOWN, skipped without a call.
     apply(
@@ -355,7 +322,11 @@ async fn reload_keeps_the_health_of_unchanged_targets() {
         &text.replace("aliases: [gpt-4o]", "aliases: [gpt-4o, gpt-4]"),
     )
     .await;
-    assert_eq!(state(&gw, "a").await, "down", "health survived the reload");
+    assert_eq!(
+        admin_target(&gw, "a").await["state"],
+        "down",
+        "health survived the reload"
+    );
     assert_eq!(ask(&gw, true).await, (200, "b".into()));
     assert_eq!(a.calls(), 2, "a DOWN target is not called after a reload");
 
@@ -365,7 +336,7 @@ async fn reload_keeps_the_health_of_unchanged_targets() {
         &text.replace("model: upstream-a", "model: upstream-a2"),
     )
     .await;
-    assert_eq!(state(&gw, "a").await, "healthy");
+    assert_eq!(admin_target(&gw, "a").await["state"], "healthy");
     assert_eq!(ask(&gw, false).await, (200, "b".into()));
     assert_eq!(a.calls(), 4);
 }

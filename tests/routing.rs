@@ -40,12 +40,15 @@ async fn requests_with_tools_skip_targets_without_the_capability() {
             .header("x-switchyard-target"),
         "a"
     );
-    let page = get(gw.addr, "/metrics").await.text();
-    assert!(
-        page.contains(
+    assert_eq!(
+        metric(
+            &gw,
             r#"switchyard_route_exclusions_total{task="chat",target="a",reason="capability"}"#
-        ),
-        "{page}"
+        )
+        .await,
+        1.0,
+        "the request with tools only: {}",
+        metrics_page(&gw).await
     );
 }
 
@@ -151,8 +154,12 @@ async fn provider_bucket_skips_the_target_without_a_call() {
     let ans = chat(gw.addr, hello("gpt-4o")).await;
     assert_eq!(ans.header("x-switchyard-target"), "b");
     assert_eq!(a.calls(), 1, "over its provider's rpm, a is not called");
-    let page = get(gw.addr, "/metrics").await.text();
-    assert!(page.contains(r#"switchyard_ratelimited_total{scope="provider"}"#));
+    assert_eq!(
+        metric(&gw, r#"switchyard_ratelimited_total{scope="provider"}"#).await,
+        1.0,
+        "{}",
+        metrics_page(&gw).await
+    );
 }
 
 #[tokio::test]
@@ -181,15 +188,30 @@ async fn fallback_budget_cuts_off_fallbacks_once_spent() {
         1,
         "b is a fallback and the hour's budget is spent"
     );
-    let page = get(gw.addr, "/metrics").await.text();
-    assert!(page.contains(
-        r#"switchyard_route_exclusions_total{task="chat",target="b",reason="fallback_budget"}"#
-    ));
-    assert!(
-        page.contains(r#"switchyard_cost_usd_total{task="chat",target="b"} 0.007"#),
+    let page = metrics_page(&gw).await;
+    let value = |series: &str| series_value(&page, series);
+    assert_eq!(
+        value(
+            r#"switchyard_route_exclusions_total{task="chat",target="b",reason="fallback_budget"}"#
+        ),
+        Some(1.0),
         "{page}"
     );
-    assert!(page.contains(r#"switchyard_tokens_total{target="b",kind="completion"}"#));
+    assert_eq!(
+        value(r#"switchyard_cost_usd_total{task="chat",target="b"}"#),
+        Some(0.007),
+        "{page}"
+    );
+    assert_eq!(
+        value(r#"switchyard_tokens_total{target="b",kind="completion"}"#),
+        Some(2.0),
+        "{page}"
+    );
+    assert_eq!(
+        value(r#"switchyard_tokens_total{target="b",kind="prompt"}"#),
+        Some(5.0),
+        "{page}"
+    );
 }
 
 #[tokio::test]

@@ -34,11 +34,7 @@ fn echo_error(status: u16, message: &str) -> Reply {
 }
 
 fn chunk(delta: &str) -> String {
-    format!(
-        "data: {}\n\n",
-        serde_json::json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-            "choices": [{"index": 0, "delta": {"content": delta}, "finish_reason": null}]})
-    )
+    fake::chunk_event("m", serde_json::json!({"content": delta}), None)
 }
 
 fn error_event(code: u16) -> String {

@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::edge_support::*;
-use crate::support::fake::{self, Fake};
+use crate::support::fake::{self, Fake, RawFake};
 use crate::support::*;
 
 const M: &str = "model-a";
@@ -52,7 +51,7 @@ async fn first_token_timeout_after_a_role_only_chunk_fails_over() {
     );
     assert_eq!((a.calls(), b.calls()), (1, 1), "a timeout is not retried");
     assert!(
-        wait_for(|| a.cancelled() == 1, Duration::from_millis(1500)).await,
+        wait_for(Duration::from_millis(1500), || a.cancelled() == 1).await,
         "a's abandoned stream is closed"
     );
 }
@@ -108,17 +107,23 @@ async fn client_cancel_while_waiting_for_the_first_token_closes_the_upstream() {
     let a = Fake::always(pieces(parts, Duration::from_millis(50))).await;
     let gw = gateway(&routes(&[hop("a", &a.url())], "", "")).await;
     let addr = gw.addr;
-    let req = tokio::spawn(async move { chat(addr, hello_stream("gpt-4o")).await });
+    let mut req = tokio::spawn(async move { chat(addr, hello_stream("gpt-4o")).await });
     assert!(
-        wait_for(|| a.calls() == 1, Duration::from_secs(1)).await,
+        wait_for(Duration::from_secs(1), || a.calls() == 1).await,
         "request reached a"
     );
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    assert!(!req.is_finished(), "nothing is sent before the first token");
+    // The scenario: a stall of 150 ms (three keep-alives) with no content, over
+    // which the client's answer must stay incomplete.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(150), &mut req)
+            .await
+            .is_err(),
+        "nothing is sent before the first token"
+    );
     req.abort();
     let aborted = Instant::now();
     assert!(
-        wait_for(|| a.cancelled() == 1, Duration::from_secs(1)).await,
+        wait_for(Duration::from_secs(1), || a.cancelled() == 1).await,
         "upstream not cancelled within 1s"
     );
     assert!(aborted.elapsed() < Duration::from_secs(1));
@@ -164,7 +169,7 @@ async fn raw_tcp_writes_cut_anywhere_are_relayed_byte_for_byte() {
         done("\r\n"),
     ]
     .concat();
-    let mut steps = vec![(Duration::ZERO, sse_head(&[]).into_bytes())];
+    let mut steps = vec![(Duration::ZERO, fake::sse_head(&[]).into_bytes())];
     let bytes = whole.as_bytes();
     // 7-byte writes hit every position class: mid-field, mid-JSON, mid-`\r\n`.
     for piece in bytes.chunks(7) {
@@ -247,7 +252,7 @@ async fn multi_line_data_is_relayed_and_commits() {
 #[tokio::test]
 async fn usage_chunk_with_empty_choices_before_done_is_relayed() {
     let usage = event(
-        r#"{"id":"chatcmpl-edge","object":"chat.completion.chunk","created":1,"model":"model-a","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}"#,
+        r#"{"id":"chatcmpl-fake","object":"chat.completion.chunk","created":1,"model":"model-a","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}"#,
         "\n",
     );
     let parts = vec![
@@ -275,7 +280,7 @@ async fn usage_chunk_with_empty_choices_before_done_is_relayed() {
 
 #[tokio::test]
 async fn last_event_without_blank_line_after_finish_gets_closed_and_done() {
-    let finish_json = chunk_json(M, serde_json::json!({}), Some("stop"));
+    let finish_json = fake::chunk_json(M, serde_json::json!({}), Some("stop"));
     let head = vec![role(M, "\n"), content(M, "hi", "\n")];
     let mut parts = head.clone();
     parts.push(format!("data: {finish_json}"));
@@ -290,7 +295,7 @@ async fn last_event_without_blank_line_after_finish_gets_closed_and_done() {
 
 #[tokio::test]
 async fn last_event_with_one_line_end_after_finish_gets_exactly_one_blank_line() {
-    let finish_json = chunk_json(M, serde_json::json!({}), Some("stop"));
+    let finish_json = fake::chunk_json(M, serde_json::json!({}), Some("stop"));
     let head = vec![role(M, "\n"), content(M, "hi", "\n")];
     let mut parts = head.clone();
     parts.push(format!("data: {finish_json}\n"));
@@ -306,7 +311,7 @@ async fn last_event_with_one_line_end_after_finish_gets_exactly_one_blank_line()
 async fn unterminated_last_event_that_is_also_the_commit_point_is_closed() {
     // Content and finish in one last event with no line end: it is read only
     // at EOF, before the commit point, so it is held rather than relayed.
-    let last = chunk_json(M, serde_json::json!({"content": "hi"}), Some("stop"));
+    let last = fake::chunk_json(M, serde_json::json!({"content": "hi"}), Some("stop"));
     let parts = vec![role(M, "\n"), format!("data: {last}")];
     let (_a, gw) = one(parts, Duration::from_millis(2)).await;
     let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
@@ -324,7 +329,7 @@ async fn unterminated_last_event_that_is_also_the_commit_point_is_closed() {
 async fn unterminated_content_at_eof_before_commit_still_gets_a_readable_interrupt() {
     // No finish_reason: the stream is truncated, and the client must see the
     // content, then the stream_interrupted event, then [DONE], as three events.
-    let last = chunk_json(M, serde_json::json!({"content": "hi"}), None);
+    let last = fake::chunk_json(M, serde_json::json!({"content": "hi"}), None);
     let parts = vec![role(M, "\n"), format!("data: {last}")];
     let (_a, gw) = one(parts, Duration::from_millis(2)).await;
     let ans = chat(gw.addr, hello_stream("gpt-4o")).await;

@@ -5,6 +5,12 @@
 
 mod support;
 
+/// The fast fake upstream of the benchmarks and the chaos suite; it brings
+/// the shared scriptable fake along (`support::fake` is its `fake`), so that
+/// `examples/support/fake.rs` is compiled once here.
+#[path = "../examples/fake_upstream.rs"]
+mod fake_upstream;
+
 mod architecture;
 
 mod binary;
@@ -22,7 +28,6 @@ mod anthropic;
 mod budgets;
 mod chaos;
 mod contract;
-mod edge_support;
 mod error_classes;
 mod health;
 mod readme;

@@ -38,7 +38,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -275,57 +275,16 @@ impl Report {
 /// # Panics
 /// If the gateway or a fake cannot start.
 pub async fn run(p: Params) -> Report {
-    // The fake's whole default mix, but a 429 (which cools the target down
-    // for its Retry-After of 1 s) a third as often as the other faults, so
-    // that the faulty targets are not cooling down most of the time.
-    let mix: Vec<fu::Fault> = {
-        let all = fu::parse_mix(fu::DEFAULT_MIX).expect("default mix");
-        let (rate_limits, others): (Vec<_>, Vec<_>) =
-            all.into_iter().partition(|f| f.status == Some(429));
-        let mut mix: Vec<_> = others
-            .iter()
-            .chain(&others)
-            .chain(&others)
-            .cloned()
-            .collect();
-        mix.extend(rate_limits);
-        mix
-    };
-    let behaviour = |name: &str, rate: f64, seed: u64| Behaviour {
-        mix: mix.clone(),
-        model: format!("model-{name}"),
-        chunks: p.chunks,
-        chunk_delay: p.chunk_delay,
-        fault_rate: rate,
-        seed,
-        journal: true,
-        ..Behaviour::default()
-    };
+    let mix = fault_mix();
     let any: SocketAddr = "127.0.0.1:0".parse().expect("literal");
-    let a = Upstream::start(any, behaviour("a", p.fault_rate, p.seed))
-        .await
-        .expect("start a");
-    let b = Upstream::start(any, behaviour("b", p.fault_rate, p.seed ^ 0xb))
-        .await
-        .expect("start b");
-    let c = Upstream::start(any, behaviour("c", 0.0, 0))
-        .await
-        .expect("start c");
+    let [a, b, c] = start_upstreams(&p, &mix, any).await;
     let urls = [a.url(), b.url(), c.url()];
     let a_addr = a.addr;
 
     let dir = tempfile::tempdir().expect("temp dir");
     let config_path: PathBuf = dir.path().join("routes.yaml");
     std::fs::write(&config_path, config(&urls, 0)).expect("write config");
-    let gw = Gateway::bind(&config_path, Some(any), CompileOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("gateway did not start:\n{e}"));
-    let gw_addr = gw.local_addr().expect("gateway address");
-    let app = gw.app();
-    let (stop_gw, stopped) = tokio::sync::oneshot::channel::<()>();
-    let gw_task = tokio::spawn(gw.run(async {
-        let _ = stopped.await;
-    }));
+    let gw = RunningGateway::start(&config_path, any).await;
 
     let shared = Arc::new(Shared {
         upstreams: Mutex::new([Some(a), Some(b), Some(c)]),
@@ -338,102 +297,33 @@ pub async fn run(p: Params) -> Report {
     });
 
     // Reloads for the whole run, warm-up included.
-    let reload_stop = Arc::new(AtomicBool::new(false));
-    let reloader = {
-        let stop = Arc::clone(&reload_stop);
-        let path = config_path.clone();
-        let urls = urls.clone();
-        let every = p.reload_every;
-        tokio::spawn(async move {
-            let mut n = 0usize;
-            while !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(every).await;
-                n += 1;
-                let tmp = path.with_extension("yaml.tmp");
-                std::fs::write(&tmp, config(&urls, n % 2)).expect("write config");
-                std::fs::rename(&tmp, &path).expect("rename config");
-            }
-            n
-        })
-    };
-
-    let scraper = p.scrape_every.map(|every| {
-        let app = Arc::clone(&app);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                let _ = app.metrics().render();
-            }
-        })
-    });
+    let reloader = Reloader::spawn(config_path.clone(), urls.clone(), p.reload_every);
+    let scraper = p
+        .scrape_every
+        .map(|every| spawn_scraper(Arc::clone(&gw.app), every));
 
     // Warm-up, then the start measurements with every connection closed.
-    clients_phase(&shared, gw_addr, &p, p.warmup, usize::MAX / 2).await;
+    clients_phase(&shared, gw.addr, &p, p.warmup, usize::MAX / 2).await;
     let warm_tally = std::mem::take(&mut *shared.tally.lock());
     let (fds0, rss0) = quiesce(&shared).await;
-    let render = || app.metrics().render();
-    let metrics0 = render();
+    let metrics0 = gw.app.metrics().render();
 
     // The measured phase, with the kill.
     let started = Instant::now();
-    let killer = {
-        let shared = Arc::clone(&shared);
-        let kill_after = p.duration.mul_f64(p.kill_at.clamp(0.0, 1.0));
-        let down_for = p.down_for;
-        let b = behaviour("a", p.fault_rate, p.seed.wrapping_add(1));
-        tokio::spawn(async move {
-            tokio::time::sleep(kill_after).await;
-            let victim = shared.upstreams.lock()[0].take();
-            shared.kill.lock().from = Some(Instant::now());
-            if let Some(v) = victim {
-                *shared.killed_stats.lock() = v.stats();
-                v.kill().await;
-            }
-            let killed_at = started.elapsed();
-            tokio::time::sleep(down_for).await;
-            let mut tries = 0;
-            let up = loop {
-                match Upstream::start(a_addr, b.clone()).await {
-                    Ok(up) => break up,
-                    Err(e) if tries < 50 => {
-                        tries += 1;
-                        let _ = e;
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    Err(e) => panic!("cannot restart chaos-a on {a_addr}: {e}"),
-                }
-            };
-            shared.upstreams.lock()[0] = Some(up);
-            shared.kill.lock().to = Some(Instant::now());
-            (killed_at, started.elapsed())
-        })
-    };
-    clients_phase(&shared, gw_addr, &p, p.duration, 0).await;
+    let restarted_a = behaviour(&p, &mix, "a", p.fault_rate, p.seed.wrapping_add(1));
+    let killer = spawn_killer(Arc::clone(&shared), &p, a_addr, restarted_a, started);
+    clients_phase(&shared, gw.addr, &p, p.duration, 0).await;
     let (killed_at, restarted_at) = killer.await.expect("killer");
     let elapsed = started.elapsed();
-    reload_stop.store(true, Ordering::Relaxed);
-    let reload_writes = reloader.await.expect("reloader");
+    let reload_writes = reloader.stop().await;
     let (fds1, rss1) = quiesce(&shared).await;
 
-    let metrics = render();
-    let mut stats: Vec<fu::Stats> = shared
-        .upstreams
-        .lock()
-        .iter()
-        .map(|u| u.as_ref().map(Upstream::stats).unwrap_or_default())
-        .collect();
-    {
-        let before = shared.killed_stats.lock();
-        stats[0].requests += before.requests;
-        for (n, b) in stats[0].by_kind.iter_mut().zip(before.by_kind) {
-            *n += b;
-        }
-    }
+    let metrics = gw.app.metrics().render();
+    let stats = upstream_stats(&shared);
     if let Some(s) = scraper {
         s.abort();
     }
-    let _ = stop_gw.send(());
-    let _ = gw_task.await;
+    gw.stop().await;
 
     let tally = std::mem::take(&mut *shared.tally.lock());
     let table = summary(
@@ -461,6 +351,187 @@ pub async fn run(p: Params) -> Report {
         fds: (fds0, fds1),
         rss_kib: (rss0, rss1),
     }
+}
+
+/// The fake's whole default mix, but a 429 (which cools the target down for
+/// its Retry-After of 1 s) a third as often as the other faults, so that the
+/// faulty targets are not cooling down most of the time.
+fn fault_mix() -> Vec<fu::Fault> {
+    let all = fu::parse_mix(fu::DEFAULT_MIX).expect("default mix");
+    let (rate_limits, others): (Vec<_>, Vec<_>) =
+        all.into_iter().partition(|f| f.status == Some(429));
+    let mut mix: Vec<_> = others
+        .iter()
+        .chain(&others)
+        .chain(&others)
+        .cloned()
+        .collect();
+    mix.extend(rate_limits);
+    mix
+}
+
+/// How the upstream `chaos-{name}` behaves: faults at `rate` from `mix`.
+fn behaviour(p: &Params, mix: &[fu::Fault], name: &str, rate: f64, seed: u64) -> Behaviour {
+    Behaviour {
+        mix: mix.to_vec(),
+        model: format!("model-{name}"),
+        chunks: p.chunks,
+        chunk_delay: p.chunk_delay,
+        fault_rate: rate,
+        seed,
+        journal: true,
+        ..Behaviour::default()
+    }
+}
+
+/// `chaos-a` and `chaos-b` (faulty) and `chaos-c` (never faults), on `any` port.
+async fn start_upstreams(p: &Params, mix: &[fu::Fault], any: SocketAddr) -> [Upstream; 3] {
+    let a = Upstream::start(any, behaviour(p, mix, "a", p.fault_rate, p.seed))
+        .await
+        .expect("start a");
+    let b = Upstream::start(any, behaviour(p, mix, "b", p.fault_rate, p.seed ^ 0xb))
+        .await
+        .expect("start b");
+    let c = Upstream::start(any, behaviour(p, mix, "c", 0.0, 0))
+        .await
+        .expect("start c");
+    [a, b, c]
+}
+
+/// The gateway under test, serving in a task of its own.
+struct RunningGateway {
+    addr: SocketAddr,
+    app: Arc<switchyard::state::App>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), switchyard::server::StartError>>,
+}
+
+impl RunningGateway {
+    async fn start(config_path: &Path, listen: SocketAddr) -> Self {
+        let gw = Gateway::bind(config_path, Some(listen), CompileOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("gateway did not start:\n{e}"));
+        let addr = gw.local_addr().expect("gateway address");
+        let app = gw.app();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(gw.run(async {
+            let _ = stopped.await;
+        }));
+        RunningGateway {
+            addr,
+            app,
+            stop,
+            task,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}
+
+/// Rewrites routes.yaml every `every`, alternating the two variants.
+struct Reloader {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<usize>,
+}
+
+impl Reloader {
+    fn spawn(path: PathBuf, urls: [String; 3], every: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let task = tokio::spawn(async move {
+            let mut n = 0usize;
+            while !stopped.load(Ordering::Relaxed) {
+                tokio::time::sleep(every).await;
+                n += 1;
+                let tmp = path.with_extension("yaml.tmp");
+                std::fs::write(&tmp, config(&urls, n % 2)).expect("write config");
+                std::fs::rename(&tmp, &path).expect("rename config");
+            }
+            n
+        });
+        Reloader { stop, task }
+    }
+
+    /// Stops after the current interval; returns how many rewrites there were.
+    async fn stop(self) -> usize {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.expect("reloader")
+    }
+}
+
+/// Renders the metrics every `every`, as a Prometheus scrape would.
+fn spawn_scraper(app: Arc<switchyard::state::App>, every: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            let _ = app.metrics().render();
+        }
+    })
+}
+
+/// Kills `chaos-a` `kill_at` into the measured phase (which began at
+/// `started`) and restarts it on its port `down_for` later, as `restarted`;
+/// the task returns when it was killed and restarted, from `started`.
+fn spawn_killer(
+    shared: Arc<Shared>,
+    p: &Params,
+    a_addr: SocketAddr,
+    restarted: Behaviour,
+    started: Instant,
+) -> tokio::task::JoinHandle<(Duration, Duration)> {
+    let kill_after = p.duration.mul_f64(p.kill_at.clamp(0.0, 1.0));
+    let down_for = p.down_for;
+    tokio::spawn(async move {
+        tokio::time::sleep(kill_after).await;
+        let victim = shared.upstreams.lock()[0].take();
+        shared.kill.lock().from = Some(Instant::now());
+        if let Some(v) = victim {
+            *shared.killed_stats.lock() = v.stats();
+            v.kill().await;
+        }
+        let killed_at = started.elapsed();
+        tokio::time::sleep(down_for).await;
+        let up = restart(a_addr, restarted).await;
+        shared.upstreams.lock()[0] = Some(up);
+        shared.kill.lock().to = Some(Instant::now());
+        (killed_at, started.elapsed())
+    })
+}
+
+/// Starts an upstream on the port a killed one had, retrying while the port
+/// is not yet free (up to 50 times, 20 ms apart).
+async fn restart(addr: SocketAddr, b: Behaviour) -> Upstream {
+    let mut tries = 0;
+    loop {
+        match Upstream::start(addr, b.clone()).await {
+            Ok(up) => return up,
+            Err(e) if tries < 50 => {
+                tries += 1;
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("cannot restart chaos-a on {addr}: {e}"),
+        }
+    }
+}
+
+/// Each upstream's stats, `chaos-a`'s before the kill included.
+fn upstream_stats(shared: &Shared) -> Vec<fu::Stats> {
+    let mut stats: Vec<fu::Stats> = shared
+        .upstreams
+        .lock()
+        .iter()
+        .map(|u| u.as_ref().map(Upstream::stats).unwrap_or_default())
+        .collect();
+    let before = shared.killed_stats.lock();
+    stats[0].requests += before.requests;
+    for (n, b) in stats[0].by_kind.iter_mut().zip(before.by_kind) {
+        *n += b;
+    }
+    stats
 }
 
 /// Closes every connection (the fakes drop theirs; the clients are gone), lets
@@ -654,71 +725,117 @@ struct Check<'a> {
 impl Check<'_> {
     /// Classifies an answer, or says which expectation it broke.
     fn answer(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> Result<End, String> {
-        let content_type = header(headers, "content-type");
         let attempts: Option<usize> = header(headers, "x-switchyard-attempts").parse().ok();
-        let seen: usize = self.journal.iter().map(Vec::len).sum();
-        let clean = |i: usize| self.journal[i].iter().any(|s| s.kind == 0);
-        let any_clean = (0..3).any(clean);
-        let at_deadline = self.elapsed + Duration::from_millis(30) >= self.total;
-        if !self.killed {
-            if let Some(a) = attempts {
-                if a != seen {
-                    return Err(format!(
-                        "x-switchyard-attempts {a} but the upstreams saw {seen} attempts"
-                    ));
-                }
-            }
-        }
+        self.attempts_seen(attempts)?;
         if status == 200 {
-            let target = header(headers, "x-switchyard-target");
-            let Some(t) = TARGETS.iter().position(|t| *t == target) else {
-                return Err(format!("200 from unknown target {target:?}"));
-            };
-            let model = format!("model-{}", &target[6..]);
-            let faulty_200 = || {
-                (!self.killed && !clean(t))
-                    .then(|| format!("complete 200 from {target}, whose attempts all had a fault"))
-            };
-            if self.stream {
-                if !content_type.starts_with("text/event-stream") {
-                    return Err(format!(
-                        "stream answered with content-type {content_type:?}"
-                    ));
-                }
-                let text = std::str::from_utf8(body).map_err(|_| "stream is not UTF-8")?;
-                let complete = parse_stream(text, self.chunks, &model)?;
-                if complete {
-                    return faulty_200().map_or(Ok(End::Ok), Err);
-                }
-                // Cut after the commit point: only an upstream that cut its
-                // stream (or died) may cause that, never healthy `chaos-c`.
-                let cut = self.journal[t].iter().any(|s| KINDS[s.kind] == "cut-after");
-                if t == 2 || !(cut || self.killed || at_deadline) {
-                    return Err(format!(
-                        "stream from {target} interrupted, but it did not cut it"
-                    ));
-                }
-                return Ok(End::Interrupted);
-            }
-            if !content_type.starts_with("application/json") {
-                return Err(format!("answer with content-type {content_type:?}"));
-            }
-            let v: Value = serde_json::from_slice(body).map_err(|_| "200 body is not JSON")?;
-            let content = v["choices"][0]["message"]["content"].as_str().unwrap_or("");
-            let expected: String = (0..self.chunks).map(|i| format!("[seq {i}] ")).collect();
-            if content != expected || v["model"] != model.as_str() {
-                return Err("200 body is not the upstream's whole answer".to_owned());
-            }
-            return faulty_200().map_or(Ok(End::Ok), Err);
+            return self.success(headers, body);
         }
+        self.failure(status, &header(headers, "content-type"), body, attempts)
+    }
 
-        // An error: OpenAI format, a status that fits its cause.
+    /// Whether an attempt at upstream `i` met no fault.
+    fn clean(&self, i: usize) -> bool {
+        self.journal[i].iter().any(|s| s.kind == 0)
+    }
+
+    /// Whether the request ended at its deadline.
+    fn at_deadline(&self) -> bool {
+        self.elapsed + Duration::from_millis(30) >= self.total
+    }
+
+    /// `x-switchyard-attempts` is what the upstreams saw (unless the kill
+    /// took some of them away).
+    fn attempts_seen(&self, attempts: Option<usize>) -> Result<(), String> {
+        let seen: usize = self.journal.iter().map(Vec::len).sum();
+        match attempts {
+            Some(a) if !self.killed && a != seen => Err(format!(
+                "x-switchyard-attempts {a} but the upstreams saw {seen} attempts"
+            )),
+            Some(_) | None => Ok(()),
+        }
+    }
+
+    /// A 200: the serving upstream's whole answer (a stream may be cut after
+    /// its commit point by an upstream that cut it), never from an upstream
+    /// whose every attempt had a fault.
+    fn success(&self, headers: &HeaderMap, body: &[u8]) -> Result<End, String> {
+        let content_type = header(headers, "content-type");
+        let target = header(headers, "x-switchyard-target");
+        let Some(t) = TARGETS.iter().position(|t| *t == target) else {
+            return Err(format!("200 from unknown target {target:?}"));
+        };
+        let model = format!("model-{}", &target[6..]);
+        let end = if self.stream {
+            self.stream_success(t, &content_type, body, &model)?
+        } else {
+            self.plain_success(&content_type, body, &model)?
+        };
+        if end == End::Ok && !self.killed && !self.clean(t) {
+            return Err(format!(
+                "complete 200 from {target}, whose attempts all had a fault"
+            ));
+        }
+        Ok(end)
+    }
+
+    /// A 200 stream from upstream `t`: complete, or interrupted after content.
+    fn stream_success(
+        &self,
+        t: usize,
+        content_type: &str,
+        body: &[u8],
+        model: &str,
+    ) -> Result<End, String> {
+        if !content_type.starts_with("text/event-stream") {
+            return Err(format!(
+                "stream answered with content-type {content_type:?}"
+            ));
+        }
+        let text = std::str::from_utf8(body).map_err(|_| "stream is not UTF-8")?;
+        if parse_stream(text, self.chunks, model)? {
+            return Ok(End::Ok);
+        }
+        // Cut after the commit point: only an upstream that cut its
+        // stream (or died) may cause that, never healthy `chaos-c`.
+        let cut = self.journal[t].iter().any(|s| KINDS[s.kind] == "cut-after");
+        if t == 2 || !(cut || self.killed || self.at_deadline()) {
+            return Err(format!(
+                "stream from {} interrupted, but it did not cut it",
+                TARGETS[t]
+            ));
+        }
+        Ok(End::Interrupted)
+    }
+
+    /// A 200 completion: the upstream's whole text.
+    fn plain_success(&self, content_type: &str, body: &[u8], model: &str) -> Result<End, String> {
+        if !content_type.starts_with("application/json") {
+            return Err(format!("answer with content-type {content_type:?}"));
+        }
+        let v: Value = serde_json::from_slice(body).map_err(|_| "200 body is not JSON")?;
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap_or("");
+        let expected: String = (0..self.chunks).map(|i| format!("[seq {i}] ")).collect();
+        if content != expected || v["model"] != model {
+            return Err("200 body is not the upstream's whole answer".to_owned());
+        }
+        Ok(End::Ok)
+    }
+
+    /// An error: OpenAI format, a status that fits its cause.
+    fn failure(
+        &self,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+        attempts: Option<usize>,
+    ) -> Result<End, String> {
         if !self.risky {
             return Err(format!(
                 "chaos-safe request failed ({status}) though chaos-c is always healthy"
             ));
         }
-        if any_clean && !self.killed && !at_deadline {
+        let any_clean = (0..3).any(|i| self.clean(i));
+        if any_clean && !self.killed && !self.at_deadline() {
             return Err("failed though one of its attempts met no fault".to_owned());
         }
         if !content_type.starts_with("application/json") {
@@ -735,52 +852,7 @@ impl Check<'_> {
             return Err(format!("code {code} with status {status}"));
         }
         match status {
-            502 => {
-                if attempts == Some(0) {
-                    return Err(
-                        "502 all_targets_failed, but no target was tried (expected 503 no_target_available)"
-                            .to_owned(),
-                    );
-                }
-                if self.elapsed >= self.total {
-                    return Err("502 past the deadline (expected 504)".to_owned());
-                }
-                let statuses: Vec<u16> = self
-                    .journal
-                    .iter()
-                    .flatten()
-                    .filter_map(|s| match KINDS[s.kind] {
-                        "status" => s.status,
-                        _ => None,
-                    })
-                    .collect();
-                // An in-band error (a 200 whose body is `{"error": {"code": 503}}`)
-                // is named as 200 (plain) or as its code (stream).
-                let in_band = self
-                    .journal
-                    .iter()
-                    .flatten()
-                    .any(|s| KINDS[s.kind] == "error-200");
-                let statuses: Vec<u16> = if in_band {
-                    statuses.into_iter().chain([200, 503]).collect()
-                } else {
-                    statuses
-                };
-                let named: Option<u16> = message
-                    .split("last upstream status ")
-                    .nth(1)
-                    .and_then(|r| r.get(..3))
-                    .and_then(|d| d.parse().ok());
-                match named {
-                    Some(s) if !statuses.contains(&s) && !self.killed => {
-                        return Err(format!("502 names status {s}, which no attempt got"))
-                    }
-                    None if !statuses.is_empty() => {
-                        return Err("502 does not name the upstream status".to_owned())
-                    }
-                    _ => {}
-                }
-            }
+            502 => self.all_targets_failed(attempts, &message)?,
             504 if self.elapsed + Duration::from_millis(5) < self.total => {
                 return Err(format!(
                     "504 deadline_exceeded after {:?}, before total_timeout",
@@ -790,6 +862,58 @@ impl Check<'_> {
             _ => {}
         }
         Ok(End::Error(status, code))
+    }
+
+    /// A 502 `all_targets_failed`: only after a target was tried, before the
+    /// deadline, naming a status an attempt really got.
+    fn all_targets_failed(&self, attempts: Option<usize>, message: &str) -> Result<(), String> {
+        if attempts == Some(0) {
+            return Err(
+                "502 all_targets_failed, but no target was tried (expected 503 no_target_available)"
+                    .to_owned(),
+            );
+        }
+        if self.elapsed >= self.total {
+            return Err("502 past the deadline (expected 504)".to_owned());
+        }
+        let statuses = self.statuses_met();
+        let named: Option<u16> = message
+            .split("last upstream status ")
+            .nth(1)
+            .and_then(|r| r.get(..3))
+            .and_then(|d| d.parse().ok());
+        match named {
+            Some(s) if !statuses.contains(&s) && !self.killed => {
+                Err(format!("502 names status {s}, which no attempt got"))
+            }
+            None if !statuses.is_empty() => Err("502 does not name the upstream status".to_owned()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The statuses the attempts got. An in-band error (a 200 whose body is
+    /// `{"error": {"code": 503}}`) is named as 200 (plain) or as its code
+    /// (stream).
+    fn statuses_met(&self) -> Vec<u16> {
+        let statuses: Vec<u16> = self
+            .journal
+            .iter()
+            .flatten()
+            .filter_map(|s| match KINDS[s.kind] {
+                "status" => s.status,
+                _ => None,
+            })
+            .collect();
+        let in_band = self
+            .journal
+            .iter()
+            .flatten()
+            .any(|s| KINDS[s.kind] == "error-200");
+        if in_band {
+            statuses.into_iter().chain([200, 503]).collect()
+        } else {
+            statuses
+        }
     }
 }
 
@@ -1050,14 +1174,11 @@ fn summary(
         );
     }
 
-    let is_chaos = |l: &BTreeMap<String, String>| l.values().any(|v| v.starts_with("chaos-"));
     let mut reasons: BTreeMap<String, f64> = BTreeMap::new();
     for (l, v) in delta(metrics0, metrics, "switchyard_failovers_total") {
-        if is_chaos(&l) {
-            *reasons
-                .entry(l.get("reason").cloned().unwrap_or_default())
-                .or_default() += v;
-        }
+        *reasons
+            .entry(l.get("reason").cloned().unwrap_or_default())
+            .or_default() += v;
     }
     let _ = writeln!(o, "\n| failovers by reason | count |\n|---|---:|");
     for (r, v) in &reasons {
@@ -1065,15 +1186,13 @@ fn summary(
     }
     let mut transitions: BTreeMap<String, f64> = BTreeMap::new();
     for (l, v) in delta(metrics0, metrics, "switchyard_breaker_transitions_total") {
-        if is_chaos(&l) {
-            let key = format!(
-                "{} {}→{}",
-                l.get("target").map_or("", String::as_str),
-                l.get("from").map_or("", String::as_str),
-                l.get("to").map_or("", String::as_str)
-            );
-            *transitions.entry(key).or_default() += v;
-        }
+        let key = format!(
+            "{} {}→{}",
+            l.get("target").map_or("", String::as_str),
+            l.get("from").map_or("", String::as_str),
+            l.get("to").map_or("", String::as_str)
+        );
+        *transitions.entry(key).or_default() += v;
     }
     let _ = writeln!(o, "\n| health transitions | count |\n|---|---:|");
     for (k, v) in &transitions {
@@ -1086,14 +1205,12 @@ fn summary(
         ("switchyard_probes_total", "result"),
     ] {
         for (l, v) in delta(metrics0, metrics, name) {
-            if is_chaos(&l) {
-                let short = name
-                    .trim_start_matches("switchyard_")
-                    .trim_end_matches("_total");
-                *other
-                    .entry(format!("{short} {}", l.get(key).map_or("", String::as_str)))
-                    .or_default() += v;
-            }
+            let short = name
+                .trim_start_matches("switchyard_")
+                .trim_end_matches("_total");
+            *other
+                .entry(format!("{short} {}", l.get(key).map_or("", String::as_str)))
+                .or_default() += v;
         }
     }
     for (l, v) in delta(metrics0, metrics, "switchyard_config_reloads_total") {

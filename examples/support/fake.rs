@@ -6,6 +6,10 @@
 //! headers, a hang, or a delay before any of those. The fake counts calls,
 //! records what it was sent, and counts requests whose client went away
 //! before the reply was complete (cancellation reaching the upstream).
+//!
+//! [`RawFake`] is the same idea one level down: a raw TCP upstream that
+//! writes scripted bytes (status line and headers included), split and
+//! paced exactly as the test says.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -24,7 +28,8 @@ use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 /// One scripted reply.
@@ -305,14 +310,37 @@ pub fn completion(model: &str, text: &str) -> Reply {
     json(200, &completion_body(model, text))
 }
 
-/// The JSON of a chat completion.
+/// The JSON of a chat completion (usage: 5 prompt and 2 completion tokens).
 pub fn completion_body(model: &str, text: &str) -> String {
+    completion_json(model, text, 2)
+}
+
+/// The JSON of a chat completion whose usage reports 5 prompt tokens and
+/// `completion_tokens` completion tokens. The one definition of a fake
+/// completion: the tests, the demo and `examples/fake_upstream.rs` render theirs here.
+pub fn completion_json(model: &str, text: &str, completion_tokens: usize) -> String {
     serde_json::json!({
         "id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+        "usage": {"prompt_tokens": 5, "completion_tokens": completion_tokens, "total_tokens": 5 + completion_tokens}
     })
     .to_string()
+}
+
+/// The JSON of a `chat.completion.chunk` with one choice. The one definition
+/// of a fake chunk: [`sse_events`], the tests' SSE builders and
+/// `examples/fake_upstream.rs` render theirs here.
+pub fn chunk_json(model: &str, delta: serde_json::Value, finish: Option<&str>) -> String {
+    serde_json::json!({
+        "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+    })
+    .to_string()
+}
+
+/// One chunk as an SSE event: `data: {chunk}\n\n`.
+pub fn chunk_event(model: &str, delta: serde_json::Value, finish: Option<&str>) -> String {
+    format!("data: {}\n\n", chunk_json(model, delta, finish))
 }
 
 /// Any status with a JSON body.
@@ -333,27 +361,24 @@ pub fn error(status: u16, message: &str) -> Reply {
     )
 }
 
-/// The SSE events of a streamed answer: a role chunk, one chunk per word
-/// (each marked with its sequence number), a finish chunk, `[DONE]`.
+/// The SSE events of a streamed answer: a role chunk, one content chunk per
+/// word, a finish chunk, `[DONE]`.
 pub fn sse_events(model: &str, words: &[&str]) -> Vec<String> {
-    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
-        let v = serde_json::json!({
-            "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
-        });
-        format!("data: {v}\n\n")
-    };
-    let mut out = vec![chunk(
+    let mut out = vec![chunk_event(
+        model,
         serde_json::json!({"role": "assistant", "content": ""}),
         None,
     )];
     for w in words {
-        out.push(chunk(serde_json::json!({"content": w}), None));
+        out.push(chunk_event(model, serde_json::json!({"content": w}), None));
     }
-    out.push(chunk(serde_json::json!({}), Some("stop")));
-    out.push("data: [DONE]\n\n".to_owned());
+    out.push(chunk_event(model, serde_json::json!({}), Some("stop")));
+    out.push(SSE_DONE.to_owned());
     out
 }
+
+/// The last event of a stream.
+pub const SSE_DONE: &str = "data: [DONE]\n\n";
 
 /// A clean stream of `words`.
 pub fn stream(model: &str, words: &[&str]) -> Reply {
@@ -373,4 +398,113 @@ pub fn stream_cut_after(model: &str, words: &[&str], n: usize) -> Reply {
         delay: Duration::ZERO,
         cut: true,
     }
+}
+
+// ----- a raw TCP fake upstream -----
+
+/// A fake upstream that answers every request with the same scripted bytes:
+/// each step waits its delay, then is written with one `write_all` (TCP_NODELAY).
+/// Responses are close-delimited, so what the test writes is exactly what the
+/// gateway reads, split where the test split it.
+pub struct RawFake {
+    pub addr: SocketAddr,
+    calls: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RawFake {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The head of a close-delimited 200 SSE response with extra header lines.
+pub fn sse_head(extra_headers: &[(&str, &str)]) -> String {
+    let mut head = String::from("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n");
+    for (k, v) in extra_headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("connection: close\r\n\r\n");
+    head
+}
+
+impl RawFake {
+    /// Starts a fake that writes `steps` (delay, bytes) for every request, then closes.
+    pub async fn start(steps: Vec<(Duration, Vec<u8>)>) -> RawFake {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind raw fake");
+        let addr = listener.local_addr().expect("addr");
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = Arc::clone(&calls);
+        let steps = Arc::new(steps);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let c = Arc::clone(&c);
+                let steps = Arc::clone(&steps);
+                tokio::spawn(async move {
+                    let _ = serve_raw(stream, &c, &steps).await;
+                });
+            }
+        });
+        RawFake { addr, calls, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+async fn serve_raw(
+    mut stream: TcpStream,
+    calls: &AtomicUsize,
+    steps: &[(Duration, Vec<u8>)],
+) -> std::io::Result<()> {
+    // Read the request head and its content-length body (bounded: 1 MiB).
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        if buf.len() > 1 << 20 {
+            return Ok(());
+        }
+        let n = stream.read(&mut tmp).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+        .min(1 << 20);
+    while buf.len() < head_end + length {
+        let n = stream.read(&mut tmp).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    }
+    calls.fetch_add(1, Ordering::SeqCst);
+    for (delay, bytes) in steps {
+        if !delay.is_zero() {
+            tokio::time::sleep(*delay).await;
+        }
+        stream.write_all(bytes).await?;
+        stream.flush().await?;
+    }
+    stream.shutdown().await
 }

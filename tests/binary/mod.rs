@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::support::wait_blocking;
 
 /// The binary cargo built for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
@@ -91,24 +91,20 @@ impl Served {
             addr,
             stderr,
         };
-        let started = Instant::now();
-        loop {
-            if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                break;
-            }
+        let listening = wait_blocking(Duration::from_secs(10), || {
             if let Ok(Some(status)) = served.child.try_wait() {
                 panic!(
                     "switchyard serve exited early with {status}:\n{}",
                     served.log()
                 );
             }
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "switchyard serve did not listen on {addr} within 10 s:\n{}",
-                served.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+        });
+        assert!(
+            listening,
+            "switchyard serve did not listen on {addr} within 10 s:\n{}",
+            served.log()
+        );
         served
     }
 
@@ -127,17 +123,16 @@ impl Served {
             .status()
             .expect("run kill");
         assert!(sent.success(), "kill -TERM {pid} failed");
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(
-                started.elapsed() < within,
+        let mut status = None;
+        wait_blocking(within, || {
+            status = self.child.try_wait().expect("try_wait");
+            status.is_some()
+        });
+        status.unwrap_or_else(|| {
+            panic!(
                 "switchyard did not exit within {within:?} of SIGTERM:\n{}",
                 self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            )
+        })
     }
 }
