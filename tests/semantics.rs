@@ -9,8 +9,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-use crate::edge_support::*;
-use crate::support::fake::{self, Fake, Reply};
+use crate::support::fake::{self, Fake, RawFake, Reply};
 use crate::support::*;
 
 fn reply(status: u16, body: &str, headers: &[(&str, &str)]) -> Reply {
