@@ -19,6 +19,11 @@
 //! on loopback while probes and scrapers use the admin one), else on the main
 //! listener to loopback clients only; with an
 //! admin token configured it also needs `Authorization: Bearer <token>`.
+//!
+//! The endpoints that take a body (`/v1/chat/completions`, `/admin/explain`)
+//! read it as JSON: a `Content-Type` of `application/json` (any parameters),
+//! `application/*+json`, or none at all; anything else is refused with 415
+//! before the body is read ([`json_body`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -361,7 +366,7 @@ async fn handle(
         (&Method::POST, "/admin/explain") => {
             let snapshot = app.snapshot.load_full();
             let (parts, incoming) = req.into_parts();
-            match read_body(&parts.headers, incoming).await {
+            match json_body(&parts.headers, incoming).await {
                 Ok(bytes) => explain(&snapshot, &parts.headers, &bytes, &request_id),
                 Err(e) => respond::plain_error(&e, &request_id),
             }
@@ -397,7 +402,7 @@ async fn chat(
         return rejected(&GatewayError::Overloaded, &request_id);
     };
     let (parts, incoming) = req.into_parts();
-    let bytes = match read_body(&parts.headers, incoming).await {
+    let bytes = match json_body(&parts.headers, incoming).await {
         Ok(bytes) => bytes,
         Err(e) => return rejected(&e, &request_id),
     };
@@ -407,6 +412,40 @@ async fn chat(
         .instrument(span)
         .await;
     response.map(|inner| body::holding(inner, permit))
+}
+
+/// Reads a JSON request body ([`read_body`]) after checking its media type:
+/// `application/json` with any parameters (a charset, say), a structured
+/// `application/*+json` type, or no `Content-Type` at all (curl and some
+/// clients send none) are read; anything else is 415, unread.
+async fn json_body(headers: &http::HeaderMap, incoming: Incoming) -> Result<Bytes, GatewayError> {
+    if let Some(value) = headers.get(CONTENT_TYPE) {
+        let text = String::from_utf8_lossy(value.as_bytes());
+        if !is_json_media_type(&text) {
+            return Err(GatewayError::UnsupportedMediaType(
+                text.chars().take(100).collect(),
+            ));
+        }
+    }
+    read_body(headers, incoming).await
+}
+
+/// Whether a `Content-Type` value names JSON: `application/json` or
+/// `application/SUBTYPE+json`, case-insensitive, parameters ignored.
+fn is_json_media_type(value: &str) -> bool {
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    match essence.strip_prefix("application/") {
+        Some("json") => true,
+        Some(subtype) => subtype
+            .strip_suffix("+json")
+            .is_some_and(|name| !name.is_empty() && !name.contains('/')),
+        None => false,
+    }
 }
 
 /// Reads a request body: at most [`MAX_BODY_BYTES`] (refused early on a

@@ -24,6 +24,7 @@ mod chaos;
 mod contract;
 mod edge_support;
 mod error_classes;
+mod front_door;
 mod health;
 mod readme;
 mod regressions;

@@ -321,6 +321,16 @@ class Errors(unittest.TestCase):
                 c.chat.completions.create(**kw)
             self.assertEqual(cm.exception.status_code, 400)
             self.assertEqual(cm.exception.code, "invalid_request")
+        named = {
+            "messages": dict(messages=[]),
+            "messages[1].role": dict(messages=msgs() + [{"content": "no role"}]),
+            "max_tokens": dict(messages=msgs(), max_tokens=-1),
+        }
+        for param, kw in named.items():
+            with self.subTest(param), self.assertRaises(openai.BadRequestError) as cm:
+                c.chat.completions.create(model="gpt-4o-mini", **kw)
+            self.assertEqual(cm.exception.type, "invalid_request_error")
+            self.assertEqual(cm.exception.param, param)
 
     def test_all_targets_failed_is_502(self):
         request_id = rid()

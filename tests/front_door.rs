@@ -1,0 +1,186 @@
+//! What the front door refuses before any upstream call (malformed bodies,
+//! non-JSON media types).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+
+use crate::support::fake::{self, Fake};
+use crate::support::*;
+
+/// POSTs `body` with the given `Content-Type` (none if `None`).
+async fn post_typed(
+    addr: SocketAddr,
+    path: &str,
+    body: &str,
+    content_type: Option<&str>,
+) -> Answer {
+    let mut req = Request::post(format!("http://{addr}{path}"));
+    if let Some(ct) = content_type {
+        req = req.header("content-type", ct);
+    }
+    let req = req.body(Full::new(Bytes::from(body.to_owned()))).unwrap();
+    let fut = async {
+        let resp = client().request(req).await.unwrap();
+        let (parts, body) = resp.into_parts();
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.collect().await.unwrap().to_bytes(),
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), fut)
+        .await
+        .expect("request took over 20 s")
+}
+
+/// Asserts an OpenAI-format `invalid_request_error` and returns its `error`.
+fn invalid_request(ans: &Answer, status: u16, what: &str) -> serde_json::Value {
+    assert_eq!(ans.status, status, "{what}: {}", ans.text());
+    let err = ans.json()["error"].clone();
+    assert_eq!(err["type"], "invalid_request_error", "{what}: {err}");
+    assert!(
+        err["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{what}: {err}"
+    );
+    err
+}
+
+// ----- (15) requests that cannot be right -----
+
+#[tokio::test]
+async fn malformed_requests_get_400_naming_the_field_without_an_upstream_call() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let gw = gateway(&chain_config(&[("a", &a.url())], "", "")).await;
+    let user = r#"{"role":"user","content":"hi"}"#;
+    let cases = [
+        (r#"{"model":"gpt-4o"}"#.to_owned(), "messages"),
+        (
+            r#"{"model":"gpt-4o","messages":"hi"}"#.to_owned(),
+            "messages",
+        ),
+        (
+            r#"{"model":"gpt-4o","messages":{"role":"user"}}"#.to_owned(),
+            "messages",
+        ),
+        (r#"{"model":"gpt-4o","messages":[]}"#.to_owned(), "messages"),
+        (
+            format!(r#"{{"model":"gpt-4o","messages":[{user},"hi"]}}"#),
+            "messages[1]",
+        ),
+        (
+            format!(r#"{{"model":"gpt-4o","messages":[{user},{user},{{"content":"x"}}]}}"#),
+            "messages[2].role",
+        ),
+        (
+            format!(r#"{{"model":"gpt-4o","messages":[{{"role":3,"content":"x"}},{user}]}}"#),
+            "messages[0].role",
+        ),
+        (
+            format!(r#"{{"model":"gpt-4o","stream":"true","messages":[{user}]}}"#),
+            "stream",
+        ),
+        (
+            format!(r#"{{"model":"gpt-4o","stream":1,"messages":[{user}]}}"#),
+            "stream",
+        ),
+        (
+            format!(r#"{{"model":"gpt-4o","max_tokens":-5,"messages":[{user}]}}"#),
+            "max_tokens",
+        ),
+        (
+            format!(r#"{{"model":"gpt-4o","max_tokens":"100","messages":[{user}]}}"#),
+            "max_tokens",
+        ),
+        (
+            format!(r#"{{"model":"gpt-4o","max_completion_tokens":1.5,"messages":[{user}]}}"#),
+            "max_completion_tokens",
+        ),
+    ];
+    for (body, param) in &cases {
+        let ans = post_raw(gw.addr, "/v1/chat/completions", body.clone(), &[]).await;
+        let err = invalid_request(&ans, 400, body);
+        assert_eq!(err["param"], *param, "{body}: {err}");
+        assert_eq!(err["code"], "invalid_request", "{body}: {err}");
+    }
+    for body in ["[1,2]", "\"hi\"", "", "{\"model\":"] {
+        let ans = post_raw(gw.addr, "/v1/chat/completions", body, &[]).await;
+        let err = invalid_request(&ans, 400, body);
+        assert!(err["param"].is_null(), "{body}: {err}");
+    }
+    assert_eq!(a.calls(), 0, "nothing malformed reaches the upstream");
+    // A null counts as absent, as in OpenAI's API; the same request is served.
+    let body =
+        format!(r#"{{"model":"gpt-4o","stream":null,"max_tokens":null,"messages":[{user}]}}"#);
+    let ans = post_raw(gw.addr, "/v1/chat/completions", body, &[]).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(a.calls(), 1);
+    // A null `model` is replaced, not joined by a second `model` key.
+    let body = format!(r#"{{"model":null,"messages":[{user}]}}"#);
+    let ans = post_raw(
+        gw.addr,
+        "/v1/chat/completions",
+        body,
+        &[("x-task-type", "chat")],
+    )
+    .await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(a.seen()[1].body["model"], "upstream-a");
+}
+
+#[tokio::test]
+async fn only_json_media_types_are_read() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let gw = gateway(&chain_config(&[("a", &a.url())], "", "")).await;
+    let body = hello("gpt-4o").to_string();
+    for refused in [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/jsonl",
+        "text/json",
+        "",
+    ] {
+        let ans = post_typed(gw.addr, "/v1/chat/completions", &body, Some(refused)).await;
+        let err = invalid_request(&ans, 415, refused);
+        assert_eq!(err["code"], "unsupported_media_type", "{refused}: {err}");
+    }
+    assert_eq!(a.calls(), 0, "nothing refused reaches the upstream");
+    let mut served = 0;
+    for accepted in [
+        Some("application/json"),
+        Some("application/json; charset=utf-8"),
+        Some("Application/JSON;charset=UTF-8"),
+        Some("application/vnd.switchyard+json"),
+        None,
+    ] {
+        let ans = post_typed(gw.addr, "/v1/chat/completions", &body, accepted).await;
+        assert_eq!(ans.status, 200, "{accepted:?}: {}", ans.text());
+        served += 1;
+        assert_eq!(a.calls(), served);
+    }
+}
+
+#[tokio::test]
+async fn admin_explain_refuses_the_same_requests() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let gw = gateway(&chain_config(&[("a", &a.url())], "", "")).await;
+    let body = r#"{"model":"gpt-4o","messages":[{"content":"no role"}]}"#;
+    let ans = post_raw(gw.addr, "/admin/explain", body, &[]).await;
+    assert_eq!(
+        invalid_request(&ans, 400, body)["param"],
+        "messages[0].role"
+    );
+    let body = hello("gpt-4o").to_string();
+    let ans = post_typed(gw.addr, "/admin/explain", &body, Some("text/plain")).await;
+    assert_eq!(
+        invalid_request(&ans, 415, "text/plain")["code"],
+        "unsupported_media_type"
+    );
+    let ans = post_typed(gw.addr, "/admin/explain", &body, None).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(a.calls(), 0);
+}
