@@ -1,5 +1,5 @@
 //! What the front door refuses before any upstream call (malformed bodies,
-//! non-JSON media types).
+//! non-JSON media types), and what skips an Anthropic target.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 
+use crate::edge_support::{hop, routes};
 use crate::support::fake::{self, Fake};
 use crate::support::*;
 
@@ -182,5 +183,97 @@ async fn admin_explain_refuses_the_same_requests() {
     );
     let ans = post_typed(gw.addr, "/admin/explain", &body, None).await;
     assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(a.calls(), 0);
+}
+
+// ----- (16) what skips an Anthropic target -----
+
+/// A chain of `hops`, where those named in `anthropic` speak Messages, with a key file.
+async fn mixed(hops: &[(&str, &Fake)], anthropic: &[&str]) -> (Gw, tempfile::TempDir) {
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("key");
+    std::fs::write(&key, "sk-ant-test-0123456789").unwrap();
+    let hops: Vec<_> = hops
+        .iter()
+        .map(|(name, f)| {
+            let h = hop(name, &f.url());
+            if anthropic.contains(name) {
+                h.provider(&format!(
+                    "protocol: anthropic\napi_key_file: {}",
+                    key.display()
+                ))
+            } else {
+                h
+            }
+        })
+        .collect();
+    (gateway(&routes(&hops, "", "")).await, keys)
+}
+
+/// Requests whose answer a Messages response could not carry.
+fn unanswerable_by_anthropic() -> Vec<(&'static str, serde_json::Value)> {
+    let messages = serde_json::json!([{"role": "user", "content": "say hi"}]);
+    vec![
+        (
+            "audio",
+            serde_json::json!({"model": "gpt-4o", "messages": messages,
+            "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}),
+        ),
+        (
+            "audio",
+            serde_json::json!({"model": "gpt-4o", "messages": messages, "modalities": ["audio"]}),
+        ),
+        (
+            "logprobs",
+            serde_json::json!({"model": "gpt-4o", "messages": messages, "logprobs": true}),
+        ),
+        (
+            "top_logprobs",
+            serde_json::json!({"model": "gpt-4o", "messages": messages,
+            "logprobs": true, "top_logprobs": 2}),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn audio_or_logprobs_skip_an_anthropic_target_for_an_openai_one() {
+    let a = Fake::always(fake::json(
+        200,
+        include_str!("fixtures/anthropic/text_response.anthropic.json"),
+    ))
+    .await;
+    let b = Fake::always(fake::completion("model-b", "from b")).await;
+    let (gw, _keys) = mixed(&[("a", &a), ("b", &b)], &["a"]).await;
+    let cases = unanswerable_by_anthropic();
+    for (what, body) in &cases {
+        let ans = chat(gw.addr, body.clone()).await;
+        assert_eq!(ans.status, 200, "{what}: {}", ans.text());
+        assert_eq!(ans.header("x-switchyard-target"), "b", "{what}");
+        assert_eq!(ans.json()["choices"][0]["message"]["content"], "from b");
+    }
+    assert_eq!((a.calls(), b.calls()), (0, cases.len()));
+    let page = get(gw.addr, "/metrics").await.text();
+    assert!(
+        page.contains(
+            r#"switchyard_route_exclusions_total{task="chat",target="a",reason="protocol"}"#
+        ),
+        "{page}"
+    );
+    // An ordinary request still goes to the Anthropic target first.
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "a", "{}", ans.text());
+}
+
+#[tokio::test]
+async fn an_anthropic_only_chain_answers_400_naming_why() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let (gw, _keys) = mixed(&[("a", &a)], &["a"]).await;
+    for (what, body) in unanswerable_by_anthropic() {
+        let ans = chat(gw.addr, body).await;
+        let err = invalid_request(&ans, 400, what);
+        let message = err["message"].as_str().unwrap();
+        assert!(message.contains(what), "{what}: {message}");
+        assert!(message.contains("Anthropic"), "{what}: {message}");
+    }
     assert_eq!(a.calls(), 0);
 }
