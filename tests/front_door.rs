@@ -1,13 +1,16 @@
 //! What the front door refuses before any upstream call (malformed bodies,
-//! non-JSON media types), and what skips an Anthropic target.
+//! non-JSON media types), what skips an Anthropic target, and key fragments
+//! in relayed errors and logs.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 
+use crate::binary::Served;
 use crate::edge_support::{hop, routes};
 use crate::support::fake::{self, Fake};
 use crate::support::*;
@@ -276,4 +279,112 @@ async fn an_anthropic_only_chain_answers_400_naming_why() {
         assert!(message.contains("Anthropic"), "{what}: {message}");
     }
     assert_eq!(a.calls(), 0);
+}
+
+// ----- (17) key fragments in relayed errors and logs -----
+
+/// The provider's key in these tests: its first 8 and last 4 characters are
+/// what a masked echo would show.
+const KEY: &str = "Zq8rT2vW9xY4zA6bC8dE0fGhJk7m";
+const KEY_HEAD: &str = "Zq8rT2vW";
+const KEY_TAIL: &str = "Jk7m";
+
+/// OpenAI's wording for a wrong key, showing `shown`.
+fn incorrect_key(shown: &str) -> String {
+    serde_json::json!({"error": {
+        "message": format!("Incorrect API key provided: {shown}. You can find your API key at https://platform.openai.com/account/api-keys."),
+        "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}})
+    .to_string()
+}
+
+/// What a provider may echo of a key, and the fragments that must not reach anyone.
+fn masked_echoes() -> Vec<(String, [&'static str; 2])> {
+    vec![
+        (
+            "sk-proj-abcd****************wxyz".to_owned(),
+            ["sk-proj-abcd", "wxyz"],
+        ),
+        (
+            format!("{KEY_HEAD}****************{KEY_TAIL}"),
+            [KEY_HEAD, KEY_TAIL],
+        ),
+        (format!("{KEY_HEAD}…"), [KEY_HEAD, KEY_HEAD]),
+        (format!("...{KEY_TAIL}"), [KEY_TAIL, KEY_TAIL]),
+        (
+            format!("{KEY_HEAD}xxxxxxxxxxxxxxxx{KEY_TAIL}"),
+            [KEY_HEAD, KEY_TAIL],
+        ),
+    ]
+}
+
+/// routes.yaml: one target with `KEY` in a key file, 401 returned to the client.
+fn key_config(url: &str, dir: &Path) -> String {
+    let key = dir.join("key");
+    std::fs::write(&key, KEY).unwrap();
+    let a = hop("a", url).provider(&format!("api_key_file: {}", key.display()));
+    let rules =
+        "error_classes:\n  - match: { status: 401 }\n    action: return\n    health: false\n";
+    routes(&[a], "", rules)
+}
+
+#[tokio::test]
+async fn masked_key_fragments_never_reach_the_client() {
+    let dir = tempfile::tempdir().unwrap();
+    for (shown, fragments) in masked_echoes() {
+        let a = Fake::always(fake::json(401, &incorrect_key(&shown))).await;
+        let gw = gateway(&key_config(&a.url(), dir.path())).await;
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 401, "{shown}: {}", ans.text());
+        let text = ans.text();
+        for fragment in fragments {
+            assert!(
+                !text.contains(fragment),
+                "{fragment} of {shown} leaked: {text}"
+            );
+        }
+        let message = ans.json()["error"]["message"].as_str().unwrap().to_owned();
+        assert!(
+            message.starts_with("Incorrect API key provided: "),
+            "{message}"
+        );
+        assert!(message.ends_with("/account/api-keys."), "{message}");
+        assert_eq!(ans.json()["error"]["code"], "invalid_api_key");
+    }
+}
+
+#[tokio::test]
+async fn ordinary_upstream_error_text_is_relayed_unchanged() {
+    let message = "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.";
+    let body = serde_json::json!({"error": {"message": message, "type": "invalid_request_error",
+        "param": "messages", "code": "context_length_exceeded"}});
+    let a = Fake::always(fake::json(400, &body.to_string())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = gateway(&key_config(&a.url(), dir.path())).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 400, "{}", ans.text());
+    assert_eq!(ans.json()["error"]["message"], message);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masked_key_fragments_never_reach_the_debug_log() {
+    let a = Fake::always(fake::json(
+        401,
+        &incorrect_key(&format!("{KEY_HEAD}…{KEY_TAIL}")),
+    ))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("routes.yaml");
+    std::fs::write(&config, key_config(&a.url(), dir.path())).unwrap();
+    let served = Served::start(&config, dir.path(), &[("RUST_LOG", "switchyard=debug")]);
+    let ans = chat(served.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 401, "{}", ans.text());
+    let log = served.log();
+    assert!(
+        log.contains("upstream error returned to the client"),
+        "{log}"
+    );
+    assert!(log.contains("Incorrect API key provided"), "{log}");
+    for fragment in [KEY_HEAD, KEY_TAIL] {
+        assert!(!log.contains(fragment), "{fragment} in the log:\n{log}");
+    }
 }
