@@ -1,6 +1,6 @@
 //! What the front door refuses before any upstream call (malformed bodies,
-//! non-JSON media types), what skips an Anthropic target, and key fragments
-//! in relayed errors and logs.
+//! non-JSON media types), what skips an Anthropic target, key fragments in
+//! relayed errors and logs, and the CLI's exit codes and counts.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 
-use crate::binary::Served;
+use crate::binary::{self, Served};
 use crate::edge_support::{hop, routes};
 use crate::support::fake::{self, Fake};
 use crate::support::*;
@@ -387,4 +387,83 @@ async fn masked_key_fragments_never_reach_the_debug_log() {
     for fragment in [KEY_HEAD, KEY_TAIL] {
         assert!(!log.contains(fragment), "{fragment} in the log:\n{log}");
     }
+}
+
+// ----- (20) explain's exit code, validate's counts -----
+
+const ONE_OF_EACH: &str = "version: 1
+providers:
+  p: { base_url: 'http://127.0.0.1:9/v1' }
+targets:
+  t: { provider: p, model: m, max_context: 8000 }
+tasks:
+  chat: { chain: [t] }
+";
+
+fn describe(out: &std::process::Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}--- stderr\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn explain_exits_one_when_no_candidate_remains() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("routes.yaml");
+    std::fs::write(&path, ONE_OF_EACH).unwrap();
+    let path = path.display().to_string();
+    let fits = binary::run(&["explain", "--config", &path, "--task", "chat"], &[]);
+    assert_eq!(fits.status.code(), Some(0), "{}", describe(&fits));
+    for extra in [&["--tools"][..], &["--prompt-tokens", "9000"][..]] {
+        let mut args = vec!["explain", "--config", &path, "--task", "chat"];
+        args.extend_from_slice(extra);
+        let out = binary::run(&args, &[]);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {}", describe(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("  (none)"),
+            "the plan is still printed: {text}"
+        );
+        assert!(text.contains("t: "), "with the reason: {text}");
+    }
+}
+
+#[test]
+fn validate_counts_are_singular_for_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one.yaml");
+    std::fs::write(&one, ONE_OF_EACH).unwrap();
+    let out = binary::run(&["validate", &one.display().to_string()], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let want = format!("{}: ok (1 task, 1 target, config hash ", one.display());
+    assert!(text.starts_with(&want), "{text}");
+
+    let two = dir.path().join("two.yaml");
+    let more = ONE_OF_EACH.replace(
+        "tasks:\n",
+        "  u: { provider: p, model: n }\ntasks:\n  other: { chain: [u] }\n",
+    );
+    std::fs::write(&two, more).unwrap();
+    let out = binary::run(&["validate", &two.display().to_string()], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(": ok (2 tasks, 2 targets, config hash "),
+        "{}",
+        describe(&out)
+    );
+
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, ONE_OF_EACH.replace("chain: [t]", "chain: [t9]")).unwrap();
+    let out = binary::run(&["validate", &bad.display().to_string()], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}: invalid (1 error)", bad.display())),
+        "{}",
+        describe(&out)
+    );
 }
