@@ -1,6 +1,7 @@
 //! What the front door refuses before any upstream call (malformed bodies,
 //! non-JSON media types), what skips an Anthropic target, key fragments in
-//! relayed errors and logs, and the CLI's exit codes and counts.
+//! relayed errors and logs, `GET /v1/models/{id}`, and the CLI's exit codes
+//! and counts.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -387,6 +388,44 @@ async fn masked_key_fragments_never_reach_the_debug_log() {
     for fragment in [KEY_HEAD, KEY_TAIL] {
         assert!(!log.contains(fragment), "{fragment} in the log:\n{log}");
     }
+}
+
+// ----- (21) GET /v1/models/{id} -----
+
+#[tokio::test]
+async fn a_model_is_retrieved_by_task_name_or_alias() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let gw = gateway(&chain_config(&[("a", &a.url())], "", "")).await;
+    let listed = get(gw.addr, "/v1/models").await.json();
+    for (path, id) in [
+        ("/v1/models/chat", "chat"),
+        ("/v1/models/gpt-4o", "gpt-4o"),
+        ("/models/gpt-4o", "gpt-4o"),
+        ("/v1/models/gpt%2D4o", "gpt-4o"),
+    ] {
+        let ans = get(gw.addr, path).await;
+        assert_eq!(ans.status, 200, "{path}: {}", ans.text());
+        assert!(ans.header("content-type").starts_with("application/json"));
+        let v = ans.json();
+        assert_eq!(v["id"], id, "{v}");
+        assert_eq!(v["object"], "model");
+        assert_eq!(v["created"], 0);
+        assert_eq!(v["owned_by"], "switchyard");
+        let in_list = listed["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["id"] == id);
+        assert_eq!(in_list, Some(&v), "the same object as in the list");
+    }
+    for path in ["/v1/models/gpt-5", "/models/nope", "/v1/models/chat/extra"] {
+        let ans = get(gw.addr, path).await;
+        let err = invalid_request(&ans, 404, path);
+        assert_eq!(err["code"], "model_not_found", "{path}: {err}");
+    }
+    let ans = post_raw(gw.addr, "/v1/models/chat", "{}", &[]).await;
+    assert_eq!(ans.status, 405, "{}", ans.text());
+    assert_eq!(a.calls(), 0);
 }
 
 // ----- (20) explain's exit code, validate's counts -----
