@@ -89,16 +89,29 @@ pub enum LogFormat {
 }
 
 /// Sets up tracing to stderr. `RUST_LOG` overrides the default `info` level.
+/// Text lines are coloured only on a terminal, and never with `NO_COLOR` set
+/// (<https://no-color.org>): escape codes in a file or a log collector are noise.
 pub fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = use_colour(
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Whether log lines get ANSI colour: on a terminal, unless `NO_COLOR` is
+/// set to something non-empty.
+fn use_colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
 }
 
 /// `n` and `noun`, plural unless `n` is 1: "1 task", "2 tasks", "0 errors".
@@ -238,7 +251,21 @@ async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
+    use std::ffi::OsStr;
+
     use super::*;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(use_colour(true, None));
+        assert!(
+            use_colour(true, Some(OsStr::new(""))),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!use_colour(true, Some(OsStr::new("1"))));
+        assert!(!use_colour(false, None));
+        assert!(!use_colour(false, Some(OsStr::new("1"))));
+    }
 
     #[test]
     fn counts_are_singular_for_one() {

@@ -1,7 +1,7 @@
 //! What the front door refuses before any upstream call (malformed bodies,
 //! non-JSON media types), what skips an Anthropic target, key fragments in
-//! relayed errors and logs, `GET /v1/models/{id}`, and the CLI's exit codes
-//! and counts.
+//! relayed errors and logs, `GET /v1/models/{id}`, and the CLI's exit codes,
+//! counts and log colours.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -505,4 +505,77 @@ fn validate_counts_are_singular_for_one() {
         "{}",
         describe(&out)
     );
+}
+
+// ----- (23b) no colour off a terminal -----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_logs_have_no_colour_when_stderr_is_a_file() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("routes.yaml");
+    std::fs::write(&config, chain_config(&[("a", &a.url())], "", "")).unwrap();
+    // An empty NO_COLOR counts as unset: colour would be on, were it not
+    // for stderr being a file.
+    let mut served = Served::start(
+        &config,
+        dir.path(),
+        &[("NO_COLOR", ""), ("RUST_LOG", "debug")],
+    );
+    let ans = chat(served.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    served.terminate(Duration::from_secs(5));
+    let log = served.log();
+    assert!(log.contains("switchyard listening"), "{log}");
+    assert!(!log.contains("\x1b["), "ANSI escapes in a file:\n{log:?}");
+}
+
+/// Runs `switchyard serve` on a pseudo-terminal (util-linux `script`) until it
+/// fails to bind a taken port, after logging the warning of an unset key
+/// variable; returns what the terminal showed.
+#[cfg(target_os = "linux")]
+fn serve_on_a_terminal(config: &Path, no_color: &str) -> String {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let command = format!(
+        "{} serve --config {} --listen {addr}",
+        binary::BIN,
+        config.display()
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("NO_COLOR", no_color)
+        .env_remove("SWITCHYARD_FRONT_DOOR_UNSET_KEY")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run script(1)");
+    drop(taken);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn no_color_turns_colour_off_on_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("routes.yaml");
+    let text = ONE_OF_EACH.replace(
+        "base_url: 'http://127.0.0.1:9/v1'",
+        "base_url: 'http://127.0.0.1:9/v1', api_key_env: SWITCHYARD_FRONT_DOOR_UNSET_KEY",
+    );
+    std::fs::write(&config, text).unwrap();
+    let coloured = serve_on_a_terminal(&config, "");
+    assert!(
+        coloured.contains("SWITCHYARD_FRONT_DOOR_UNSET_KEY"),
+        "{coloured:?}"
+    );
+    assert!(
+        coloured.contains("\x1b["),
+        "a terminal gets colour: {coloured:?}"
+    );
+    let plain = serve_on_a_terminal(&config, "1");
+    assert!(
+        plain.contains("SWITCHYARD_FRONT_DOOR_UNSET_KEY"),
+        "{plain:?}"
+    );
+    assert!(!plain.contains("\x1b["), "NO_COLOR is honoured: {plain:?}");
 }
