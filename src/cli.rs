@@ -2,7 +2,8 @@
 //! each does with its result.
 //!
 //! Exit codes: 0 success; 1 an invalid config (`validate`, `explain`), no
-//! such task (`explain`) or a failed start (`serve`); 2 bad arguments (clap's own).
+//! such task or no candidate left for the request (`explain`) or a failed
+//! start (`serve`); 2 bad arguments (clap's own).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -88,16 +89,38 @@ pub enum LogFormat {
 }
 
 /// Sets up tracing to stderr. `RUST_LOG` overrides the default `info` level.
+/// Text lines are coloured only on a terminal, and never with `NO_COLOR` set
+/// (<https://no-color.org>): escape codes in a file or a log collector are noise.
 pub fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = use_colour(
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Whether log lines get ANSI colour: on a terminal, unless `NO_COLOR` is
+/// set to something non-empty.
+fn use_colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
+}
+
+/// `n` and `noun`, plural unless `n` is 1: "1 task", "2 tasks", "0 errors".
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }
 
 /// Runs `validate`: every file, every problem, one line each.
@@ -114,9 +137,9 @@ pub fn validate(paths: &[PathBuf], strict: bool) -> ExitCode {
                 }
                 let s = &compiled.snapshot;
                 println!(
-                    "{shown}: ok ({} tasks, {} targets, config hash {:016x})",
-                    s.tasks.len(),
-                    s.targets.len(),
+                    "{shown}: ok ({}, {}, config hash {:016x})",
+                    count(s.tasks.len(), "task"),
+                    count(s.targets.len(), "target"),
                     s.hash
                 );
             }
@@ -129,7 +152,7 @@ pub fn validate(paths: &[PathBuf], strict: bool) -> ExitCode {
                 for d in &diags {
                     println!("{}", d.render(&shown));
                 }
-                eprintln!("{shown}: invalid ({errors} errors)");
+                eprintln!("{shown}: invalid ({})", count(errors, "error"));
             }
         }
     }
@@ -150,7 +173,8 @@ pub struct ExplainArgs {
 }
 
 /// Runs `explain`: prints the plan for a request with the given needs, all
-/// targets assumed healthy.
+/// targets assumed healthy. Fails (exit 1) when no candidate remains, so a
+/// script can tell a request that could be served from one that could not.
 #[must_use]
 pub fn explain(config: &std::path::Path, args: &ExplainArgs) -> ExitCode {
     let shown = config.display().to_string();
@@ -170,7 +194,11 @@ pub fn explain(config: &std::path::Path, args: &ExplainArgs) -> ExitCode {
     };
     let plan = crate::routing::plan(task, &args.needs, tokio::time::Instant::now());
     print!("{}", plan.to_text(task, &args.needs));
-    ExitCode::SUCCESS
+    if plan.candidates.is_empty() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 /// Runs `serve` until SIGTERM or Ctrl-C.
@@ -219,4 +247,30 @@ async fn shutdown_signal() {
         () = term => {}
     }
     tracing::info!("shutdown signal received");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use super::*;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(use_colour(true, None));
+        assert!(
+            use_colour(true, Some(OsStr::new(""))),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!use_colour(true, Some(OsStr::new("1"))));
+        assert!(!use_colour(false, None));
+        assert!(!use_colour(false, Some(OsStr::new("1"))));
+    }
+
+    #[test]
+    fn counts_are_singular_for_one() {
+        assert_eq!(count(1, "task"), "1 task");
+        assert_eq!(count(0, "error"), "0 errors");
+        assert_eq!(count(2, "target"), "2 targets");
+    }
 }

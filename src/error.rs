@@ -5,6 +5,8 @@
 //! Upstream error bodies are never copied into these messages; only the
 //! upstream status is named, so no key, URL or vendor text can leak.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use http::StatusCode;
 
@@ -22,14 +24,18 @@ pub enum Culprit {
 /// An error response made by switchyard (not relayed from an upstream).
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
-    /// The body is not a JSON object, or a field has the wrong type. 400.
+    /// The body is not a JSON object, or a field is missing or has the wrong
+    /// type ([`crate::request::ChatRequest::parse`]). 400.
     #[error("invalid request: {message}")]
     BadRequest {
         /// What is wrong.
         message: String,
-        /// The offending top-level field, if one is to blame.
-        param: Option<&'static str>,
+        /// The offending field (`stream`, `messages[2].role`), if one is to blame.
+        param: Option<Cow<'static, str>>,
     },
+    /// A request body in a media type other than JSON. 415.
+    #[error("unsupported Content-Type `{0}`: send application/json")]
+    UnsupportedMediaType(String),
     /// No task by that name, alias or `x-task-type`, and no default task. 404.
     #[error("unknown model or task `{0}`")]
     UnknownModel(String),
@@ -92,6 +98,7 @@ impl GatewayError {
             GatewayError::UnknownModel(_) | GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
             GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             GatewayError::AllTargetsFailed { .. } | GatewayError::ContractViolation(_) => {
                 StatusCode::BAD_GATEWAY
             }
@@ -114,7 +121,8 @@ impl GatewayError {
             | GatewayError::UnknownModel(_)
             | GatewayError::NotFound(_)
             | GatewayError::MethodNotAllowed
-            | GatewayError::PayloadTooLarge(_) => Culprit::Downstream,
+            | GatewayError::PayloadTooLarge(_)
+            | GatewayError::UnsupportedMediaType(_) => Culprit::Downstream,
             GatewayError::AllTargetsFailed { .. }
             | GatewayError::ContractViolation(_)
             | GatewayError::NoTargetAvailable { .. }
@@ -135,6 +143,7 @@ impl GatewayError {
             | GatewayError::NotFound(_)
             | GatewayError::MethodNotAllowed
             | GatewayError::PayloadTooLarge(_)
+            | GatewayError::UnsupportedMediaType(_)
             | GatewayError::AllTargetsFailed { .. }
             | GatewayError::NoTargetAvailable { .. }
             | GatewayError::NoEligibleTarget(_)
@@ -158,6 +167,7 @@ impl GatewayError {
             | GatewayError::NotFound(_)
             | GatewayError::MethodNotAllowed
             | GatewayError::PayloadTooLarge(_)
+            | GatewayError::UnsupportedMediaType(_)
             | GatewayError::AllTargetsFailed { .. }
             | GatewayError::NoEligibleTarget(_)
             | GatewayError::Unauthorized
@@ -180,14 +190,15 @@ impl GatewayError {
 
     /// OpenAI `error.param`: the request field at fault, if one is.
     #[must_use]
-    pub fn param(&self) -> Option<&'static str> {
+    pub fn param(&self) -> Option<&str> {
         match self {
-            GatewayError::BadRequest { param, .. } => *param,
+            GatewayError::BadRequest { param, .. } => param.as_deref(),
             GatewayError::UnknownModel(_)
             | GatewayError::RateLimited(_)
             | GatewayError::NotFound(_)
             | GatewayError::MethodNotAllowed
             | GatewayError::PayloadTooLarge(_)
+            | GatewayError::UnsupportedMediaType(_)
             | GatewayError::AllTargetsFailed { .. }
             | GatewayError::NoTargetAvailable { .. }
             | GatewayError::NoEligibleTarget(_)
@@ -209,6 +220,7 @@ impl GatewayError {
             GatewayError::NotFound(_) => "not_found",
             GatewayError::MethodNotAllowed => "method_not_allowed",
             GatewayError::PayloadTooLarge(_) => "payload_too_large",
+            GatewayError::UnsupportedMediaType(_) => "unsupported_media_type",
             GatewayError::AllTargetsFailed { .. } => "all_targets_failed",
             GatewayError::ContractViolation(_) => "degraded_contract_violation",
             GatewayError::NoTargetAvailable { .. } => "no_target_available",

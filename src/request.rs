@@ -19,16 +19,17 @@ use crate::tokens;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct RequestError {
-    /// The offending top-level field, for OpenAI's `error.param`.
-    pub param: Option<&'static str>,
+    /// The offending field, for OpenAI's `error.param`: a top-level name
+    /// (`stream`) or a path into the messages (`messages[2].role`).
+    pub param: Option<Cow<'static, str>>,
     /// What is wrong, in words.
     pub message: String,
 }
 
 impl RequestError {
-    fn field(param: &'static str, message: impl Into<String>) -> Self {
+    fn field(param: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
         Self {
-            param: Some(param),
+            param: Some(param.into()),
             message: message.into(),
         }
     }
@@ -39,7 +40,9 @@ impl RequestError {
 #[derive(Deserialize)]
 #[serde(expecting = "a JSON object")]
 struct Wire<'a> {
-    #[serde(borrow, default)]
+    /// Kept even when `null`: its bytes are what [`ChatRequest::with_model`]
+    /// replaces, or the forwarded body would hold `model` twice.
+    #[serde(borrow, default, deserialize_with = "raw_even_null")]
     model: Option<&'a RawValue>,
     #[serde(borrow, default)]
     stream: Option<&'a RawValue>,
@@ -64,20 +67,31 @@ struct Wire<'a> {
 }
 
 /// One message, as far as the gateway reads it.
-#[derive(Debug, Deserialize)]
+#[derive(Debug)]
 pub struct Message<'a> {
-    /// `system`, `developer`, `user`, `assistant`, `tool`.
-    #[serde(borrow, default)]
-    pub role: Option<Cow<'a, str>>,
+    /// `system`, `developer`, `user`, `assistant`, `tool` (or whatever string
+    /// the client sent: the upstream judges roles it does not know).
+    pub role: Cow<'a, str>,
     /// The content, raw (a string, an array of parts, or null).
-    #[serde(borrow, default)]
     pub content: Option<&'a RawValue>,
     /// An assistant turn's tool calls, raw.
-    #[serde(borrow, default)]
     pub tool_calls: Option<&'a RawValue>,
-    /// The author name.
-    #[serde(borrow, default)]
+    /// The author name, when it is a string.
     pub name: Option<Cow<'a, str>>,
+}
+
+/// One message as raw values, so a wrong type names its field.
+#[derive(Deserialize)]
+#[serde(expecting = "a JSON object")]
+struct WireMessage<'a> {
+    #[serde(borrow, default)]
+    role: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    name: Option<&'a RawValue>,
 }
 
 /// A content part, as far as the gateway reads it.
@@ -104,7 +118,7 @@ pub struct ChatRequest<'a> {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
-    /// The messages (empty if absent or unreadable).
+    /// The messages (at least one).
     pub messages: Vec<Message<'a>>,
     /// `tools`, raw.
     pub tools: Option<&'a RawValue>,
@@ -125,10 +139,15 @@ pub struct ChatRequest<'a> {
 }
 
 impl<'a> ChatRequest<'a> {
-    /// Parses a request body.
+    /// Parses a request body, refusing what cannot be a chat request: a body
+    /// that is not a JSON object; `messages` missing, not an array, empty, or
+    /// with an entry that is not an object or has no string `role`; `model`
+    /// not a string; `stream` not a boolean; `max_tokens` /
+    /// `max_completion_tokens` not a non-negative integer. A `null` field
+    /// counts as absent, as in OpenAI's API.
     ///
     /// # Errors
-    /// The body is not a JSON object, or `model` / `stream` has the wrong type.
+    /// The first such problem, naming its field.
     pub fn parse(body: &'a [u8]) -> Result<Self, RequestError> {
         let not_object = |detail: String| RequestError {
             param: None,
@@ -141,28 +160,26 @@ impl<'a> ChatRequest<'a> {
             None => return Err(not_object("it is empty".into())),
         }
         let wire: Wire<'a> = serde_json::from_slice(body).map_err(|e| not_object(e.to_string()))?;
-        let model = match wire.model {
+        let model = match wire.model.filter(|raw| raw.get() != "null") {
             None => None,
             Some(raw) => Some(
-                serde_json::from_str::<Cow<'a, str>>(raw.get())
-                    .map(|s| borrow_if_plain(raw, s))
-                    .map_err(|_| RequestError::field("model", "`model` must be a string"))?,
+                string(raw)
+                    .ok_or_else(|| RequestError::field("model", "`model` must be a string"))?,
             ),
         };
-        let model_span = wire.model.and_then(|raw| span_in(body, raw));
         let stream = match wire.stream {
             None => false,
             Some(raw) => serde_json::from_str::<bool>(raw.get())
                 .map_err(|_| RequestError::field("stream", "`stream` must be a boolean"))?,
         };
-        let messages: Vec<Message<'a>> = wire
-            .messages
-            .and_then(|raw| serde_json::from_str(raw.get()).ok())
-            .unwrap_or_default();
+        let messages = messages(wire.messages)?;
+        let max_completion_tokens =
+            token_limit(wire.max_completion_tokens, "max_completion_tokens")?;
+        let max_tokens = token_limit(wire.max_tokens, "max_tokens")?;
         let mut request = Self {
             body,
             model,
-            model_span,
+            model_span: wire.model.and_then(|raw| span_in(body, raw)),
             stream,
             include_usage: wire.stream_options.is_some_and(include_usage),
             images: messages.iter().any(has_image),
@@ -172,10 +189,7 @@ impl<'a> ChatRequest<'a> {
             tool_choice: wire.tool_choice,
             function_call: wire.function_call,
             json_mode: wire.response_format.is_some_and(asks_for_json),
-            max_tokens: [wire.max_completion_tokens, wire.max_tokens]
-                .into_iter()
-                .flatten()
-                .find_map(|raw| serde_json::from_str::<u64>(raw.get()).ok()),
+            max_tokens: max_completion_tokens.or(max_tokens),
             prompt_tokens: 0,
         };
         request.prompt_tokens = request.estimate_prompt_tokens();
@@ -201,24 +215,18 @@ impl<'a> ChatRequest<'a> {
                 out.extend_from_slice(&self.body[span.end..]);
             }
             None => {
-                // The body parsed as an object, so it starts (after blanks) with `{`.
+                // The body parsed as an object, so it starts (after blanks)
+                // with `{`, and it has `messages`, so a comma always follows.
                 let open = self
                     .body
                     .iter()
                     .position(|b| *b == b'{')
                     .map_or(0, |i| i + 1);
-                let rest = &self.body[open..];
-                let empty = rest
-                    .iter()
-                    .find(|b| !b.is_ascii_whitespace())
-                    .is_some_and(|b| *b == b'}');
                 out.extend_from_slice(&self.body[..open]);
                 out.extend_from_slice(b"\"model\":");
                 out.extend_from_slice(quoted.as_bytes());
-                if !empty {
-                    out.extend_from_slice(b",");
-                }
-                out.extend_from_slice(rest);
+                out.extend_from_slice(b",");
+                out.extend_from_slice(&self.body[open..]);
             }
         }
         out.freeze()
@@ -268,6 +276,77 @@ fn borrow_if_plain<'a>(raw: &'a RawValue, parsed: Cow<'a, str>) -> Cow<'a, str> 
         Some(inner) if inner == parsed => Cow::Borrowed(inner),
         _ => parsed,
     }
+}
+
+/// A present field as its raw value, `null` included (serde's `Option`
+/// would read `null` as absent).
+fn raw_even_null<'de, D>(d: D) -> Result<Option<&'de RawValue>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    <&'de RawValue>::deserialize(d).map(Some)
+}
+
+/// A raw value as a string (borrowed when it has no escapes), if it is one.
+fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
+    serde_json::from_str::<Cow<'_, str>>(raw.get())
+        .ok()
+        .map(|s| borrow_if_plain(raw, s))
+}
+
+/// `messages`: a non-empty array of objects, each with a string `role`.
+fn messages(raw: Option<&RawValue>) -> Result<Vec<Message<'_>>, RequestError> {
+    let Some(raw) = raw else {
+        return Err(RequestError::field("messages", "`messages` is required"));
+    };
+    let entries: Vec<&RawValue> = serde_json::from_str(raw.get())
+        .map_err(|_| RequestError::field("messages", "`messages` must be an array"))?;
+    if entries.is_empty() {
+        return Err(RequestError::field(
+            "messages",
+            "`messages` must hold at least one message",
+        ));
+    }
+    entries
+        .into_iter()
+        .enumerate()
+        .map(|(i, entry)| message(i, entry))
+        .collect()
+}
+
+/// `messages[i]`.
+fn message(i: usize, raw: &RawValue) -> Result<Message<'_>, RequestError> {
+    let at = format!("messages[{i}]");
+    if !raw.get().trim_start().starts_with('{') {
+        let message = format!("`{at}` must be an object");
+        return Err(RequestError::field(at, message));
+    }
+    let wire: WireMessage<'_> = serde_json::from_str(raw.get()).map_err(|e| {
+        let message = format!("`{at}` is not a message: {e}");
+        RequestError::field(at.clone(), message)
+    })?;
+    let Some(role) = wire.role.and_then(string) else {
+        let param = format!("{at}.role");
+        let message = format!("`{param}` must be a string");
+        return Err(RequestError::field(param, message));
+    };
+    Ok(Message {
+        role,
+        content: wire.content,
+        tool_calls: wire.tool_calls,
+        // Only the token estimate reads it; a wrong type is the upstream's to judge.
+        name: wire.name.and_then(string),
+    })
+}
+
+/// `max_tokens` / `max_completion_tokens`, when given.
+fn token_limit(raw: Option<&RawValue>, field: &'static str) -> Result<Option<u64>, RequestError> {
+    raw.map(|raw| {
+        serde_json::from_str::<u64>(raw.get()).map_err(|_| {
+            RequestError::field(field, format!("`{field}` must be a non-negative integer"))
+        })
+    })
+    .transpose()
 }
 
 /// Where `raw` (a slice of `body`) stands in `body`.
@@ -363,8 +442,9 @@ mod tests {
         assert!(r.stream && r.include_usage && r.images && r.json_mode && r.offers_tools());
         assert_eq!(r.max_tokens, Some(77));
         assert!(r.prompt_tokens > tokens::PER_IMAGE, "{}", r.prompt_tokens);
-        assert!(!parse(r#"{"tools":[ ]}"#).offers_tools());
-        assert!(!parse(r#"{"tools":null,"functions":[]}"#).offers_tools());
+        let hi = r#""messages":[{"role":"user","content":"hi"}]"#;
+        assert!(!parse(&format!(r#"{{"tools":[ ],{hi}}}"#)).offers_tools());
+        assert!(!parse(&format!(r#"{{"tools":null,"functions":[],{hi}}}"#)).offers_tools());
     }
 
     #[test]
@@ -381,30 +461,85 @@ mod tests {
         assert!(n > tokens::PER_IMAGE + 2 * tokens::PER_MESSAGE + 10, "{n}");
     }
 
+    /// The `error.param` a body is refused with.
+    fn refused(body: &str) -> Option<String> {
+        ChatRequest::parse(body.as_bytes())
+            .unwrap_err()
+            .param
+            .map(Cow::into_owned)
+    }
+
     #[test]
     fn wrong_types_name_their_field() {
-        let e = ChatRequest::parse(br#"{"model":1}"#).unwrap_err();
-        assert_eq!(e.param, Some("model"));
-        let e = ChatRequest::parse(br#"{"stream":"yes"}"#).unwrap_err();
-        assert_eq!(e.param, Some("stream"));
+        let user = r#""messages":[{"role":"user","content":"hi"}]"#;
+        assert_eq!(
+            refused(&format!(r#"{{"model":1,{user}}}"#)).as_deref(),
+            Some("model")
+        );
+        assert_eq!(
+            refused(&format!(r#"{{"stream":"yes",{user}}}"#)).as_deref(),
+            Some("stream")
+        );
+        for field in ["max_tokens", "max_completion_tokens"] {
+            for bad in ["-1", "1.5", "\"8\"", "true"] {
+                let body = format!(r#"{{"{field}":{bad},{user}}}"#);
+                assert_eq!(refused(&body).as_deref(), Some(field), "{body}");
+            }
+        }
         let e = ChatRequest::parse(b"[1]").unwrap_err();
         assert!(e.message.starts_with("body is not a JSON object"), "{e}");
+        assert_eq!(e.param, None);
         assert!(ChatRequest::parse(br#"{"model":"a","model":"b"}"#).is_err());
     }
 
     #[test]
+    fn messages_must_be_a_list_of_messages_with_roles() {
+        let cases = [
+            (r#"{"model":"m"}"#, "messages"),
+            (r#"{"messages":null}"#, "messages"),
+            (r#"{"messages":{"role":"user"}}"#, "messages"),
+            (r#"{"messages":[]}"#, "messages"),
+            (r#"{"messages":[{"role":"user"},"hi"]}"#, "messages[1]"),
+            (
+                r#"{"messages":[{"role":"user"},{"role":"user"},{"content":"x"}]}"#,
+                "messages[2].role",
+            ),
+            (r#"{"messages":[{"role":7}]}"#, "messages[0].role"),
+            (r#"{"messages":[{"role":null}]}"#, "messages[0].role"),
+        ];
+        for (body, param) in cases {
+            assert_eq!(refused(body).as_deref(), Some(param), "{body}");
+        }
+    }
+
+    #[test]
+    fn nulls_count_as_absent_and_odd_names_pass() {
+        let r = parse(
+            r#"{"model":null,"stream":null,"max_tokens":null,"max_completion_tokens":null,
+            "messages":[{"role":"user","content":null,"name":5}]}"#,
+        );
+        assert!(r.model.is_none() && !r.stream && r.max_tokens.is_none());
+        assert_eq!(r.messages[0].role, "user");
+        assert!(r.messages[0].name.is_none());
+        assert_eq!(
+            parse(r#"{"max_tokens":0,"messages":[{"role":"x"}]}"#).max_tokens,
+            Some(0)
+        );
+    }
+
+    #[test]
     fn only_model_is_rewritten() {
-        let body = r#"{ "messages": [], "model" : "gpt-4o", "temperature":0.5 }"#;
+        let body = r#"{ "messages": [{"role":"user"}], "model" : "gpt-4o", "temperature":0.5 }"#;
         let out = parse(body).with_model("up-\"x\"");
         assert_eq!(
             std::str::from_utf8(&out).unwrap(),
-            r#"{ "messages": [], "model" : "up-\"x\"", "temperature":0.5 }"#
+            r#"{ "messages": [{"role":"user"}], "model" : "up-\"x\"", "temperature":0.5 }"#
         );
-        let out = parse(r#"{"messages":[]}"#).with_model("m");
-        assert_eq!(&out[..], br#"{"model":"m","messages":[]}"#);
-        let out = parse(" { } ").with_model("m");
-        assert_eq!(&out[..], br#" {"model":"m" } "#);
-        let escaped = parse(r#"{"model":"g\u0070t"}"#);
+        let out = parse(r#" {"messages":[{"role":"user"}]}"#).with_model("m");
+        assert_eq!(&out[..], br#" {"model":"m","messages":[{"role":"user"}]}"#);
+        let out = parse(r#"{"model":null,"messages":[{"role":"user"}]}"#).with_model("m");
+        assert_eq!(&out[..], br#"{"model":"m","messages":[{"role":"user"}]}"#);
+        let escaped = parse(r#"{"model":"g\u0070t","messages":[{"role":"user"}]}"#);
         assert_eq!(escaped.model.as_deref(), Some("gpt"));
     }
 }

@@ -806,7 +806,8 @@ mod tests {
         let n = Needs::of(&ChatRequest::parse(body).unwrap());
         assert!(n.tools && n.json_mode && n.vision);
         assert_eq!(n.max_tokens, Some(77));
-        let empty = ChatRequest::parse(br#"{"tools": []}"#).unwrap();
+        let empty =
+            ChatRequest::parse(br#"{"tools": [], "messages": [{"role": "user"}]}"#).unwrap();
         assert!(!Needs::of(&empty).tools);
     }
 }

@@ -22,15 +22,39 @@ const REDACTED: &str = "[redacted]";
 pub struct Sanitizer {
     /// Sensitive words and upstream host names, case-insensitive.
     words: Option<Regex>,
-    /// Things that look like API keys or bearer tokens.
+    /// Things that look like API keys or bearer tokens, masked or not.
     keys: Regex,
+    /// Words of text ([`TOKEN_PATTERN`]).
+    tokens: Regex,
     /// Friendly messages by HTTP status.
     messages: HashMap<u16, String>,
 }
 
 /// Keys and tokens as providers issue them: `sk-…`, `sk-ant-…`, `AKIA…`,
-/// `Bearer …`, and long unbroken base64/hex runs.
-const KEY_PATTERN: &str = r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}|\b(?:sk|pk|rk|ak|key)[-_][A-Za-z0-9_-]{12,}|\bAKIA[0-9A-Z]{16}\b|\b[A-Za-z0-9+/_-]{40,}={0,2}";
+/// `Bearer …`, and long unbroken base64/hex runs; and their masked forms, as
+/// providers echo them in "incorrect API key" errors: a key prefix with
+/// masking anywhere after it (`sk-abc*****1234`, `sk-proj-****...abcd`,
+/// `sk-abc…1234`), and any run of key characters touching three or more `*`
+/// or `•` (`abcd****wxyz`). Masking keeps a key's first and last characters,
+/// which are enough to tell whose key it is.
+const KEY_PATTERN: &str = concat!(
+    r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}",
+    r"|\b(?:sk|pk|rk|ak|key)[-_][A-Za-z0-9_-]*(?:(?:[*•●…]|\.{2,})+[A-Za-z0-9_-]*)+",
+    r"|\b(?:sk|pk|rk|ak|key)[-_][A-Za-z0-9_-]{12,}",
+    r"|\bAKIA[0-9A-Z]{16}\b",
+    r"|[A-Za-z0-9_-]*(?:[A-Za-z0-9_-]{2}[*•●]{3,}|[*•●]{3,}[A-Za-z0-9_-]{2})[A-Za-z0-9_*•●-]*",
+    r"|\b[A-Za-z0-9+/_-]{40,}={0,2}",
+);
+
+/// A word of upstream text, for finding fragments of the provider's key.
+const TOKEN_PATTERN: &str = r#"[^\s"'`,;:()\[\]{}<>]+"#;
+
+/// Characters providers mask a key's middle with.
+const MASKS: [char; 4] = ['*', '•', '●', '…'];
+
+/// The fewest characters a key needs before its first 8 and last 4 are
+/// treated as identifying fragments (shorter keys are only removed whole).
+const FRAGMENT_MIN_KEY: usize = 12;
 
 impl Sanitizer {
     /// Builds a sanitizer from configured words, upstream hosts and messages.
@@ -59,6 +83,7 @@ impl Sanitizer {
         Ok(Self {
             words,
             keys: Regex::new(KEY_PATTERN)?,
+            tokens: Regex::new(TOKEN_PATTERN)?,
             messages,
         })
     }
@@ -69,20 +94,58 @@ impl Sanitizer {
         self.messages.get(&status).map(String::as_str)
     }
 
-    /// Removes only key-like strings (for logging an upstream's original text).
+    /// Removes only keys (for logging an upstream's original text): the
+    /// provider's own `secret` whole, words holding its first 8 or last 4
+    /// characters next to masking or inside a key-like word, and anything
+    /// key-like, masked or not.
     #[must_use]
-    pub fn redact_keys(&self, text: &str) -> String {
-        self.keys.replace_all(text, REDACTED).into_owned()
+    pub fn redact_keys(&self, text: &str, secret: Option<&str>) -> String {
+        let mut text = text.to_owned();
+        if let Some(key) = secret.filter(|s| s.len() >= 4) {
+            text = text.replace(key, REDACTED);
+            text = self.redact_fragments(&text, key);
+        }
+        self.keys.replace_all(&text, REDACTED).into_owned()
     }
 
-    /// Scrubs one string.
+    /// Scrubs one string: keys as [`Sanitizer::redact_keys`], then the
+    /// sensitive words and upstream hosts.
     #[must_use]
-    pub fn clean_text(&self, text: &str) -> String {
-        let text = self.keys.replace_all(text, REDACTED);
+    pub fn clean_text(&self, text: &str, secret: Option<&str>) -> String {
+        let text = self.redact_keys(text, secret);
         match &self.words {
             Some(words) => words.replace_all(&text, REDACTED).into_owned(),
-            None => text.into_owned(),
+            None => text,
         }
+    }
+
+    /// Words that hold `key`'s first 8 or last 4 characters and are masked
+    /// (`sk-proj-…`, `****wxyz`) or key-like: such a word names the key even
+    /// when the rest of it is hidden. The same four characters in ordinary
+    /// words are left alone.
+    fn redact_fragments(&self, text: &str, key: &str) -> String {
+        if key.len() < FRAGMENT_MIN_KEY {
+            return text.to_owned();
+        }
+        let (Some(head), Some(tail)) = (key.get(..8), key.get(key.len() - 4..)) else {
+            return text.to_owned();
+        };
+        self.tokens
+            .replace_all(text, |m: &regex::Captures<'_>| {
+                let word = &m[0];
+                // A sentence's full stop is not part of the word.
+                let (word, stop) = match word.strip_suffix('.') {
+                    Some(w) if !w.ends_with('.') => (w, "."),
+                    Some(_) | None => (word, ""),
+                };
+                let named = word.contains(head) || word.contains(tail);
+                if named && (is_masked(word) || is_key_like(word)) {
+                    format!("{REDACTED}{stop}")
+                } else {
+                    m[0].to_owned()
+                }
+            })
+            .into_owned()
     }
 
     /// Scrubs an upstream OpenAI-format error body (every string in it), and
@@ -101,7 +164,7 @@ impl Sanitizer {
         if !v.get("error").is_some_and(Value::is_object) {
             return None;
         }
-        self.clean_value(&mut v, secret.filter(|s| s.len() >= 4));
+        self.clean_value(&mut v, secret);
         if let (Some(msg), Some(err)) = (self.message_for(status), v.get_mut("error")) {
             err["message"] = Value::String(msg.to_owned());
         }
@@ -110,17 +173,28 @@ impl Sanitizer {
 
     fn clean_value(&self, v: &mut Value, secret: Option<&str>) {
         match v {
-            Value::String(s) => {
-                if let Some(key) = secret {
-                    *s = s.replace(key, REDACTED);
-                }
-                *s = self.clean_text(s);
-            }
+            Value::String(s) => *s = self.clean_text(s, secret),
             Value::Array(items) => items.iter_mut().for_each(|i| self.clean_value(i, secret)),
             Value::Object(map) => map.values_mut().for_each(|i| self.clean_value(i, secret)),
             Value::Null | Value::Bool(_) | Value::Number(_) => {}
         }
     }
+}
+
+/// Whether a word has a key's middle masked out: a mask character, or dots.
+fn is_masked(word: &str) -> bool {
+    word.contains(MASKS) || word.contains("..")
+}
+
+/// Whether a word looks like a key: 12 or more key characters, letters and
+/// digits both (so `max_context_length_exceeded` is not one).
+fn is_key_like(word: &str) -> bool {
+    word.len() >= FRAGMENT_MIN_KEY
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '+' | '='))
+        && word.chars().any(|c| c.is_ascii_digit())
+        && word.chars().any(|c| c.is_ascii_alphabetic())
 }
 
 /// Replaces every occurrence of `key` in upstream bytes (a hostile or
@@ -165,6 +239,7 @@ mod tests {
         let out = s().clean_text(
             "VendorCloud quota hit for key sk-live-abcdefghijklmnop via https://api.vendor-a.example/v1. \
              upgrade to pro at console.vendor.example. Authorization: Bearer abc.def.ghi123",
+            None,
         );
         assert!(
             !out.contains("VendorCloud") && !out.contains("vendor-a") && !out.contains("console."),
@@ -208,7 +283,82 @@ mod tests {
 
     #[test]
     fn ordinary_text_survives() {
-        let t = "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens.";
-        assert_eq!(s().clean_text(t), t);
+        let key = Some("sk-test-Q7rT9vW2xY4zA6bC8dE0wxyz");
+        for t in [
+            "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens.",
+            "Rate limit reached for gpt-4o in organization org-abc on tokens per min (TPM): Limit 30000.",
+            "Invalid value for 'max_tokens': must be **positive**... see https://platform.openai.com/docs.",
+            "Loading… the key-value store is busy; context_length_exceeded",
+        ] {
+            assert_eq!(s().clean_text(t, None), t);
+            assert_eq!(s().clean_text(t, key), t);
+            assert_eq!(s().redact_keys(t, key), t);
+        }
+    }
+
+    /// OpenAI's own wording for a wrong key, with the key masked.
+    fn incorrect_key(shown: &str) -> String {
+        format!(
+            "Incorrect API key provided: {shown}. You can find your API key at https://platform.openai.com/account/api-keys."
+        )
+    }
+
+    #[test]
+    fn masked_keys_are_redacted_without_knowing_the_key() {
+        for shown in [
+            "sk-proj-abcd****************wxyz",
+            "sk-abc*****1234",
+            "sk-proj-****...abcd",
+            "sk-abc…1234",
+            "sk-ant-api03-...AbCd",
+            "abcd****************wxyz",
+            "****************wxyz",
+            "Ab3d••••••••Wx9z",
+        ] {
+            for out in [
+                s().clean_text(&incorrect_key(shown), None),
+                s().redact_keys(&incorrect_key(shown), None),
+            ] {
+                assert_eq!(
+                    out,
+                    incorrect_key(REDACTED),
+                    "{shown} left something behind"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn fragments_of_the_providers_own_key_are_redacted() {
+        let key = "Ab3dE5gH9k2LmN0pQrSt7wxyz";
+        for shown in [
+            "Ab3dE5gH…",
+            "Ab3dE5gH...7wxyz",
+            "...7wxyz",
+            "Ab3dE5gHxxxxxxxxxxxxxxxx",
+            "XXXXXXXXXXXXXXXXXXXX7wxyz",
+            "key_Ab3dE5gH",
+        ] {
+            let text = incorrect_key(shown);
+            for out in [
+                s().clean_text(&text, Some(key)),
+                s().redact_keys(&text, Some(key)),
+            ] {
+                assert!(
+                    !out.contains("Ab3dE5gH") && !out.contains("wxyz"),
+                    "{shown}: {out}"
+                );
+                assert!(
+                    out.starts_with("Incorrect API key provided: [redacted]"),
+                    "{out}"
+                );
+                assert!(out.ends_with("/account/api-keys."), "{out}");
+            }
+        }
+        // A fragment on its own, neither masked nor in a key-like word, says
+        // too little to be worth mangling the text.
+        assert!(s()
+            .clean_text("key ending in 7wxyz", Some(key))
+            .contains("7wxyz"));
     }
 }

@@ -295,6 +295,7 @@ mod tests {
 
     fn contract(extra: Value) -> Contract {
         let mut req = serde_json::json!({
+            "messages": [{"role": "user", "content": "weather?"}],
             "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
                 "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
         });
@@ -361,7 +362,7 @@ mod tests {
             "get_weather".to_owned(),
             Arc::new(strict),
         )]));
-        let body = r#"{"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]}"#;
+        let body = r#"{"messages": [{"role": "user"}], "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]}"#;
         let view = ChatRequest::parse(body.as_bytes()).unwrap();
         let c = Contract::from_request(&view, &overrides).unwrap();
         assert!(c

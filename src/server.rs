@@ -8,6 +8,7 @@
 //! |---|---|
 //! | `POST /v1/chat/completions` | the proxy pipeline ([`crate::proxy`]) |
 //! | `GET /v1/models` | tasks and aliases as OpenAI model objects |
+//! | `GET /v1/models/{id}` | one of them, or 404 `model_not_found` |
 //! | `GET /healthz` | 200 while the process serves |
 //! | `GET /readyz` | 200 when every task has a target that is not DOWN, else 503 |
 //! | `GET /metrics` | Prometheus text |
@@ -19,6 +20,11 @@
 //! on loopback while probes and scrapers use the admin one), else on the main
 //! listener to loopback clients only; with an
 //! admin token configured it also needs `Authorization: Bearer <token>`.
+//!
+//! The endpoints that take a body (`/v1/chat/completions`, `/admin/explain`)
+//! read it as JSON: a `Content-Type` of `application/json` (any parameters),
+//! `application/*+json`, or none at all; anything else is refused with 415
+//! before the body is read ([`json_body`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -340,6 +346,13 @@ async fn handle(
     {
         return respond::plain_error(&not_found(), &request_id);
     }
+    if let Some(id) = model_id(&path) {
+        return if req.method() == Method::GET {
+            model(&app.snapshot.load(), &id, &request_id)
+        } else {
+            respond::plain_error(&GatewayError::MethodNotAllowed, &request_id)
+        };
+    }
     match (req.method(), path.as_str()) {
         (&Method::POST, "/v1/chat/completions" | "/chat/completions") => {
             chat(&app, req, request_id, arrival).await
@@ -361,7 +374,7 @@ async fn handle(
         (&Method::POST, "/admin/explain") => {
             let snapshot = app.snapshot.load_full();
             let (parts, incoming) = req.into_parts();
-            match read_body(&parts.headers, incoming).await {
+            match json_body(&parts.headers, incoming).await {
                 Ok(bytes) => explain(&snapshot, &parts.headers, &bytes, &request_id),
                 Err(e) => respond::plain_error(&e, &request_id),
             }
@@ -397,7 +410,7 @@ async fn chat(
         return rejected(&GatewayError::Overloaded, &request_id);
     };
     let (parts, incoming) = req.into_parts();
-    let bytes = match read_body(&parts.headers, incoming).await {
+    let bytes = match json_body(&parts.headers, incoming).await {
         Ok(bytes) => bytes,
         Err(e) => return rejected(&e, &request_id),
     };
@@ -407,6 +420,40 @@ async fn chat(
         .instrument(span)
         .await;
     response.map(|inner| body::holding(inner, permit))
+}
+
+/// Reads a JSON request body ([`read_body`]) after checking its media type:
+/// `application/json` with any parameters (a charset, say), a structured
+/// `application/*+json` type, or no `Content-Type` at all (curl and some
+/// clients send none) are read; anything else is 415, unread.
+async fn json_body(headers: &http::HeaderMap, incoming: Incoming) -> Result<Bytes, GatewayError> {
+    if let Some(value) = headers.get(CONTENT_TYPE) {
+        let text = String::from_utf8_lossy(value.as_bytes());
+        if !is_json_media_type(&text) {
+            return Err(GatewayError::UnsupportedMediaType(
+                text.chars().take(100).collect(),
+            ));
+        }
+    }
+    read_body(headers, incoming).await
+}
+
+/// Whether a `Content-Type` value names JSON: `application/json` or
+/// `application/SUBTYPE+json`, case-insensitive, parameters ignored.
+fn is_json_media_type(value: &str) -> bool {
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    match essence.strip_prefix("application/") {
+        Some("json") => true,
+        Some(subtype) => subtype
+            .strip_suffix("+json")
+            .is_some_and(|name| !name.is_empty() && !name.contains('/')),
+        None => false,
+    }
 }
 
 /// Reads a request body: at most [`MAX_BODY_BYTES`] (refused early on a
@@ -488,12 +535,62 @@ fn models(s: &Snapshot) -> serde_json::Value {
     let mut data = Vec::new();
     for task in s.tasks.values() {
         for id in std::iter::once(&task.name).chain(&task.aliases) {
-            data.push(serde_json::json!({
-                "id": id, "object": "model", "created": 0, "owned_by": "switchyard", "task": task.name,
-            }));
+            data.push(model_object(id, &task.name));
         }
     }
     serde_json::json!({"object": "list", "data": data})
+}
+
+/// The model id of a `GET /v1/models/{id}` (or `/models/{id}`) path,
+/// percent-decoded (an SDK escapes what a path cannot hold).
+fn model_id(path: &str) -> Option<String> {
+    let raw = path
+        .strip_prefix("/v1/models/")
+        .or_else(|| path.strip_prefix("/models/"))
+        .filter(|id| !id.is_empty())?;
+    Some(percent_decode(raw))
+}
+
+/// `%XX` escapes decoded; a malformed escape is kept as written.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| text.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                out.push(byte);
+                i += 3;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The OpenAI model object of a task name or alias, as `/v1/models` lists it.
+fn model_object(id: &str, task: &str) -> serde_json::Value {
+    serde_json::json!({
+        "id": id, "object": "model", "created": 0, "owned_by": "switchyard", "task": task,
+    })
+}
+
+/// `GET /v1/models/{id}`: the model object of a task name or alias, else 404.
+fn model(s: &Snapshot, id: &str, request_id: &HeaderValue) -> Response<Body> {
+    match s.models.get(id) {
+        Some(task) => json(StatusCode::OK, &model_object(id, &task.name)),
+        None => respond::plain_error(
+            &GatewayError::UnknownModel(id.chars().take(128).collect()),
+            request_id,
+        ),
+    }
 }
 
 fn readiness(s: &Snapshot) -> Response<Body> {

@@ -140,7 +140,8 @@ async fn own_400_and_413_are_counted_in_requests_total() {
 async fn missing_model_is_a_400_not_a_404() {
     let a = Fake::always(fake::completion("model-a", "a")).await;
     let gw = gateway(&chain_config(&[("a", &a.url())], "", "")).await;
-    let ans = post_raw(gw.addr, "/v1/chat/completions", r#"{"messages":[]}"#, &[]).await;
+    let body = r#"{"messages":[{"role":"user","content":"hi"}]}"#;
+    let ans = post_raw(gw.addr, "/v1/chat/completions", body, &[]).await;
     assert_eq!(ans.status, 400);
     assert!(ans.json()["error"]["message"]
         .as_str()

@@ -29,6 +29,7 @@ mod budgets;
 mod chaos;
 mod contract;
 mod error_classes;
+mod front_door;
 mod health;
 mod readme;
 mod regressions;

@@ -125,9 +125,11 @@ pub fn gateway_error(
 
 /// An upstream error given to the client (`return`, or a context-length
 /// error with no larger target): an OpenAI-format body scrubbed of the
-/// provider's key, sensitive words, upstream hosts and key-like strings
-/// (with the configured friendly message, if any); anything else (HTML,
-/// text) is replaced, never copied raw. The original goes to the debug log.
+/// provider's key (whole, or its first 8 / last 4 characters in a masked or
+/// key-like word), sensitive words, upstream hosts and key-like strings,
+/// masked ones included (with the configured friendly message, if any);
+/// anything else (HTML, text) is replaced, never copied raw. The original
+/// goes to the debug log, keys redacted the same way.
 #[must_use]
 pub fn upstream_error(
     snapshot: &Snapshot,
@@ -143,7 +145,7 @@ pub fn upstream_error(
         .map(crate::secret::Secret::expose);
     let body = crate::sanitize::redact_secret(body.clone(), key);
     debug!(target = %target.name, status = status.as_u16(),
-        body = %sanitizer.redact_keys(&String::from_utf8_lossy(&body)), "upstream error returned to the client");
+        body = %sanitizer.redact_keys(&String::from_utf8_lossy(&body), key), "upstream error returned to the client");
     let bytes = sanitizer
         .clean_error_body(status.as_u16(), &body, key)
         .unwrap_or_else(|| {

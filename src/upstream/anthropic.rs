@@ -8,7 +8,8 @@
 //! What does not map is handled on purpose, never silently wrong: OpenAI fields
 //! Anthropic has no counterpart for are dropped (Anthropic rejects unknown
 //! fields), while request content that would change meaning if dropped (audio
-//! or file parts, `n > 1`, non-function tools) is a [`TranslateError`].
+//! or file parts, `n > 1`, non-function tools) and asks the answer could not
+//! carry (audio output, `logprobs`, `top_logprobs`) are a [`TranslateError`].
 //! Anthropic `thinking` blocks are not passed to the client.
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -143,7 +144,8 @@ struct Turn {
 /// System and developer messages become the top-level `system` (joined by a
 /// blank line); consecutive same-role turns are merged; `tool` messages become
 /// `tool_result` blocks in a user turn. `temperature` is clamped to
-/// Anthropic's 0..=1. OpenAI fields without an Anthropic counterpart are dropped.
+/// Anthropic's 0..=1. OpenAI fields without an Anthropic counterpart are
+/// dropped, unless the answer could not honour them (audio output, log probabilities).
 pub fn to_messages_request(
     openai: &Map<String, Value>,
     model: &str,
@@ -171,11 +173,7 @@ pub fn to_messages_request(
         Value::from(max_tokens(openai)?.unwrap_or(default_max_tokens)),
     );
 
-    if let Some(n) = non_null(openai, "n") {
-        if n.as_u64().is_none_or(|n| n > 1) {
-            return Err(TranslateError::Unsupported(format!("`n` = {n}")));
-        }
-    }
+    unanswerable(openai)?;
     if let Some(stop) = stop_sequences(openai)? {
         out.insert("stop_sequences".into(), stop);
     }
@@ -208,6 +206,32 @@ pub fn to_messages_request(
 
     add_tools(openai, &mut out)?;
     Ok(Value::Object(out))
+}
+
+/// Asks whose answer a Messages response could not carry: more than one
+/// choice, audio output, log probabilities. Dropping them would hand the
+/// client an answer without what it asked for, so the target is skipped.
+fn unanswerable(openai: &Map<String, Value>) -> Result<(), TranslateError> {
+    if let Some(n) = non_null(openai, "n") {
+        if n.as_u64().is_none_or(|n| n > 1) {
+            return Err(TranslateError::Unsupported(format!("`n` = {n}")));
+        }
+    }
+    let audio_modality = non_null(openai, "modalities")
+        .and_then(Value::as_array)
+        .is_some_and(|m| m.iter().any(|m| m.as_str() == Some("audio")));
+    if audio_modality || non_null(openai, "audio").is_some() {
+        return Err(TranslateError::Unsupported(
+            "audio output (`audio` / `modalities: [\"audio\"]`)".into(),
+        ));
+    }
+    if non_null(openai, "top_logprobs").is_some() {
+        return Err(TranslateError::Unsupported("`top_logprobs`".into()));
+    }
+    if non_null(openai, "logprobs").is_some_and(|v| v.as_bool() != Some(false)) {
+        return Err(TranslateError::Unsupported("`logprobs`".into()));
+    }
+    Ok(())
 }
 
 /// The system texts and the merged turns of the OpenAI messages.
@@ -1570,6 +1594,30 @@ mod tests {
                 "tools": [{ "type": "code_interpreter" }] })),
             Err(TranslateError::Unsupported(_))
         ));
+    }
+
+    #[test]
+    fn asks_the_answer_could_not_carry_are_unsupported() {
+        let hi = || json!([{ "role": "user", "content": "hi" }]);
+        let unsupported = [
+            json!({ "messages": hi(), "audio": { "voice": "alloy", "format": "wav" } }),
+            json!({ "messages": hi(), "modalities": ["text", "audio"] }),
+            json!({ "messages": hi(), "logprobs": true }),
+            json!({ "messages": hi(), "top_logprobs": 3 }),
+        ];
+        for body in unsupported {
+            let got = request(body.clone());
+            assert!(
+                matches!(got, Err(TranslateError::Unsupported(_))),
+                "{body}: {got:?}"
+            );
+        }
+        let fine = json!({ "messages": hi(), "audio": null, "modalities": ["text"],
+            "logprobs": false, "top_logprobs": null });
+        let got = request(fine).unwrap();
+        for dropped in ["audio", "modalities", "logprobs", "top_logprobs"] {
+            assert!(got.get(dropped).is_none(), "{got}");
+        }
     }
 
     #[test]

@@ -251,6 +251,18 @@ class SyncChat(unittest.TestCase):
         ids = {m.id for m in client().models.list()}
         self.assertTrue({"chat", "gpt-4o-mini", "failover", "all-fail", "slow", "limited"} <= ids, ids)
 
+    def test_models_retrieve(self):
+        listed = {m.id: m for m in client().models.list()}
+        for name in ("chat", "gpt-4o-mini"):  # a task name, an alias
+            with self.subTest(name):
+                m = client().models.retrieve(name)
+                self.assertEqual((m.id, m.object, m.created, m.owned_by), (name, "model", 0, "switchyard"))
+                self.assertEqual(m, listed[name])
+        with self.assertRaises(openai.NotFoundError) as cm:
+            client().models.retrieve("no-such-model")
+        self.assertEqual(cm.exception.code, "model_not_found")
+        self.assertEqual(cm.exception.type, "invalid_request_error")
+
 
 # ---- failover, visible in the headers -----------------------------------------
 
@@ -321,6 +333,16 @@ class Errors(unittest.TestCase):
                 c.chat.completions.create(**kw)
             self.assertEqual(cm.exception.status_code, 400)
             self.assertEqual(cm.exception.code, "invalid_request")
+        named = {
+            "messages": dict(messages=[]),
+            "messages[1].role": dict(messages=msgs() + [{"content": "no role"}]),
+            "max_tokens": dict(messages=msgs(), max_tokens=-1),
+        }
+        for param, kw in named.items():
+            with self.subTest(param), self.assertRaises(openai.BadRequestError) as cm:
+                c.chat.completions.create(model="gpt-4o-mini", **kw)
+            self.assertEqual(cm.exception.type, "invalid_request_error")
+            self.assertEqual(cm.exception.param, param)
 
     def test_all_targets_failed_is_502(self):
         request_id = rid()
