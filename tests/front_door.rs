@@ -12,9 +12,9 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 
 use crate::binary::{self, Served};
-use crate::edge_support::{hop, routes};
 use crate::support::fake::{self, Fake};
 use crate::support::*;
+use crate::support::{hop, routes};
 
 /// POSTs `body` with the given `Content-Type` (none if `None`).
 async fn post_typed(
