@@ -395,3 +395,37 @@ async fn configmap_style_symlink_swap_is_picked_up() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_change_written_between_bind_and_run_is_applied() {
+    use switchyard::server::Gateway;
+    use switchyard::snapshot::CompileOptions;
+    let (a, b) = (dual("a").await, dual("b").await);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("routes.yaml");
+    std::fs::write(&path, config(&a, &b, "a")).unwrap();
+    let gateway = Gateway::bind(
+        &path,
+        Some("127.0.0.1:0".parse().unwrap()),
+        CompileOptions::default(),
+    )
+    .await
+    .unwrap();
+    // Written before any watcher exists: `run` must still see it.
+    std::fs::write(&path, config(&a, &b, "b")).unwrap();
+    let addr = gateway.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(gateway.run(async {
+        let _ = stopped.await;
+    }));
+    let switched = eventually(Duration::from_secs(3), || async {
+        chat(addr, hello("gpt-4o"))
+            .await
+            .header("x-switchyard-target")
+            == "b"
+    })
+    .await;
+    assert!(switched, "the change made before run() was never applied");
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+}
