@@ -669,6 +669,8 @@ pub enum StreamEnd {
     EventTooLarge,
     /// Tool calls held for validation broke the contract.
     ContractViolation,
+    /// A restarted continuation contradicted the text already delivered.
+    Diverged,
     /// The client hung up.
     ClientGone,
 }
@@ -691,6 +693,8 @@ pub enum Interruption {
     EventTooLarge,
     /// The held tool calls broke the contract.
     ContractViolation,
+    /// A restarted continuation contradicted the text already delivered.
+    Diverged,
 }
 
 impl Interruption {
@@ -705,6 +709,7 @@ impl Interruption {
             Interruption::Deadline => "deadline",
             Interruption::EventTooLarge => "event_too_large",
             Interruption::ContractViolation => "contract_violation",
+            Interruption::Diverged => "diverged",
         }
     }
 }
@@ -738,6 +743,7 @@ pub fn end_of_stream(end: StreamEnd) -> StreamVerdict {
         StreamEnd::InBandError => StreamVerdict::Interrupted(Interruption::UpstreamError),
         StreamEnd::EventTooLarge => StreamVerdict::Interrupted(Interruption::EventTooLarge),
         StreamEnd::ContractViolation => StreamVerdict::Interrupted(Interruption::ContractViolation),
+        StreamEnd::Diverged => StreamVerdict::Interrupted(Interruption::Diverged),
         StreamEnd::ClientGone => StreamVerdict::ClientGone,
     }
 }

@@ -113,6 +113,39 @@ pub struct RawProvider {
     pub probe: Option<RawProbe>,
     /// The account's rate limits; a request that does not fit is not sent.
     pub rate_limit: Option<RawProviderLimit>,
+    /// How this provider is told to continue an assistant prefix (for targets
+    /// with the `prefill` capability, when a task continues broken streams).
+    pub prefill: Option<RawPrefill>,
+}
+
+/// How a provider continues an assistant prefix: the request gets one
+/// trailing assistant message holding the text already delivered, plus these
+/// fields.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawPrefill {
+    /// Extra fields on the trailing assistant message, e.g. `{ prefix: true }`
+    /// (DeepSeek, Mistral).
+    #[serde(default)]
+    pub message_fields: BTreeMap<String, serde_json::Value>,
+    /// Extra fields on the request body, e.g. `{ continue_final_message: true,
+    /// add_generation_prompt: false }` (vLLM).
+    #[serde(default)]
+    pub body_fields: BTreeMap<String, serde_json::Value>,
+}
+
+/// What a task does when a stream breaks after its commit point.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawStreamRecovery {
+    /// `off` (default: end with an error event) or `continue` (finish the
+    /// answer on the next admitted target).
+    pub mode: Option<String>,
+    /// Most continuations of one stream (default 1).
+    pub max_continuations: Option<u32>,
+    /// Mark each seam with an SSE comment (default false; for debugging: some
+    /// clients mishandle comments).
+    pub seam_comment: Option<bool>,
 }
 
 /// Same-target retry policy.
@@ -222,6 +255,8 @@ pub struct RawTask {
     /// request's `parameters`, by function name.
     #[serde(default)]
     pub tool_schemas: BTreeMap<String, String>,
+    /// What happens when a stream breaks after its commit point.
+    pub stream_recovery: Option<RawStreamRecovery>,
 }
 
 /// Time and failover budget of one request of a task.

@@ -44,6 +44,10 @@ pub const TOKENS: &str = "switchyard_tokens_total";
 pub const COST: &str = "switchyard_cost_usd_total";
 /// Counter `{target, reason}`: streams broken after the commit point.
 pub const STREAM_INTERRUPTS: &str = "switchyard_stream_interrupts_total";
+/// Counter `{task, from, to, mode, result}`: broken streams continued on
+/// another target (`mode`: prefill, restart; `result`: completed,
+/// interrupted, diverged, failed).
+pub const STREAM_CONTINUATIONS: &str = "switchyard_stream_continuations_total";
 /// Counter `{target}`: malformed events dropped from a committed stream.
 pub const STREAM_MALFORMED: &str = "switchyard_stream_malformed_events_total";
 /// Counter `{task, target}`: answers that broke the degraded-answer contract (tool calls).
@@ -234,6 +238,10 @@ impl Metrics {
         counter(
             STREAM_INTERRUPTS,
             "Streams broken after the first content byte reached the client.",
+        );
+        counter(
+            STREAM_CONTINUATIONS,
+            "Broken streams continued on another target, by mode and result.",
         );
         counter(
             STREAM_MALFORMED,

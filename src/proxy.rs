@@ -24,6 +24,7 @@
 
 pub mod account;
 pub mod attempt;
+pub mod continuation;
 pub mod respond;
 pub mod stream;
 
@@ -46,7 +47,9 @@ use crate::schema::{Contract, Mode as ValidateMode, Violation};
 use crate::snapshot::{Snapshot, Target, Task};
 use account::{Account, CancelGuard};
 use attempt::{Attempt, Call, Failed};
+use continuation::Recovery;
 use respond::{Tally, H_TARGET, H_TASK_TYPE};
+use stream::Relay;
 
 /// Longest backoff between two retries of one target.
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
@@ -83,6 +86,9 @@ pub async fn chat_completions(
     let plan = routing::plan(&task, &needs, Instant::now());
     let mut walk = Walk {
         snapshot: &snapshot,
+        shared: &snapshot,
+        body: &body,
+        tried: Vec::new(),
         task: &task,
         request: &request,
         request_id: &request_id,
@@ -181,6 +187,12 @@ enum TargetEnd {
 /// One request's walk along the chain.
 struct Walk<'a> {
     snapshot: &'a Snapshot,
+    /// The same snapshot, to hand to a stream that outlives this walk.
+    shared: &'a Arc<Snapshot>,
+    /// The client's request bytes (a continued stream sends them again).
+    body: &'a Bytes,
+    /// Targets called so far, in order.
+    tried: Vec<Arc<Target>>,
     task: &'a Arc<Task>,
     request: &'a ChatRequest<'a>,
     request_id: &'a HeaderValue,
@@ -273,6 +285,9 @@ impl Walk<'_> {
             }
             let Some(p) = permit.take() else { break };
             self.tally.attempts += 1;
+            if !self.tried.iter().any(|t| Arc::ptr_eq(t, &target)) {
+                self.tried.push(Arc::clone(&target));
+            }
             let call = self.call(&target);
             match attempt::run(&call, body.clone(), p).await {
                 Attempt::Answer { status, body } => {
@@ -280,7 +295,19 @@ impl Walk<'_> {
                         self.serve(respond::completion(status, body), &target),
                     )
                 }
-                Attempt::Committed(relay) => {
+                Attempt::Committed(commit) => {
+                    let recovery = Recovery::new(
+                        Arc::clone(self.shared),
+                        Arc::clone(self.task),
+                        self.body.clone(),
+                        self.request_id.clone(),
+                        self.arrival,
+                        self.deadline,
+                        self.request.include_usage,
+                        self.tried.clone(),
+                    )
+                    .map(Box::new);
+                    let relay = Relay::new(*commit, recovery);
                     let resp = respond::stream(relay.into_body());
                     return TargetEnd::Served(self.serve(resp, &target));
                 }
@@ -387,19 +414,8 @@ impl Walk<'_> {
             permit,
         } = failed;
         self.last_status = status.or(self.last_status);
-        target.metrics.attempts.increment(outcome.label(), 1);
+        attempt::record(self.snapshot, target, &decision, outcome, permit);
         let now = Instant::now();
-        let failure = Failure {
-            counted: decision.health,
-            cooldown: decision.cooldown,
-            rate_limited: decision.rate_limited,
-            class: Arc::clone(&decision.rule),
-            jitter: rand::random::<f64>() * 2.0 - 1.0,
-        };
-        let t = target
-            .health
-            .record_failure(permit, now, &failure, &self.snapshot.health);
-        target.report(t);
         match (decision.rate_limited, decision.cooldown) {
             (true, Some(cooldown)) => self.holdbacks.limited(now + cooldown),
             (true, None) | (false, _) => self.holdbacks.failed = true,

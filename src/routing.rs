@@ -229,6 +229,10 @@ impl Plan {
         serde_json::json!({
             "task": task.name,
             "strategy": task.strategy.as_str(),
+            "stream_recovery": {
+                "mode": if task.stream_recovery.continues { "continue" } else { "off" },
+                "max_continuations": task.stream_recovery.max_continuations,
+            },
             "needs": {
                 "capabilities": needs.tags(task),
                 "prompt_tokens_estimate": needs.prompt_tokens,
@@ -264,6 +268,13 @@ impl Plan {
                 .map(|m| format!(" + {m} max tokens"))
                 .unwrap_or_default(),
         );
+        if task.stream_recovery.continues {
+            let _ = writeln!(
+                out,
+                "a stream broken after its commit point continues on the next candidate (at most {} time(s))",
+                task.stream_recovery.max_continuations
+            );
+        }
         out.push_str("candidates, in failover order:\n");
         if self.candidates.is_empty() {
             out.push_str("  (none)\n");

@@ -68,6 +68,29 @@ pub struct Provider {
     pub probe_interval: Option<Duration>,
     /// The account's rpm/tpm buckets, if limited.
     pub limits: Option<Arc<ProviderLimits>>,
+    /// How it continues an assistant prefix (for `prefill` targets).
+    pub prefill: Prefill,
+}
+
+/// How a provider continues an assistant prefix: one trailing assistant
+/// message with the text already delivered, plus these fields.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Prefill {
+    /// Extra fields on the trailing assistant message.
+    pub message_fields: serde_json::Map<String, serde_json::Value>,
+    /// Extra fields on the request body.
+    pub body_fields: serde_json::Map<String, serde_json::Value>,
+}
+
+/// What a task does when a stream breaks after its commit point.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamRecovery {
+    /// Finish the answer on the next admitted target (`mode: continue`).
+    pub continues: bool,
+    /// Most continuations of one stream.
+    pub max_continuations: u32,
+    /// Mark each seam with an SSE comment.
+    pub seam_comment: bool,
 }
 
 /// A model at a provider, compiled.
@@ -95,6 +118,9 @@ pub struct Target {
     pub metrics: TargetMetrics,
 }
 
+/// The capability that declares a target able to continue an assistant prefix.
+pub const PREFILL: &str = "prefill";
+
 impl Target {
     /// Logs a health state change and updates its metrics.
     pub fn report(&self, transition: Option<Transition>) {
@@ -104,6 +130,12 @@ impl Target {
         self.metrics
             .transitions
             .increment((t.from.as_str(), t.to.as_str()), 1);
+    }
+
+    /// Whether it is declared able to continue an assistant prefix.
+    #[must_use]
+    pub fn can_prefill(&self) -> bool {
+        self.capabilities.iter().any(|c| c == PREFILL)
     }
 
     /// USD of `prompt` + `completion` tokens at this target's price (0 without one).
@@ -211,6 +243,8 @@ pub struct Task {
     pub unserved: RouteMetrics,
     /// `switchyard_client_cancelled_total{task}`.
     pub cancelled: Counter,
+    /// What happens when a stream breaks after its commit point.
+    pub stream_recovery: StreamRecovery,
 }
 
 impl Task {

@@ -257,6 +257,43 @@ pub fn classify_event(event: &Event) -> Chunk {
     }
 }
 
+/// What a content chunk delivers, for a stream that may be continued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivered {
+    /// The `delta.content` text (all choices).
+    pub text: String,
+    /// Only text: no tool call, function call, refusal or reasoning delta
+    /// (those cannot be continued on another target).
+    pub plain: bool,
+}
+
+/// Reads what a content chunk delivers.
+#[must_use]
+pub fn delivered(data: &str) -> Option<Delivered> {
+    let chunk: ChunkWire<'_> = serde_json::from_str(data.trim()).ok()?;
+    let mut out = Delivered {
+        text: String::new(),
+        plain: true,
+    };
+    for choice in &chunk.choices {
+        let Some(d) = &choice.delta else { continue };
+        if let Some(text) = &d.content {
+            out.text.push_str(text);
+        }
+        let present = |v: &Option<&RawValue>| v.is_some_and(|v| !matches!(v.get(), "null" | "[]"));
+        let non_empty =
+            |s: &Option<std::borrow::Cow<'_, str>>| s.as_deref().is_some_and(|s| !s.is_empty());
+        if present(&d.tool_calls)
+            || present(&d.function_call)
+            || non_empty(&d.refusal)
+            || non_empty(&d.reasoning_content)
+        {
+            out.plain = false;
+        }
+    }
+    Some(out)
+}
+
 /// `usage.prompt_tokens` and `usage.completion_tokens` of a completion or
 /// chunk, when it reports them.
 #[must_use]

@@ -224,6 +224,14 @@ impl Events {
         self.parser.pending()
     }
 
+    /// Puts events back to be read first, in order (a continuation's events
+    /// held at its commit point go through the same reading as the rest).
+    pub fn requeue(&mut self, events: Vec<crate::sse::Event>) {
+        for event in events.into_iter().rev() {
+            self.ready.push_front(event);
+        }
+    }
+
     /// The next complete event, if any; `eof` closes a last unterminated one.
     /// Data a translator cannot read comes out as a malformed event.
     pub fn next_event(&mut self, eof: bool) -> Option<crate::sse::Event> {

@@ -27,6 +27,7 @@ mod admin;
 mod anthropic;
 mod budgets;
 mod chaos;
+mod continuation;
 mod contract;
 mod error_classes;
 mod front_door;

@@ -19,9 +19,8 @@ use tokio::time::{timeout_at, Instant};
 use tracing::debug;
 
 use super::account::Account;
-use super::stream::{Relay, RelayState};
 use crate::classify::{self, AnswerShape, AttemptOutcome, Decision, NetworkKind, Outcome};
-use crate::health::Permit;
+use crate::health::{Failure, HealthConfig, Permit};
 use crate::schema::{CallAssembler, Contract, Violation, HOLD_MAX_TOOL_BYTES};
 use crate::snapshot::{Provider, Snapshot, Target, Task};
 use crate::sse::{self, Chunk};
@@ -75,7 +74,7 @@ pub enum Attempt {
         body: Bytes,
     },
     /// A stream past its commit point, ready to relay.
-    Committed(Box<Relay>),
+    Committed(Box<Commit>),
     /// A failure the error table classified.
     Failed(Failed),
     /// `total_timeout` ran out during the attempt.
@@ -87,6 +86,69 @@ pub enum Attempt {
         /// To record the verdict with.
         permit: Permit,
     },
+}
+
+/// What the relay carries over from the commit point.
+#[derive(Debug)]
+pub struct RelayState {
+    /// Who pays.
+    pub account: Account,
+    /// The target streaming.
+    pub target: Arc<Target>,
+    /// Health thresholds to record the verdict with.
+    pub health: HealthConfig,
+    /// The upstream's events.
+    pub events: Events,
+    /// The upstream's body.
+    pub incoming: Incoming,
+    /// A `finish_reason` was seen.
+    pub finished: bool,
+    /// `[DONE]` was seen.
+    pub done: bool,
+    /// The body ended.
+    pub eof: bool,
+    /// The task's deadline.
+    pub deadline: Instant,
+    /// The contract still to check at the end (tool calls under validation).
+    pub contract: Option<Arc<Contract>>,
+    /// Tool call deltas assembled so far.
+    pub calls: CallAssembler,
+    /// Tool call deltas held until the calls are complete and valid.
+    pub tool_held: BytesMut,
+}
+
+/// A stream at its commit point: what the relay carries on with.
+#[derive(Debug)]
+pub struct Commit {
+    /// The upstream, its target and its state.
+    pub state: RelayState,
+    /// What the commit point held back, to go out first.
+    pub held: Bytes,
+    /// To record the end-of-stream verdict with.
+    pub permit: Permit,
+}
+
+/// Records a classified failure against its target: the attempt's outcome
+/// metric and the health verdict (with its cooldown).
+pub fn record(
+    snapshot: &Snapshot,
+    target: &Target,
+    decision: &Decision,
+    outcome: AttemptOutcome,
+    permit: Permit,
+) {
+    target.metrics.attempts.increment(outcome.label(), 1);
+    let failure = Failure {
+        counted: decision.health,
+        cooldown: decision.cooldown,
+        rate_limited: decision.rate_limited,
+        class: Arc::clone(&decision.rule),
+        jitter: rand::random::<f64>() * 2.0 - 1.0,
+    };
+    let t = target
+        .health
+        .record_failure(permit, Instant::now(), &failure, &snapshot.health);
+    target.report(t);
 }
 
 /// A classified failure.
@@ -530,8 +592,8 @@ fn commit(
     target
         .health
         .record_latency(Instant::now(), started.elapsed());
-    Attempt::Committed(Box::new(Relay::new(
-        RelayState {
+    Attempt::Committed(Box::new(Commit {
+        state: RelayState {
             account: call.account.clone(),
             target: Arc::clone(target),
             health: call.snapshot.health,
@@ -549,7 +611,7 @@ fn commit(
             calls: held.calls,
             tool_held,
         },
-        out.freeze(),
+        held: out.freeze(),
         permit,
-    )))
+    }))
 }

@@ -13,50 +13,19 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio::time::{timeout_at, Instant};
 use tracing::{debug, info, warn, Instrument};
 
-use super::account::Account;
+use super::attempt::{Commit, RelayState};
+use super::continuation::{Recovery, Resumed, Seam, Splice, Spliced};
 use crate::body::{self, Body};
-use crate::classify::{self, AttemptOutcome, StreamEnd, StreamVerdict};
-use crate::health::{Failure, HealthConfig, Permit};
-use crate::schema::{CallAssembler, Contract, HOLD_MAX_TOOL_BYTES};
-use crate::snapshot::Target;
+use crate::classify::{self, AttemptOutcome, Interruption, StreamEnd, StreamVerdict};
+use crate::health::{Failure, Permit};
+use crate::schema::HOLD_MAX_TOOL_BYTES;
 use crate::sse::{self, Chunk};
-use crate::upstream::Events;
 
 /// Relayed bytes batched before a write to the client, at most.
 const BATCH_MAX_BYTES: usize = 64 * 1024;
-
-/// What the relay carries over from the commit point.
-#[derive(Debug)]
-pub struct RelayState {
-    /// Who pays.
-    pub account: Account,
-    /// The target streaming.
-    pub target: Arc<Target>,
-    /// Health thresholds to record the verdict with.
-    pub health: HealthConfig,
-    /// The upstream's events.
-    pub events: Events,
-    /// The upstream's body.
-    pub incoming: Incoming,
-    /// A `finish_reason` was seen.
-    pub finished: bool,
-    /// `[DONE]` was seen.
-    pub done: bool,
-    /// The body ended.
-    pub eof: bool,
-    /// The task's deadline.
-    pub deadline: Instant,
-    /// The contract still to check at the end (tool calls under validation).
-    pub contract: Option<Arc<Contract>>,
-    /// Tool call deltas assembled so far.
-    pub calls: CallAssembler,
-    /// Tool call deltas held until the calls are complete and valid.
-    pub tool_held: BytesMut,
-}
 
 /// A committed stream being relayed.
 #[derive(Debug)]
@@ -72,22 +41,49 @@ pub struct Relay {
     /// The verdict is in; nothing more will be read.
     over: bool,
     span: tracing::Span,
+    /// What continuing this stream on another target needs, when its task does.
+    recovery: Option<Box<Recovery>>,
+    /// Rewrites a continuing upstream's events into the client's stream.
+    splice: Option<Splice>,
+    /// The seam of the continuation in progress, for its result.
+    seam: Option<Seam>,
+}
+
+/// What happened to a broken stream that might be continued.
+enum Continued {
+    /// Not continued: conclude as usual.
+    No,
+    /// Another target carries the stream on.
+    Yes,
+    /// No target could: ended with the interruption, verdicts recorded.
+    Ended,
 }
 
 impl Relay {
-    /// A relay whose first bytes are `held` (what the commit point held back).
+    /// A relay whose first bytes are what the commit point held back.
     #[must_use]
-    pub fn new(state: RelayState, held: Bytes, permit: Permit) -> Self {
-        Self {
-            state,
-            permit: Some(permit),
-            out: VecDeque::from([held]),
+    pub fn new(commit: Commit, recovery: Option<Box<Recovery>>) -> Self {
+        let mut relay = Self {
+            state: commit.state,
+            permit: Some(commit.permit),
+            out: VecDeque::from([commit.held.clone()]),
             batch: BytesMut::new(),
             usage: None,
             content_chunks: 0,
             over: false,
             span: tracing::Span::current(),
+            recovery,
+            splice: None,
+            seam: None,
+        };
+        if let Some(recovery) = &mut relay.recovery {
+            for event in parse_all(&commit.held) {
+                if let Some(data) = &event.data {
+                    recovery.observe(data);
+                }
+            }
         }
+        relay
     }
 
     /// The relay as a response body.
@@ -117,7 +113,10 @@ impl Relay {
                 return None;
             }
             if let Some(end) = self.advance().await {
-                self.conclude(end);
+                match self.continue_on_next(end).await {
+                    Continued::No => self.conclude(end),
+                    Continued::Yes | Continued::Ended => {}
+                }
             }
         }
     }
@@ -227,7 +226,24 @@ impl Relay {
             if (self.state.finished || self.state.done) && self.release_tool_calls().is_err() {
                 return Some(StreamEnd::ContractViolation);
             }
-            self.batch.extend_from_slice(&event.raw);
+            let spliced = self.splice.as_mut().map(|s| s.event(&event));
+            let data = match spliced {
+                None | Some(Spliced::Raw) => {
+                    self.batch.extend_from_slice(&event.raw);
+                    event.data
+                }
+                Some(Spliced::Drop) => continue,
+                Some(Spliced::Diverged) => return Some(StreamEnd::Diverged),
+                Some(Spliced::Data(data)) => {
+                    self.batch.extend_from_slice(b"data: ");
+                    self.batch.extend_from_slice(data.as_bytes());
+                    self.batch.extend_from_slice(b"\n\n");
+                    Some(data)
+                }
+            };
+            if let (Some(recovery), Some(data)) = (&mut self.recovery, data) {
+                recovery.observe(&data);
+            }
         }
         None
     }
@@ -254,6 +270,79 @@ impl Relay {
         Ok(())
     }
 
+    /// A stream broken after its commit point, when its task continues broken
+    /// streams: the broken target's verdict is recorded as always, and the
+    /// next admitted target carries the answer on.
+    async fn continue_on_next(&mut self, end: StreamEnd) -> Continued {
+        let StreamVerdict::Interrupted(why) = classify::end_of_stream(end) else {
+            return Continued::No;
+        };
+        let under_validation = self.state.contract.is_some();
+        match &self.recovery {
+            Some(r) if r.can_continue(why, under_validation) => {}
+            Some(_) | None => return Continued::No,
+        }
+        self.out.push_back(self.batch.split().freeze());
+        self.settle_seam(StreamVerdict::Interrupted(why));
+        self.record_source(StreamVerdict::Interrupted(why));
+        let broken = Arc::clone(&self.state.target);
+        let Some(recovery) = self.recovery.as_mut() else {
+            return Continued::No;
+        };
+        match recovery.resume(&broken).await {
+            Ok(resumed) => {
+                self.adopt(resumed);
+                Continued::Yes
+            }
+            Err(()) => {
+                recovery.count_failed(&broken);
+                self.out.push_back(sse::interrupt_events(why.label()));
+                self.over = true;
+                Continued::Ended
+            }
+        }
+    }
+
+    /// Carries on with the target that took over.
+    fn adopt(&mut self, resumed: Resumed) {
+        let Resumed {
+            commit,
+            splice,
+            seam,
+        } = resumed;
+        if self.recovery.as_ref().is_some_and(|r| r.seam_comment()) {
+            let comment = format!(
+                ": switchyard continued this answer from {} on {} ({})\n\n",
+                seam.from.name,
+                seam.to.name,
+                seam.mode.label()
+            );
+            self.out.push_back(Bytes::from(comment));
+        }
+        self.state = commit.state;
+        self.permit = Some(commit.permit);
+        self.usage = None;
+        self.content_chunks = 0;
+        self.splice = Some(splice);
+        self.seam = Some(seam);
+        // What its commit point held goes through the splice like the rest.
+        self.state.events.requeue(parse_all(&commit.held));
+    }
+
+    /// Counts the result of the continuation in progress, if any.
+    fn settle_seam(&mut self, verdict: StreamVerdict) {
+        let (Some(seam), Some(recovery)) = (self.seam.take(), &self.recovery) else {
+            return;
+        };
+        let result = match verdict {
+            StreamVerdict::Complete { .. } => "completed",
+            StreamVerdict::Interrupted(Interruption::Diverged) => "diverged",
+            StreamVerdict::Interrupted(_) => "interrupted",
+            StreamVerdict::ClientGone => "cancelled",
+        };
+        recovery.count(&seam, result);
+    }
+
     /// The stream ended: its last bytes go out, and the verdict is recorded.
     fn conclude(&mut self, end: StreamEnd) {
         let mut end = end;
@@ -277,9 +366,15 @@ impl Relay {
         self.record(verdict);
     }
 
-    /// Books the answer and records the verdict against the target.
+    /// Books the answer and records the verdict; the stream is over.
     fn record(&mut self, verdict: StreamVerdict) {
         self.over = true;
+        self.settle_seam(verdict);
+        self.record_source(verdict);
+    }
+
+    /// Books the current upstream's part and records its verdict against its target.
+    fn record_source(&mut self, verdict: StreamVerdict) {
         let Some(permit) = self.permit.take() else {
             return;
         };
@@ -337,4 +432,11 @@ impl Drop for Relay {
             self.record(StreamVerdict::ClientGone);
         }
     }
+}
+
+/// The complete events of some SSE bytes.
+fn parse_all(bytes: &Bytes) -> Vec<sse::Event> {
+    let mut parser = sse::Parser::default();
+    parser.push(bytes);
+    std::iter::from_fn(|| parser.next_event(true)).collect()
 }

@@ -26,8 +26,8 @@ use http::Uri;
 
 use super::live::{LiveState, ProviderLimitsKey, TaskLimitKey};
 use super::{
-    Budget, Compiled, Cost, Provider, RetryPolicy, Snapshot, Startup, Strategy, Target, Task,
-    DEFAULT_LISTEN,
+    Budget, Compiled, Cost, Prefill, Provider, RetryPolicy, Snapshot, Startup, Strategy,
+    StreamRecovery, Target, Task, DEFAULT_LISTEN,
 };
 use crate::classify::{
     self, Action, Cooldown, ErrorTable, Match, NetworkKind, Rule, StatusPattern,
@@ -533,6 +533,14 @@ fn provider(
         errors: ErrorTable::new(rules),
         probe_interval,
         limits,
+        prefill: p
+            .prefill
+            .as_ref()
+            .map(|raw| Prefill {
+                message_fields: raw.message_fields.clone().into_iter().collect(),
+                body_fields: raw.body_fields.clone().into_iter().collect(),
+            })
+            .unwrap_or_default(),
     })
 }
 
@@ -902,7 +910,31 @@ fn task(
             .collect::<Vec<RouteMetrics>>(),
         unserved: metrics.route(name, "none"),
         cancelled: metrics.counter(m::CLIENT_CANCELLED, &[("task", name.to_owned().into())]),
+        stream_recovery: stream_recovery(t, path, c),
         chain,
+    }
+}
+
+/// What a task does when a stream breaks after its commit point.
+fn stream_recovery(t: &RawTask, path: &str, c: &mut Checks<'_>) -> StreamRecovery {
+    let Some(raw) = &t.stream_recovery else {
+        return StreamRecovery::default();
+    };
+    let continues = match raw.mode.as_deref() {
+        None | Some("off") => false,
+        Some("continue") => true,
+        Some(other) => {
+            c.error(
+                &format!("{path}.stream_recovery.mode"),
+                format!("unknown mode `{other}`, expected off or continue"),
+            );
+            false
+        }
+    };
+    StreamRecovery {
+        continues,
+        max_continuations: raw.max_continuations.unwrap_or(1),
+        seam_comment: raw.seam_comment.unwrap_or(false),
     }
 }
 

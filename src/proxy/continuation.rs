@@ -1,0 +1,673 @@
+//! Finishing an answer whose stream broke after its commit point, on the next
+//! admitted target of the chain (`stream_recovery: { mode: continue }`).
+//!
+//! Two ways, chosen per target:
+//! - **prefill**: a target with the `prefill` capability gets the original
+//!   messages plus one trailing assistant message holding exactly the text
+//!   already delivered (and its provider's `prefill` fields), and what it
+//!   generates is relayed;
+//! - **restart and verify**: any other target gets the original request; its
+//!   output is held until it has produced at least the delivered text; if it
+//!   begins with exactly that text (whitespace at token seams aside) the
+//!   prefix is dropped and the rest relayed, else the stream ends with the
+//!   interruption event: the client never sees text that contradicts what it
+//!   already has. A target that rejects a prefill (4xx) is restarted instead.
+//!
+//! The client sees one stream ([`Splice`]): the committed `id` and `created`
+//! on every chunk, no second role chunk, one finish chunk, one `[DONE]`. No
+//! continuation once a tool call, refusal or reasoning delta went out, nor
+//! while the answer's tool calls are under validation.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::HeaderValue;
+use serde_json::{Map, Value};
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+use super::account::Account;
+use super::attempt::{self, Attempt, Call, Commit};
+use crate::classify::{AttemptOutcome, Interruption};
+use crate::metrics as m;
+use crate::request::ChatRequest;
+use crate::routing::{self, Admission, Needs};
+use crate::snapshot::{Snapshot, Target, Task};
+use crate::sse::{self, Event};
+use crate::upstream::TargetModel;
+
+/// How a continuation asks its target to go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// An assistant prefix the target continues.
+    Prefill,
+    /// The original request, its output verified against what was delivered.
+    Restart,
+}
+
+impl Mode {
+    /// The `mode` label.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Prefill => "prefill",
+            Mode::Restart => "restart",
+        }
+    }
+}
+
+/// The committed stream's `id` and `created`, kept on every chunk after a seam.
+#[derive(Debug, Clone, PartialEq)]
+struct Envelope {
+    id: Value,
+    created: Value,
+}
+
+/// What one stream needs to be continued: owned, since the relay outlives
+/// the request handler.
+#[derive(Debug)]
+pub struct Recovery {
+    snapshot: Arc<Snapshot>,
+    task: Arc<Task>,
+    /// The client's request, as it sent it.
+    body: Bytes,
+    request_id: HeaderValue,
+    arrival: Instant,
+    deadline: Instant,
+    include_usage: bool,
+    /// Targets this stream was served or tried on: never continued on.
+    tried: Vec<Arc<Target>>,
+    /// The text delivered so far.
+    transcript: String,
+    /// Only text went out so far.
+    continuable: bool,
+    envelope: Option<Envelope>,
+    used: u32,
+}
+
+/// A continuation that committed: its stream, and how to rewrite it.
+#[derive(Debug)]
+pub struct Resumed {
+    /// The new upstream, past its commit point.
+    pub commit: Commit,
+    /// Rewrites its events into the client's stream.
+    pub splice: Splice,
+    /// The seam, for the metric and the log.
+    pub seam: Seam,
+}
+
+/// One seam: where a stream was continued.
+#[derive(Debug, Clone)]
+pub struct Seam {
+    /// The target that broke.
+    pub from: Arc<Target>,
+    /// The target that continues.
+    pub to: Arc<Target>,
+    /// How.
+    pub mode: Mode,
+}
+
+impl Recovery {
+    /// The continuation context of a stream served by `served`, when its task
+    /// continues broken streams.
+    #[allow(clippy::too_many_arguments)]
+    #[must_use]
+    pub fn new(
+        snapshot: Arc<Snapshot>,
+        task: Arc<Task>,
+        body: Bytes,
+        request_id: HeaderValue,
+        arrival: Instant,
+        deadline: Instant,
+        include_usage: bool,
+        tried: Vec<Arc<Target>>,
+    ) -> Option<Self> {
+        task.stream_recovery.continues.then(|| Self {
+            snapshot,
+            task,
+            body,
+            request_id,
+            arrival,
+            deadline,
+            include_usage,
+            tried,
+            transcript: String::new(),
+            continuable: true,
+            envelope: None,
+            used: 0,
+        })
+    }
+
+    /// Notes an event that went out to the client.
+    pub fn observe(&mut self, data: &str) {
+        if self.envelope.is_none() {
+            if let Ok(Value::Object(chunk)) = serde_json::from_str::<Value>(data) {
+                if let (Some(id), Some(created)) = (chunk.get("id"), chunk.get("created")) {
+                    self.envelope = Some(Envelope {
+                        id: id.clone(),
+                        created: created.clone(),
+                    });
+                }
+            }
+        }
+        match sse::delivered(data) {
+            Some(d) if d.plain => self.transcript.push_str(&d.text),
+            Some(_) => self.continuable = false,
+            None => {}
+        }
+    }
+
+    /// Whether a stream broken for `why` may be continued now.
+    #[must_use]
+    pub fn can_continue(&self, why: Interruption, under_validation: bool) -> bool {
+        let recoverable = match why {
+            Interruption::Reset
+            | Interruption::Truncated
+            | Interruption::IdleTimeout
+            | Interruption::UpstreamError
+            | Interruption::EventTooLarge => true,
+            Interruption::Deadline | Interruption::ContractViolation | Interruption::Diverged => {
+                false
+            }
+        };
+        recoverable
+            && self.continuable
+            && !under_validation
+            && !self.transcript.is_empty()
+            && self.used < self.task.stream_recovery.max_continuations
+            && Instant::now() < self.deadline
+    }
+
+    /// How many characters of text went out.
+    #[must_use]
+    pub fn delivered_chars(&self) -> usize {
+        self.transcript.chars().count()
+    }
+
+    /// Whether seams are marked with an SSE comment.
+    #[must_use]
+    pub fn seam_comment(&self) -> bool {
+        self.task.stream_recovery.seam_comment
+    }
+
+    /// Counts a seam's result in `switchyard_stream_continuations_total`.
+    pub fn count(&self, seam: &Seam, result: &'static str) {
+        self.snapshot
+            .metrics
+            .counter(
+                m::STREAM_CONTINUATIONS,
+                &[
+                    ("task", self.task.name.clone().into()),
+                    ("from", seam.from.name.clone().into()),
+                    ("to", seam.to.name.clone().into()),
+                    ("mode", seam.mode.label().into()),
+                    ("result", result.into()),
+                ],
+            )
+            .increment(1);
+    }
+
+    /// Counts a continuation that found no target to take over.
+    pub fn count_failed(&self, from: &Target) {
+        self.snapshot
+            .metrics
+            .counter(
+                m::STREAM_CONTINUATIONS,
+                &[
+                    ("task", self.task.name.clone().into()),
+                    ("from", from.name.clone().into()),
+                    ("to", "none".into()),
+                    ("mode", "none".into()),
+                    ("result", "failed".into()),
+                ],
+            )
+            .increment(1);
+    }
+
+    /// Finds the next admitted target and gets it past its commit point.
+    ///
+    /// # Errors
+    /// No target could take over (none left, each failed, the deadline).
+    pub async fn resume(&mut self, broken: &Arc<Target>) -> Result<Resumed, ()> {
+        self.used += 1;
+        let body = self.body.clone();
+        let request = ChatRequest::parse(&body).map_err(|_| ())?;
+        let needs = Needs::of(&request);
+        let task = Arc::clone(&self.task);
+        let snapshot = Arc::clone(&self.snapshot);
+        let mut plan = routing::plan(&task, &needs, Instant::now());
+        // Exclusions were counted when the request was planned; tried targets are out.
+        plan.excluded.clear();
+        plan.candidates
+            .retain(|t| !self.tried.iter().any(|u| Arc::ptr_eq(t, u)));
+        let mut admission = Admission::new(&snapshot, &task, plan, &needs, &request);
+        let account = Account {
+            task: Arc::clone(&task),
+            prompt_estimate: needs.prompt_tokens,
+            max_tokens: needs.max_tokens,
+        };
+        while let Some(admitted) = admission.next(false) {
+            let target = Arc::clone(&admitted.target);
+            self.tried.push(Arc::clone(&target));
+            let mut mode = if target.can_prefill() {
+                Mode::Prefill
+            } else {
+                Mode::Restart
+            };
+            let mut permit = Some(admitted.permit);
+            while let Some(p) = permit.take() {
+                let sent = match mode {
+                    Mode::Prefill => self.prefill_body(&target),
+                    Mode::Restart => None,
+                };
+                let (sent, prefilled) = match sent {
+                    Some(b) => (b, true),
+                    None => (admitted.body.clone(), false),
+                };
+                mode = if prefilled {
+                    Mode::Prefill
+                } else {
+                    Mode::Restart
+                };
+                let call = self.call(&snapshot, &task, &target, &account);
+                match attempt::run(&call, sent, p).await {
+                    Attempt::Committed(commit) => {
+                        let seam = Seam {
+                            from: Arc::clone(broken),
+                            to: target,
+                            mode,
+                        };
+                        let splice = self.splice(mode, &seam.to);
+                        return Ok(Resumed {
+                            commit: *commit,
+                            splice,
+                            seam,
+                        });
+                    }
+                    Attempt::Failed(failed) => {
+                        let rejected =
+                            prefilled && failed.status.is_some_and(|s| (400..500).contains(&s));
+                        attempt::record(
+                            &snapshot,
+                            &target,
+                            &failed.decision,
+                            failed.outcome,
+                            failed.permit,
+                        );
+                        if rejected {
+                            // Unable to prefill after all: restart and verify on it instead.
+                            debug!(target = %target.name, "prefill rejected; restarting and verifying");
+                            mode = Mode::Restart;
+                            permit = admission.readmit(&target);
+                        }
+                    }
+                    Attempt::Answer { .. } => {
+                        // A whole body to a streaming request cannot be spliced in.
+                        target
+                            .metrics
+                            .attempts
+                            .increment(AttemptOutcome::InvalidAnswer.label(), 1);
+                    }
+                    Attempt::Deadline => return Err(()),
+                    Attempt::Violated { permit: p, .. } => drop(p),
+                }
+            }
+        }
+        Err(())
+    }
+
+    fn call<'c>(
+        &'c self,
+        snapshot: &'c Snapshot,
+        task: &'c Arc<Task>,
+        target: &'c Arc<Target>,
+        account: &'c Account,
+    ) -> Call<'c> {
+        Call {
+            snapshot,
+            task,
+            target,
+            stream: true,
+            include_usage: self.include_usage,
+            request_id: &self.request_id,
+            arrival: self.arrival,
+            deadline: self.deadline,
+            contract: None,
+            account,
+        }
+    }
+
+    /// The original request plus one trailing assistant message holding the
+    /// delivered text (and the provider's prefill fields), in `target`'s protocol.
+    fn prefill_body(&self, target: &Target) -> Option<Bytes> {
+        let Ok(Value::Object(mut request)) = serde_json::from_slice::<Value>(&self.body) else {
+            return None;
+        };
+        let prefill = &target.provider.prefill;
+        let mut message = Map::new();
+        message.insert("role".into(), Value::from("assistant"));
+        message.insert("content".into(), Value::from(self.transcript.as_str()));
+        message.extend(prefill.message_fields.clone());
+        match request.get_mut("messages") {
+            Some(Value::Array(messages)) => messages.push(Value::Object(message)),
+            _ => return None,
+        }
+        request.extend(prefill.body_fields.clone());
+        let bytes = serde_json::to_vec(&request).ok()?;
+        let view = ChatRequest::parse(&bytes).ok()?;
+        request_body_for(&view, target)
+    }
+
+    fn splice(&self, mode: Mode, to: &Target) -> Splice {
+        info!(task = %self.task.name, to = %to.name, mode = mode.label(),
+            delivered_chars = self.delivered_chars(), "continuing the stream on the next target");
+        Splice {
+            envelope: self.envelope.clone(),
+            verify: (mode == Mode::Restart).then(|| Verify {
+                delivered: self.transcript.clone(),
+                produced: String::new(),
+            }),
+        }
+    }
+}
+
+/// `request` encoded for `target`'s protocol.
+fn request_body_for(request: &ChatRequest<'_>, target: &Target) -> Option<Bytes> {
+    let model = TargetModel {
+        model: &target.model,
+        max_output: target.max_output,
+    };
+    target.provider.endpoint.adapter.encode(request, model).ok()
+}
+
+/// What the splice makes of one event of the continuing upstream.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Spliced {
+    /// Nothing goes out (a second role chunk, the hidden prefix).
+    Drop,
+    /// The event's own bytes go out.
+    Raw,
+    /// This `data:` goes out instead.
+    Data(String),
+    /// The restarted answer contradicts what was delivered.
+    Diverged,
+}
+
+/// The restart-and-verify state: the delivered text to find again.
+#[derive(Debug)]
+struct Verify {
+    delivered: String,
+    produced: String,
+}
+
+/// Rewrites the continuing upstream's events into the client's stream.
+#[derive(Debug)]
+pub struct Splice {
+    envelope: Option<Envelope>,
+    /// Restart mode, until the delivered text is found again.
+    verify: Option<Verify>,
+}
+
+impl Splice {
+    /// One event of the continuing upstream.
+    pub fn event(&mut self, event: &Event) -> Spliced {
+        let Some(data) = event.data.as_deref() else {
+            return Spliced::Raw;
+        };
+        if data.trim() == "[DONE]" {
+            return if self.verify.is_some() {
+                Spliced::Diverged
+            } else {
+                Spliced::Raw
+            };
+        }
+        let Ok(Value::Object(mut chunk)) = serde_json::from_str::<Value>(data) else {
+            return Spliced::Raw;
+        };
+        if chunk.contains_key("error") {
+            return Spliced::Raw;
+        }
+        let finished = chunk_finished(&chunk);
+        if self.verify.is_some() {
+            match self.verify_text(&mut chunk, finished) {
+                Some(Spliced::Data(_)) | None => {}
+                Some(other) => return other,
+            }
+        }
+        if only_role(&chunk) {
+            return Spliced::Drop;
+        }
+        if let Some(envelope) = &self.envelope {
+            chunk.insert("id".into(), envelope.id.clone());
+            chunk.insert("created".into(), envelope.created.clone());
+        }
+        Spliced::Data(Value::Object(chunk).to_string())
+    }
+
+    /// Restart mode: holds content until the delivered text is found, then
+    /// lets the rest of that chunk through. `None` once verified.
+    fn verify_text(&mut self, chunk: &mut Map<String, Value>, finished: bool) -> Option<Spliced> {
+        let verify = self.verify.as_mut()?;
+        let text = chunk_text(chunk);
+        verify.produced.push_str(&text);
+        match seam_match(&verify.delivered, &verify.produced) {
+            SeamMatch::Diverged => Some(Spliced::Diverged),
+            SeamMatch::Short if finished => Some(Spliced::Diverged),
+            SeamMatch::Short => Some(Spliced::Drop),
+            SeamMatch::Found(at) => {
+                let rest = verify.produced[at..].to_owned();
+                self.verify = None;
+                set_chunk_text(chunk, &rest);
+                if rest.is_empty() && !finished {
+                    Some(Spliced::Drop)
+                } else {
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// Where the delivered text stands in the produced one.
+#[derive(Debug, PartialEq, Eq)]
+enum SeamMatch {
+    /// Not enough produced yet.
+    Short,
+    /// The produced text contradicts the delivered one.
+    Diverged,
+    /// The delivered text ends at this byte of the produced one.
+    Found(usize),
+}
+
+/// Compares, whitespace aside (tokenizers split spaces differently at a
+/// seam), whether `produced` begins with `delivered`.
+fn seam_match(delivered: &str, produced: &str) -> SeamMatch {
+    let mut want = delivered.chars().filter(|c| !c.is_whitespace()).peekable();
+    let mut at = 0;
+    for (i, c) in produced.char_indices() {
+        if want.peek().is_none() {
+            break;
+        }
+        if c.is_whitespace() {
+            continue;
+        }
+        if want.next() != Some(c) {
+            return SeamMatch::Diverged;
+        }
+        at = i + c.len_utf8();
+    }
+    if want.peek().is_some() {
+        return SeamMatch::Short;
+    }
+    // Whitespace the client already has is not sent twice.
+    if delivered.ends_with(char::is_whitespace) {
+        let skipped = produced[at..].len() - produced[at..].trim_start().len();
+        at += skipped;
+    }
+    SeamMatch::Found(at)
+}
+
+fn chunk_finished(chunk: &Map<String, Value>) -> bool {
+    chunk
+        .get("choices")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| cs.iter().any(|c| !c["finish_reason"].is_null()))
+}
+
+fn chunk_text(chunk: &Map<String, Value>) -> String {
+    chunk
+        .get("choices")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["delta"]["content"].as_str())
+        .collect()
+}
+
+fn set_chunk_text(chunk: &mut Map<String, Value>, text: &str) {
+    if let Some(Value::Array(choices)) = chunk.get_mut("choices") {
+        for (i, choice) in choices.iter_mut().enumerate() {
+            if let Some(delta) = choice.get_mut("delta").and_then(Value::as_object_mut) {
+                if delta.contains_key("content") {
+                    delta.insert(
+                        "content".into(),
+                        Value::from(if i == 0 { text } else { "" }),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A chunk that only opens the assistant turn again.
+fn only_role(chunk: &Map<String, Value>) -> bool {
+    let Some(Value::Array(choices)) = chunk.get("choices") else {
+        return false;
+    };
+    !choices.is_empty()
+        && choices.iter().all(|c| {
+            c["finish_reason"].is_null()
+                && c["delta"].as_object().is_some_and(|d| {
+                    d.iter().all(|(k, v)| match k.as_str() {
+                        "role" => true,
+                        "content" => v.as_str().is_none_or(str::is_empty),
+                        _ => v.is_null(),
+                    })
+                })
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(data: &str) -> Event {
+        Event {
+            raw: Bytes::from(format!("data: {data}\n\n")),
+            data: Some(data.to_owned()),
+        }
+    }
+
+    fn chunk(id: &str, delta: Value, finish: Option<&str>) -> String {
+        serde_json::json!({"id": id, "object": "chat.completion.chunk", "created": 9, "model": "fallback",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        .to_string()
+    }
+
+    fn envelope() -> Option<Envelope> {
+        Some(Envelope {
+            id: Value::from("first"),
+            created: Value::from(1),
+        })
+    }
+
+    #[test]
+    fn the_seam_is_found_whitespace_aside() {
+        assert_eq!(seam_match("Hello wor", "Hello world"), SeamMatch::Found(9));
+        assert_eq!(seam_match("Hello ", "Hello world"), SeamMatch::Found(6));
+        assert_eq!(
+            seam_match("Hello  world", "Hello world, again"),
+            SeamMatch::Found(11)
+        );
+        assert_eq!(seam_match("Hello world", "Hello"), SeamMatch::Short);
+        assert_eq!(seam_match("Hello world", "Help"), SeamMatch::Diverged);
+    }
+
+    #[test]
+    fn a_restart_hides_the_delivered_prefix_and_keeps_one_envelope() {
+        let mut s = Splice {
+            envelope: envelope(),
+            verify: Some(Verify {
+                delivered: "The quick brown".into(),
+                produced: String::new(),
+            }),
+        };
+        let role = chunk(
+            "second",
+            serde_json::json!({"role": "assistant", "content": ""}),
+            None,
+        );
+        assert_eq!(s.event(&event(&role)), Spliced::Drop);
+        let a = chunk("second", serde_json::json!({"content": "The quick"}), None);
+        assert_eq!(s.event(&event(&a)), Spliced::Drop);
+        let b = chunk("second", serde_json::json!({"content": " brown fox"}), None);
+        let Spliced::Data(out) = s.event(&event(&b)) else {
+            panic!("the rest of the chunk goes out")
+        };
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["choices"][0]["delta"]["content"], " fox");
+        assert_eq!(
+            (v["id"].as_str(), v["created"].as_u64()),
+            (Some("first"), Some(1))
+        );
+        assert_eq!(v["model"], "fallback", "the model that finished the answer");
+        let done = Event {
+            raw: Bytes::from_static(b"data: [DONE]\n\n"),
+            data: Some("[DONE]".into()),
+        };
+        assert_eq!(s.event(&done), Spliced::Raw);
+    }
+
+    #[test]
+    fn a_restart_that_contradicts_or_stops_short_diverges() {
+        let verify = || {
+            Some(Verify {
+                delivered: "The quick brown".into(),
+                produced: String::new(),
+            })
+        };
+        let mut s = Splice {
+            envelope: envelope(),
+            verify: verify(),
+        };
+        let other = chunk("x", serde_json::json!({"content": "A slow"}), None);
+        assert_eq!(s.event(&event(&other)), Spliced::Diverged);
+        let mut s = Splice {
+            envelope: envelope(),
+            verify: verify(),
+        };
+        let short = chunk(
+            "x",
+            serde_json::json!({"content": "The quick"}),
+            Some("stop"),
+        );
+        assert_eq!(s.event(&event(&short)), Spliced::Diverged);
+    }
+
+    #[test]
+    fn a_prefill_continuation_passes_text_and_drops_the_second_role_chunk() {
+        let mut s = Splice {
+            envelope: envelope(),
+            verify: None,
+        };
+        let role = chunk("second", serde_json::json!({"role": "assistant"}), None);
+        assert_eq!(s.event(&event(&role)), Spliced::Drop);
+        let more = chunk("second", serde_json::json!({"content": " fox"}), None);
+        let Spliced::Data(out) = s.event(&event(&more)) else {
+            panic!()
+        };
+        assert!(out.contains(r#""id":"first""#), "{out}");
+        let finish = chunk("second", serde_json::json!({}), Some("stop"));
+        assert!(matches!(s.event(&event(&finish)), Spliced::Data(_)));
+    }
+}

@@ -1,0 +1,382 @@
+//! Finishing the answer: a stream broken after its commit point continues on
+//! the next target (`stream_recovery: { mode: continue }`), by prefill or by
+//! restart-and-verify, as one seamless stream, and never with text that
+//! contradicts what the client already has.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::fake::{self, Fake, Reply, Seen};
+use crate::support::*;
+
+const WORDS: [&str; 4] = ["The", " quick", " brown", " fox"];
+
+/// A stream of `words` from a fake whose chunks carry the id `id`.
+fn stream_with_id(id: &str, words: &[&str]) -> Reply {
+    Reply::Stream {
+        pieces: fake::sse_events("model-b", words)
+            .into_iter()
+            .map(|p| p.replace("chatcmpl-fake", id))
+            .collect(),
+        delay: Duration::ZERO,
+        cut: false,
+    }
+}
+
+/// `a` sends the role chunk and the first two words, then breaks.
+async fn breaking_primary() -> Fake {
+    Fake::always(fake::stream_cut_after("model-a", &WORDS, 2)).await
+}
+
+fn recovering(a: &Fake, b: &Fake, b_fields: &str, task: &str) -> String {
+    let task = format!("stream_recovery: {{ mode: continue }}\n{task}");
+    routes(
+        &[hop("a", &a.url()), hop("b", &b.url()).target(b_fields)],
+        &task,
+        "",
+    )
+}
+
+/// The `data:` payloads of a stream, parsed (`[DONE]` as a string).
+fn events(body: &str) -> Vec<Value> {
+    sse_data(body)
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|_| Value::from(d.as_str())))
+        .collect()
+}
+
+/// The envelope promises: one id and created, one role chunk, one finish, one [DONE].
+fn assert_one_stream(body: &str) {
+    let evs = events(body);
+    let chunks: Vec<&Value> = evs.iter().filter(|e| e.is_object()).collect();
+    let ids: std::collections::BTreeSet<String> =
+        chunks.iter().map(|c| c["id"].to_string()).collect();
+    assert_eq!(ids.len(), 1, "one id: {ids:?}\n{body}");
+    let created: std::collections::BTreeSet<String> =
+        chunks.iter().map(|c| c["created"].to_string()).collect();
+    assert_eq!(created.len(), 1, "{body}");
+    let roles = chunks
+        .iter()
+        .filter(|c| !c["choices"][0]["delta"]["role"].is_null())
+        .count();
+    assert_eq!(roles, 1, "one role chunk:\n{body}");
+    let finishes = chunks
+        .iter()
+        .filter(|c| !c["choices"][0]["finish_reason"].is_null())
+        .count();
+    assert_eq!(finishes, 1, "one finish chunk:\n{body}");
+    assert_eq!(body.matches("data: [DONE]").count(), 1, "{body}");
+    assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    assert!(!body.contains("stream_interrupted"), "{body}");
+}
+
+#[tokio::test]
+async fn a_prefill_target_continues_exactly_the_delivered_text() {
+    let a = breaking_primary().await;
+    let b = Fake::start(|_, seen: &Seen| {
+        let last = seen.body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .cloned();
+        match last {
+            Some(m) if m["role"] == "assistant" => {
+                stream_with_id("chatcmpl-b", &[" brown", " fox"])
+            }
+            _ => fake::error(500, "expected a prefill"),
+        }
+    })
+    .await;
+    let cfg = recovering(&a, &b, "capabilities: [prefill]", "").replace(
+        "  p-b:\n",
+        "  p-b:\n    prefill: { message_fields: { prefix: true } }\n",
+    );
+    let gw = gateway(&cfg).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(
+        stream_text(&ans.text()),
+        "The quick brown fox",
+        "{}",
+        ans.text()
+    );
+    assert_one_stream(&ans.text());
+    // The fallback got the original messages plus exactly the delivered text.
+    let sent = &b.seen()[0].body;
+    let messages = sent["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 2, "{sent}");
+    assert_eq!(
+        messages[0],
+        serde_json::json!({"role": "user", "content": "hello"})
+    );
+    assert_eq!(
+        messages[1],
+        serde_json::json!({"role": "assistant", "content": "The quick", "prefix": true})
+    );
+    assert_eq!(sent["model"], "upstream-b");
+    // The chunks after the seam say which model finished the answer.
+    assert!(events(&ans.text()).iter().any(|e| e["model"] == "model-b"));
+    let m = metrics_page(&gw).await;
+    assert_eq!(
+        series_value(
+            &m,
+            r#"switchyard_stream_continuations_total{task="chat",from="a",to="b",mode="prefill",result="completed"}"#
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    // The broken target's failure is recorded as always.
+    assert_eq!(
+        series_value(
+            &m,
+            r#"switchyard_stream_interrupts_total{target="a",reason="reset"}"#
+        ),
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn a_restart_that_begins_with_the_delivered_text_hides_it() {
+    let a = breaking_primary().await;
+    let b = Fake::always(stream_with_id("chatcmpl-b", &WORDS)).await;
+    let gw = gateway(&recovering(&a, &b, "max_context: 1000", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(
+        stream_text(&ans.text()),
+        "The quick brown fox",
+        "{}",
+        ans.text()
+    );
+    assert_one_stream(&ans.text());
+    let sent = &b.seen()[0].body;
+    assert_eq!(
+        sent["messages"].as_array().unwrap().len(),
+        1,
+        "the original request"
+    );
+    let m = metrics_page(&gw).await;
+    assert_eq!(
+        series_value(
+            &m,
+            r#"switchyard_stream_continuations_total{task="chat",from="a",to="b",mode="restart",result="completed"}"#
+        ),
+        Some(1.0),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_restart_that_diverges_ends_with_the_error_event_and_no_contradiction() {
+    let a = breaking_primary().await;
+    let b = Fake::always(stream_with_id("chatcmpl-b", &["A", " slow", " dog"])).await;
+    let gw = gateway(&recovering(&a, &b, "max_context: 1000", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    let text = ans.text();
+    assert_eq!(stream_text(&text), "The quick", "{text}");
+    assert!(!text.contains("slow") && !text.contains("dog"), "{text}");
+    assert!(text.contains("stream_interrupted"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    let m = metrics_page(&gw).await;
+    assert!(m.contains(r#"mode="restart",result="diverged"} 1"#), "{m}");
+}
+
+#[tokio::test]
+async fn a_target_that_rejects_the_prefill_is_restarted_and_the_rejection_never_shows() {
+    let a = breaking_primary().await;
+    let b = Fake::start(|_, seen: &Seen| {
+        let prefixed = seen.body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .is_some_and(|m| m["role"] == "assistant");
+        if prefixed {
+            fake::error(400, "assistant prefill is not supported for this model")
+        } else {
+            stream_with_id("chatcmpl-b", &WORDS)
+        }
+    })
+    .await;
+    let gw = gateway(&recovering(&a, &b, "capabilities: [prefill]", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(
+        stream_text(&ans.text()),
+        "The quick brown fox",
+        "{}",
+        ans.text()
+    );
+    assert_one_stream(&ans.text());
+    assert!(!ans.text().contains("prefill"), "{}", ans.text());
+    assert_eq!(b.calls(), 2, "the prefill, then the restart");
+}
+
+#[tokio::test]
+async fn a_stall_after_the_commit_point_is_continued() {
+    // The role chunk and two words, then 600 ms of silence (idle_timeout is 300 ms).
+    let hang = Fake::start(|_, _| {
+        let head = fake::sse_events("model-a", &WORDS)[..3].concat();
+        Reply::Stream {
+            pieces: vec![head, String::new()],
+            delay: Duration::from_millis(600),
+            cut: false,
+        }
+    })
+    .await;
+    let b = Fake::always(stream_with_id("chatcmpl-b", &WORDS)).await;
+    let cfg = recovering(&hang, &b, "", "").replacen(
+        "    timeout: 2s\n",
+        "    timeout: 2s\n    idle_timeout: 300ms\n",
+        1,
+    );
+    let gw = gateway(&cfg).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(
+        stream_text(&ans.text()),
+        "The quick brown fox",
+        "{}",
+        ans.text()
+    );
+    assert_one_stream(&ans.text());
+    let m = metrics_page(&gw).await;
+    assert_eq!(
+        series_value(
+            &m,
+            r#"switchyard_stream_interrupts_total{target="a",reason="idle_timeout"}"#
+        ),
+        Some(1.0),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn no_continuation_once_a_tool_call_delta_went_out() {
+    let call = serde_json::json!({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"ci"}}]});
+    let a = Fake::always(Reply::Stream {
+        pieces: vec![
+            fake::chunk_event(
+                "model-a",
+                serde_json::json!({"role": "assistant", "content": ""}),
+                None,
+            ),
+            fake::chunk_event(
+                "model-a",
+                serde_json::json!({"content": "Let me check."}),
+                None,
+            ),
+            fake::chunk_event("model-a", call, None),
+        ],
+        delay: Duration::ZERO,
+        cut: true,
+    })
+    .await;
+    let b = Fake::always(stream_with_id("chatcmpl-b", &WORDS)).await;
+    let gw = gateway(
+        &recovering(
+            &a,
+            &b,
+            "capabilities: [tools]",
+            "validate_tool_calls: never",
+        )
+        .replace(
+            "  a: { provider: p-a, model: upstream-a",
+            "  a: { provider: p-a, model: upstream-a, capabilities: [tools]",
+        ),
+    )
+    .await;
+    let body = serde_json::json!({"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "weather?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]});
+    let ans = chat(gw.addr, body).await;
+    assert!(ans.text().contains("stream_interrupted"), "{}", ans.text());
+    assert_eq!(b.calls(), 0, "a tool call in flight is never continued");
+}
+
+#[tokio::test]
+async fn the_budget_bounds_continuations_and_a_second_break_ends_the_stream() {
+    let a = breaking_primary().await;
+    // b restarts, matches, then breaks too after one more word.
+    let b = Fake::always(Reply::Stream {
+        pieces: fake::sse_events("model-b", &WORDS)[..4].to_vec(),
+        delay: Duration::ZERO,
+        cut: true,
+    })
+    .await;
+    let c = Fake::always(stream_with_id("chatcmpl-c", &WORDS)).await;
+    let hops = [hop("a", &a.url()), hop("b", &b.url()), hop("c", &c.url())];
+    let gw = gateway(&routes(
+        &hops,
+        "stream_recovery: { mode: continue, max_continuations: 1 }",
+        "",
+    ))
+    .await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    let text = ans.text();
+    assert_eq!(stream_text(&text), "The quick brown", "{text}");
+    assert!(text.contains("stream_interrupted"), "{text}");
+    assert_eq!(c.calls(), 0, "max_continuations: 1");
+    let m = metrics_page(&gw).await;
+    assert!(
+        m.contains(r#"to="b",mode="restart",result="interrupted"} 1"#),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn usage_comes_once_and_the_seam_comment_is_opt_in() {
+    let a = breaking_primary().await;
+    let mut pieces: Vec<String> = fake::sse_events("model-b", &WORDS)
+        .into_iter()
+        .map(|p| p.replace("chatcmpl-fake", "chatcmpl-b"))
+        .collect();
+    let usage = r#"data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":7,"model":"model-b","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":4,"total_tokens":9}}"#;
+    pieces.insert(pieces.len() - 1, format!("{usage}\n\n"));
+    let b = Fake::always(Reply::Stream {
+        pieces,
+        delay: Duration::ZERO,
+        cut: false,
+    })
+    .await;
+    let gw = gateway(&recovering(&a, &b, "", "").replace(
+        "stream_recovery: { mode: continue }",
+        "stream_recovery: { mode: continue, seam_comment: true }",
+    ))
+    .await;
+    let mut body = hello_stream("gpt-4o");
+    body["stream_options"] = serde_json::json!({"include_usage": true});
+    let ans = chat(gw.addr, body).await;
+    let text = ans.text();
+    assert_one_stream(&text);
+    let usages: Vec<Value> = events(&text)
+        .into_iter()
+        .filter(|e| e.get("usage").is_some_and(|u| !u.is_null()))
+        .collect();
+    assert_eq!(usages.len(), 1, "{text}");
+    assert_eq!(usages[0]["usage"]["completion_tokens"], 4);
+    assert!(
+        text.contains(": switchyard continued this answer from a on b (restart)"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn off_by_default_a_break_ends_the_stream_as_before() {
+    let a = breaking_primary().await;
+    let b = Fake::always(stream_with_id("chatcmpl-b", &WORDS)).await;
+    let gw = gateway(&routes(&[hop("a", &a.url()), hop("b", &b.url())], "", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(stream_text(&ans.text()), "The quick");
+    assert!(ans.text().contains("stream_interrupted"));
+    assert_eq!(b.calls(), 0);
+}
+
+#[tokio::test]
+async fn explain_shows_whether_a_task_continues() {
+    let a = breaking_primary().await;
+    let b = Fake::always(stream_with_id("chatcmpl-b", &WORDS)).await;
+    let gw = gateway(&recovering(&a, &b, "", "")).await;
+    let ans = post_raw(gw.addr, "/admin/explain", hello("gpt-4o").to_string(), &[]).await;
+    assert_eq!(
+        ans.json()["stream_recovery"]["mode"],
+        "continue",
+        "{}",
+        ans.text()
+    );
+    assert_eq!(ans.json()["stream_recovery"]["max_continuations"], 1);
+}
