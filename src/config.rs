@@ -160,17 +160,35 @@ pub struct RawCost {
     pub output_per_1k: f64,
 }
 
-/// A token bucket for clients of a task.
+/// A task's client-facing token buckets: one for the whole task, one per
+/// caller, or both (each at its own rate).
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawTaskLimit {
-    /// Sustained requests per second (may be fractional).
-    pub rps: f64,
-    /// Bucket size: requests allowed at once (default: `rps` rounded up).
+    /// Task-wide bucket over all callers: sustained requests per second (may
+    /// be fractional). Absent: no task-wide bucket.
+    pub rps: Option<f64>,
+    /// Task-wide bucket size: requests allowed at once (default: `rps` rounded up; needs `rps`).
     pub burst: Option<u32>,
-    /// Also one bucket per caller, keyed by this request header's value.
-    pub per_caller_header: Option<String>,
-    /// Most callers tracked at once (default 10,000); the least recent are dropped.
+    /// One bucket per caller, each at this rate; a caller over it is refused
+    /// without touching the task-wide bucket.
+    pub per_caller: Option<RawCallerLimit>,
+}
+
+/// Per-caller buckets of a task.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawCallerLimit {
+    /// Request header whose value names the caller (e.g. a caller id or key
+    /// hash). A request without it (or with it empty) is keyed by the
+    /// client's IP address instead.
+    pub header: String,
+    /// Sustained requests per second for each caller (may be fractional).
+    pub rps: f64,
+    /// Requests one caller may send at once (default: `rps` rounded up).
+    pub burst: Option<u32>,
+    /// Callers tracked before idle ones (whose buckets have refilled) are
+    /// forgotten (default 10,000).
     pub max_callers: Option<usize>,
 }
 
@@ -212,7 +230,7 @@ pub struct RawTask {
     /// How the first target is chosen: `priority` (default), `weighted`,
     /// `round_robin`, `latency` or `cost`; failover then follows chain order.
     pub strategy: Option<String>,
-    /// Client-facing token bucket.
+    /// Client-facing token buckets: task-wide, per caller, or both.
     pub rate_limit: Option<RawTaskLimit>,
     /// Spend cap on fallback targets.
     pub fallback_budget: Option<RawFallbackBudget>,
@@ -591,11 +609,27 @@ impl Sweep<'_> {
             });
         let located = unknown_key.as_deref().unwrap_or(&path);
         let (line, column) = self.index.key_or_value(located);
+        let mut message = message;
         if let Some(key) = &unknown_key {
+            message.push_str(moved_hint(key));
             self.unknown.push(key.clone());
         }
         self.diags
             .push(Diagnostic::error(located, line, column, message));
+    }
+}
+
+/// Where a key that an older routes.yaml had went, for its unknown-key error.
+fn moved_hint(path: &str) -> &'static str {
+    let moved = path.rsplit_once('.').is_some_and(|(parent, key)| {
+        parent.starts_with("tasks.")
+            && parent.ends_with(".rate_limit")
+            && matches!(key, "per_caller_header" | "max_callers")
+    });
+    if moved {
+        "; per-caller limits moved to `per_caller: { header, rps, burst, max_callers }`"
+    } else {
+        ""
     }
 }
 

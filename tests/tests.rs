@@ -21,6 +21,7 @@ mod admin;
 mod anthropic;
 mod budgets;
 mod chaos;
+mod config_semantics;
 mod contract;
 mod edge_support;
 mod error_classes;

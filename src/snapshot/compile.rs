@@ -24,7 +24,7 @@ use std::time::Duration;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::Uri;
 
-use super::live::{LiveState, ProviderLimitsKey, TaskLimitKey};
+use super::live::{CallerLimitKey, LiveState, ProviderLimitsKey, TaskLimitKey};
 use super::{
     Budget, Compiled, Cost, Provider, RetryPolicy, Snapshot, Startup, Strategy, Target, Task,
     DEFAULT_LISTEN,
@@ -37,7 +37,7 @@ use crate::config::validate::Checks;
 use crate::config::{Parsed, RawConfig, RawProvider, RawRule, RawTask};
 use crate::health::{HealthConfig, TargetId};
 use crate::metrics::{self as m, RouteMetrics};
-use crate::ratelimit::{ProviderLimits, TaskLimiter};
+use crate::ratelimit::{ProviderLimits, Rate, TaskLimiter};
 use crate::secret::Secret;
 use crate::upstream::{self, Endpoint};
 
@@ -937,24 +937,62 @@ fn task_limits(
 ) -> Option<Arc<TaskLimiter>> {
     let rl = t.rate_limit.as_ref()?;
     let lpath = format!("{path}.rate_limit");
-    if !(rl.rps.is_finite() && rl.rps > 0.0) {
-        c.error(&format!("{lpath}.rps"), "rps must be greater than zero");
+    let positive = |c: &mut Checks<'_>, key: &str, rps: f64| {
+        let ok = rps.is_finite() && rps > 0.0;
+        if !ok {
+            c.error(&format!("{lpath}.{key}"), "rps must be greater than zero");
+        }
+        ok
+    };
+    let task_rate = rl.rps.map(|rps| Rate {
+        rps,
+        burst: rl.burst,
+    });
+    let mut ok = task_rate.is_none_or(|r| positive(c, "rps", r.rps));
+    if rl.rps.is_none() && rl.burst.is_some() {
+        c.error(
+            &format!("{lpath}.burst"),
+            "`burst` sizes the task-wide bucket and needs `rps` (a caller's burst goes under `per_caller`)",
+        );
+        ok = false;
+    }
+    let per_caller = rl.per_caller.as_ref().and_then(|pc| {
+        let rate_ok = positive(c, "per_caller.rps", pc.rps);
+        let header = c.header_name(&format!("{lpath}.per_caller.header"), &pc.header);
+        let rate = Rate {
+            rps: pc.rps,
+            burst: pc.burst,
+        };
+        rate_ok
+            .then_some(header)
+            .flatten()
+            .map(|h| (h, rate, pc.max_callers.unwrap_or(10_000)))
+    });
+    if rl.per_caller.is_some() && per_caller.is_none() {
+        ok = false;
+    }
+    if rl.rps.is_none() && rl.per_caller.is_none() {
+        c.error(
+            &lpath,
+            "a rate_limit needs `rps` (task-wide), `per_caller`, or both",
+        );
+        ok = false;
+    }
+    if !ok {
         return None;
     }
-    let per_caller = rl
-        .per_caller_header
-        .as_ref()
-        .and_then(|h| c.header_name(&format!("{lpath}.per_caller_header"), h))
-        .map(|h| (h, rl.max_callers.unwrap_or(10_000).max(1)));
     let key = TaskLimitKey {
         task: name.to_owned(),
-        rps_bits: rl.rps.to_bits(),
-        burst: rl.burst,
-        per_caller_header: rl.per_caller_header.clone(),
-        max_callers: rl.max_callers,
+        task_rate: task_rate.map(|r| (r.rps.to_bits(), r.burst)),
+        per_caller: rl.per_caller.as_ref().map(|pc| CallerLimitKey {
+            header: pc.header.clone(),
+            rps_bits: pc.rps.to_bits(),
+            burst: pc.burst,
+            max_callers: pc.max_callers,
+        }),
     };
     live.task_limits
-        .get_or_make(key, || TaskLimiter::new(rl.rps, rl.burst, per_caller))
+        .get_or_make(key, || TaskLimiter::new(task_rate, per_caller))
 }
 
 /// Reads and compiles a task's schema override files.

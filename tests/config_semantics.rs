@@ -1,0 +1,191 @@
+//! Config semantics to the letter: per-caller rate limits isolate callers
+//! (by header, else by client address), `validate` reports every entry's
+//! problems in one run, and a reload never adds a provider without its key.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::support::fake::{self, Fake};
+use crate::support::*;
+
+// ----- per-caller rate limits -----
+
+/// POSTs a chat request to the gateway from the local address `from` (any
+/// 127.0.0.0/8 address works on Linux loopback), with `headers`.
+async fn chat_from(gw: &Gw, from: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut connector = HttpConnector::new();
+    connector.set_local_address(Some(from.parse::<IpAddr>().unwrap()));
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(connector);
+    let mut req =
+        Request::post(gw.url("/v1/chat/completions")).header("content-type", "application/json");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(Full::new(Bytes::from(hello("gpt-4o").to_string())))
+        .unwrap();
+    let fut = async {
+        let (parts, body) = client.request(req).await.unwrap().into_parts();
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.collect().await.unwrap().to_bytes(),
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), fut)
+        .await
+        .expect("request took over 20 s")
+}
+
+/// The value of `switchyard_ratelimited_total{scope=...}` (0 if absent).
+async fn rate_limited(gw: &Gw, scope: &str) -> f64 {
+    let prefix = format!("switchyard_ratelimited_total{{scope=\"{scope}\"}} ");
+    get(gw.addr, "/metrics")
+        .await
+        .text()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// One target `a` answering every request; the task gets `rate_limit`.
+async fn limited(rate_limit: &str) -> (Fake, Gw) {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let gw = gateway(&chain_config(
+        &[("a", &a.url())],
+        "",
+        &format!("    rate_limit: {rate_limit}\n"),
+    ))
+    .await;
+    (a, gw)
+}
+
+#[tokio::test]
+async fn a_caller_over_its_limit_never_gets_another_caller_refused() {
+    // The task-wide bucket (4) holds exactly both callers' bursts (2 each):
+    // had A's refused requests drawn from it, B would be refused too.
+    let (a, gw) =
+        limited("{ rps: 0.1, burst: 4, per_caller: { header: x-caller, rps: 0.1, burst: 2 } }")
+            .await;
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        let ans = chat_from(&gw, "127.0.0.1", &[("x-caller", "alice")]).await;
+        if ans.status == 429 {
+            let retry: u64 = ans.header("retry-after").parse().unwrap();
+            assert!((1..=10).contains(&retry), "{retry}");
+        }
+        statuses.push(ans.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429, 429, 429, 429, 429]);
+    for _ in 0..2 {
+        let ans = chat_from(&gw, "127.0.0.1", &[("x-caller", "bob")]).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+    }
+    assert_eq!(rate_limited(&gw, "caller").await, 8.0);
+    assert_eq!(rate_limited(&gw, "task").await, 0.0);
+    assert_eq!(a.calls(), 4);
+}
+
+#[tokio::test]
+async fn requests_without_the_caller_header_are_limited_per_address() {
+    let (_a, gw) = limited("{ per_caller: { header: x-caller, rps: 0.1, burst: 1 } }").await;
+    assert_eq!(chat_from(&gw, "127.0.0.1", &[]).await.status, 200);
+    let refused = chat_from(&gw, "127.0.0.1", &[]).await;
+    assert_eq!(refused.status, 429);
+    assert!(!refused.header("retry-after").is_empty());
+    assert_eq!(
+        chat_from(&gw, "127.0.0.1", &[("x-caller", "")])
+            .await
+            .status,
+        429,
+        "an empty header is no header"
+    );
+    assert_eq!(
+        chat_from(&gw, "127.0.0.2", &[]).await.status,
+        200,
+        "another address has its own bucket"
+    );
+    assert_eq!(
+        chat_from(&gw, "127.0.0.1", &[("x-caller", "127.0.0.1")])
+            .await
+            .status,
+        200,
+        "a caller named by the header never shares an address's bucket"
+    );
+    assert_eq!(rate_limited(&gw, "caller").await, 2.0);
+}
+
+#[tokio::test]
+async fn the_task_wide_bucket_still_applies_when_set() {
+    let (a, gw) =
+        limited("{ rps: 0.1, burst: 1, per_caller: { header: x-caller, rps: 100, burst: 100 } }")
+            .await;
+    assert_eq!(
+        chat_from(&gw, "127.0.0.1", &[("x-caller", "alice")])
+            .await
+            .status,
+        200
+    );
+    let ans = chat_from(&gw, "127.0.0.1", &[("x-caller", "bob")]).await;
+    assert_eq!(ans.status, 429, "the task-wide bucket is spent");
+    assert_eq!(ans.json()["error"]["type"], "rate_limit_error");
+    let retry: u64 = ans.header("retry-after").parse().unwrap();
+    assert!((1..=10).contains(&retry), "{retry}");
+    assert_eq!(rate_limited(&gw, "task").await, 1.0);
+    assert_eq!(a.calls(), 1);
+}
+
+#[test]
+fn the_old_task_level_caller_keys_are_unknown() {
+    let text = "version: 1\nproviders:\n  p: { base_url: 'http://127.0.0.1:9/v1' }\ntargets:\n  t: { provider: p, model: m }\ntasks:\n  chat:\n    chain: [t]\n    rate_limit: { rps: 1, per_caller_header: x-caller, max_callers: 5 }\n";
+    let diags = compile_errors(text);
+    let all: Vec<String> = diags.iter().map(ToString::to_string).collect();
+    assert_eq!(diags.len(), 2, "{all:#?}");
+    assert!(
+        all[0].starts_with("9:27:") && all[0].contains("unknown field `per_caller_header`"),
+        "{all:#?}"
+    );
+    assert!(all[1].starts_with("9:56:") && all[1].contains("max_callers"));
+    assert!(
+        all.iter()
+            .all(|d| d.contains("moved to `per_caller: { header, rps, burst, max_callers }`")),
+        "{all:#?}"
+    );
+}
+
+#[test]
+fn rate_limit_shapes_that_limit_nothing_or_misplace_burst_are_errors() {
+    let base = "version: 1\nproviders:\n  p: { base_url: 'http://127.0.0.1:9/v1' }\ntargets:\n  t: { provider: p, model: m }\ntasks:\n  chat:\n    chain: [t]\n";
+    for (limit, needle) in [
+        ("{}", "needs `rps` (task-wide), `per_caller`, or both"),
+        (
+            "{ burst: 3, per_caller: { header: x-caller, rps: 1 } }",
+            "needs `rps`",
+        ),
+        (
+            "{ per_caller: { header: x-caller, rps: 0 } }",
+            "greater than zero",
+        ),
+        (
+            "{ per_caller: { header: 'bad header', rps: 1 } }",
+            "bad header name",
+        ),
+    ] {
+        let text = format!("{base}    rate_limit: {limit}\n");
+        let joined: String = compile_errors(&text)
+            .iter()
+            .map(|d| format!("{d}\n"))
+            .collect();
+        assert!(
+            joined.contains(needle),
+            "{limit}: {needle} not in\n{joined}"
+        );
+    }
+}
