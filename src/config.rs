@@ -8,17 +8,18 @@
 
 pub mod diagnostic;
 pub mod locate;
+mod sweep;
 pub mod validate;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use schemars::JsonSchema;
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use diagnostic::Diagnostic;
 use locate::LocationIndex;
+pub use sweep::Removed;
 
 /// The whole file, version 1. Every key is documented in README.md.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -382,17 +383,22 @@ pub struct Parsed {
     pub index: LocationIndex,
     /// The file's directory, for relative paths in it (`None` for text parsed on its own).
     pub base_dir: Option<std::path::PathBuf>,
-    /// Unknown-key errors found while parsing. The file was parsed without
-    /// those keys so that the semantic checks still run and every problem is
-    /// reported in one pass; compiling fails while this is not empty.
+    /// Unknown-key and type errors found while parsing. The file was read
+    /// without those keys and values so that the semantic checks still run
+    /// and every problem is reported in one pass; compiling fails while this
+    /// is not empty.
     pub pending: Vec<Diagnostic>,
+    /// What was taken out to read the rest, so compiling does not report a
+    /// reference to a broken entry as unknown.
+    pub removed: Removed,
 }
 
 /// Reads and parses `path`.
 ///
 /// # Errors
-/// Every syntax, type and unknown-key problem found, each with line and column.
-/// Unreadable files give one diagnostic at 1:1.
+/// A syntax error, located, or the rare file that cannot be read even
+/// without its problems (see [`parse`]); unreadable files give one diagnostic
+/// at 1:1. Type and unknown-key errors are in [`Parsed::pending`].
 pub fn load(path: &Path) -> Result<(Parsed, String), Vec<Diagnostic>> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         vec![Diagnostic::error(
@@ -410,234 +416,49 @@ pub fn load(path: &Path) -> Result<(Parsed, String), Vec<Diagnostic>> {
 /// Parses the text of a `routes.yaml`.
 ///
 /// # Errors
-/// As [`load`]: syntax errors (one, where the parser stopped), then type and
-/// unknown-key errors for every section entry that has one.
+/// As [`load`]: syntax errors (one, where the parser stopped), and the rare
+/// file that cannot be read at all even without its problems (not a mapping,
+/// a top-level key that is not a string). Type and unknown-key errors come
+/// back in [`Parsed::pending`] instead, with the rest of the file read.
 pub fn parse(text: &str) -> Result<Parsed, Vec<Diagnostic>> {
     let index = LocationIndex::build(text).map_err(|d| vec![d])?;
     if let Some(dup) = index.duplicates().first() {
         return Err(vec![dup.clone()]);
     }
-    match serde_yaml::from_str::<RawConfig>(text) {
-        Ok(raw) => Ok(Parsed {
-            raw,
+    let first = match serde_yaml::from_str::<RawConfig>(text) {
+        Ok(raw) => {
+            return Ok(Parsed {
+                raw,
+                index,
+                base_dir: None,
+                pending: Vec::new(),
+                removed: Removed::default(),
+            })
+        }
+        Err(first) => first,
+    };
+    let first = || {
+        let (line, column) = first.location().map_or((1, 1), |l| (l.line(), l.column()));
+        vec![Diagnostic::error(
+            "",
+            line,
+            column,
+            sweep::strip_location(&first.to_string()),
+        )]
+    };
+    let Ok(tree) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
+        return Err(first());
+    };
+    match sweep::read(tree, &index) {
+        Ok(read) => Ok(Parsed {
+            raw: read.raw,
             index,
             base_dir: None,
-            pending: Vec::new(),
+            pending: read.problems,
+            removed: read.removed,
         }),
-        Err(first) => {
-            let first = || {
-                let (line, column) = first.location().map_or((1, 1), |l| (l.line(), l.column()));
-                vec![Diagnostic::error(
-                    "",
-                    line,
-                    column,
-                    strip_location(&first.to_string()),
-                )]
-            };
-            let Ok(mut value) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
-                return Err(first());
-            };
-            // serde stops at the first problem of a map; sweep each section entry
-            // on its own, and while unknown keys are the only problems, drop them
-            // and sweep again, so one pass reports every unknown key and the
-            // semantic checks still run on the rest.
-            let mut pending: Vec<Diagnostic> = Vec::new();
-            for _ in 0..64 {
-                let (diags, unknown) = sweep(value.clone(), &index);
-                if diags.is_empty() {
-                    break;
-                }
-                let only_unknown = unknown.len() == diags.len();
-                pending.extend(diags);
-                if !only_unknown || remove_keys(&mut value, &unknown).is_none() {
-                    break;
-                }
-                if let Ok(raw) = serde_yaml::from_value::<RawConfig>(value.clone()) {
-                    pending.sort_by_key(|d| (d.line, d.column));
-                    return Ok(Parsed {
-                        raw,
-                        index,
-                        base_dir: None,
-                        pending,
-                    });
-                }
-            }
-            if pending.is_empty() {
-                return Err(first());
-            }
-            pending.sort_by_key(|d| (d.line, d.column));
-            Err(pending)
-        }
-    }
-}
-
-/// Removes the keys at `paths` (dotted, with `[i]` for list items) from `value`.
-fn remove_keys(value: &mut serde_yaml::Value, paths: &[String]) -> Option<()> {
-    for path in paths {
-        let (parent, key) = path.rsplit_once('.').unwrap_or(("", path.as_str()));
-        let mut node = &mut *value;
-        for segment in parent.split('.').filter(|s| !s.is_empty()) {
-            let (name, indices) = match segment.find('[') {
-                Some(i) => (&segment[..i], &segment[i..]),
-                None => (segment, ""),
-            };
-            node = node.get_mut(name)?;
-            for index in indices.split(['[', ']']).filter(|s| !s.is_empty()) {
-                node = node.get_mut(index.parse::<usize>().ok()?)?;
-            }
-        }
-        node.as_mapping_mut()?.remove(key)?;
-    }
-    Some(())
-}
-
-/// Deserializes each top-level key (and each entry of the named-map sections)
-/// separately, collecting every error with its location. Also returns the
-/// paths of the unknown keys among them.
-fn sweep(value: serde_yaml::Value, index: &LocationIndex) -> (Vec<Diagnostic>, Vec<String>) {
-    let mut sw = Sweep {
-        index,
-        diags: Vec::new(),
-        unknown: Vec::new(),
-    };
-    let serde_yaml::Value::Mapping(top) = value else {
-        sw.diags.push(Diagnostic::error(
-            "",
-            1,
-            1,
-            "the file must be a mapping of keys (version, providers, targets, tasks, ...)",
-        ));
-        return (sw.diags, sw.unknown);
-    };
-    for (key, value) in top {
-        let Some(key) = key.as_str() else {
-            sw.diags.push(Diagnostic::error(
-                "",
-                1,
-                1,
-                "top-level keys must be strings",
-            ));
-            continue;
-        };
-        match key {
-            "providers" => sw.map::<RawProvider>(key, value),
-            "targets" => sw.map::<RawTarget>(key, value),
-            "tasks" => sw.map::<RawTask>(key, value),
-            "version" => sw.check::<Option<u64>>(key, value),
-            "listen" | "default_task" | "admin_listen" | "admin_token_env" | "admin_token_file"
-            | "drain_timeout" => {
-                sw.check::<Option<String>>(key, value);
-            }
-            "max_concurrent_requests" => sw.check::<Option<usize>>(key, value),
-            "error_classes" => sw.check::<Vec<RawRule>>(key, value),
-            "health" => sw.check::<RawHealth>(key, value),
-            "sanitize" => sw.check::<RawSanitize>(key, value),
-            other => {
-                let (line, column) = index.key_or_value(other);
-                sw.unknown.push(other.to_owned());
-                sw.diags.push(Diagnostic::error(
-                    other,
-                    line,
-                    column,
-                    format!("unknown field `{other}`, expected one of `version`, `listen`, `admin_listen`, `admin_token_env`, `admin_token_file`, `max_concurrent_requests`, `drain_timeout`, `providers`, `targets`, `tasks`, `default_task`, `error_classes`, `health`, `sanitize`"),
-                ));
-            }
-        }
-    }
-    sw.diags.sort_by_key(|d| (d.line, d.column));
-    (sw.diags, sw.unknown)
-}
-
-struct Sweep<'a> {
-    index: &'a LocationIndex,
-    diags: Vec<Diagnostic>,
-    unknown: Vec<String>,
-}
-
-impl Sweep<'_> {
-    fn map<T: DeserializeOwned>(&mut self, section: &str, value: serde_yaml::Value) {
-        match value {
-            serde_yaml::Value::Mapping(entries) => {
-                for (name, entry) in entries {
-                    let name = name
-                        .as_str()
-                        .map_or_else(|| format!("{name:?}"), str::to_owned);
-                    self.check::<T>(&format!("{section}.{name}"), entry);
-                }
-            }
-            serde_yaml::Value::Null => {}
-            other @ (serde_yaml::Value::Bool(_)
-            | serde_yaml::Value::Number(_)
-            | serde_yaml::Value::String(_)
-            | serde_yaml::Value::Sequence(_)
-            | serde_yaml::Value::Tagged(_)) => {
-                self.check::<BTreeMap<String, T>>(section, other);
-            }
-        }
-    }
-
-    /// Deserializes `value` as `T`; on failure records one diagnostic located
-    /// at the deepest path serde reached (the offending key itself for unknown
-    /// keys).
-    fn check<T: DeserializeOwned>(&mut self, base: &str, value: serde_yaml::Value) {
-        let Err(err) = serde_path_to_error::deserialize::<_, T>(value) else {
-            return;
-        };
-        let mut path = base.to_owned();
-        for segment in err.path().iter() {
-            match segment {
-                serde_path_to_error::Segment::Seq { index } => path.push_str(&format!("[{index}]")),
-                serde_path_to_error::Segment::Map { key } => {
-                    path.push('.');
-                    path.push_str(key);
-                }
-                serde_path_to_error::Segment::Enum { .. }
-                | serde_path_to_error::Segment::Unknown => {}
-            }
-        }
-        let message = strip_location(&err.inner().to_string());
-        // serde names an unknown key in backticks; the path may or may not end with it.
-        let unknown_key = message
-            .strip_prefix("unknown field `")
-            .and_then(|rest| rest.split('`').next())
-            .map(|field| {
-                if path.ends_with(&format!(".{field}")) {
-                    path.clone()
-                } else {
-                    format!("{path}.{field}")
-                }
-            });
-        let located = unknown_key.as_deref().unwrap_or(&path);
-        let (line, column) = self.index.key_or_value(located);
-        let mut message = message;
-        if let Some(key) = &unknown_key {
-            message.push_str(moved_hint(key));
-            self.unknown.push(key.clone());
-        }
-        self.diags
-            .push(Diagnostic::error(located, line, column, message));
-    }
-}
-
-/// Where a key that an older routes.yaml had went, for its unknown-key error.
-fn moved_hint(path: &str) -> &'static str {
-    let moved = path.rsplit_once('.').is_some_and(|(parent, key)| {
-        parent.starts_with("tasks.")
-            && parent.ends_with(".rate_limit")
-            && matches!(key, "per_caller_header" | "max_callers")
-    });
-    if moved {
-        "; per-caller limits moved to `per_caller: { header, rps, burst, max_callers }`"
-    } else {
-        ""
-    }
-}
-
-/// serde_yaml appends " at line L column C" to its messages; we print locations ourselves.
-fn strip_location(message: &str) -> String {
-    match message.find(" at line ") {
-        Some(i) => message[..i].to_owned(),
-        None => message.to_owned(),
+        Err(problems) if problems.is_empty() => Err(first()),
+        Err(problems) => Err(problems),
     }
 }
 
@@ -718,7 +539,7 @@ mod tests {
     fn wrong_type_is_located() {
         let text =
             "version: 1\ntasks:\n  a:\n    chain: [x]\n    budget: { max_failovers: lots }\n";
-        let diags = parse(text).unwrap_err();
+        let diags = parse(text).unwrap().pending;
         assert_eq!(diags.len(), 1, "{diags:?}");
         assert_eq!(diags[0].line, 5);
         assert_eq!(diags[0].path, "tasks.a.budget.max_failovers");

@@ -189,3 +189,151 @@ fn rate_limit_shapes_that_limit_nothing_or_misplace_burst_are_errors() {
         );
     }
 }
+
+// ----- validate: every entry's problems in one run -----
+
+/// Line and column (1-based) of the first occurrence of `needle` in `text`.
+fn at(text: &str, needle: &str) -> (usize, usize) {
+    let offset = text
+        .find(needle)
+        .unwrap_or_else(|| panic!("{needle} not in text"));
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let column = offset - before.rfind('\n').map_or(0, |n| n + 1) + 1;
+    (line, column)
+}
+
+fn rendered(diags: &[switchyard::config::diagnostic::Diagnostic]) -> Vec<String> {
+    diags.iter().map(ToString::to_string).collect()
+}
+
+#[test]
+fn wrong_types_in_two_providers_and_an_unknown_target_are_all_reported() {
+    let text = "version: 1
+providers:
+  a:
+    base_url: http://127.0.0.1:9/v1
+    retry: { max: x }
+  b:
+    base_url: http://127.0.0.1:9/v1
+    headers: [one, two]
+targets:
+  ta: { provider: a, model: m }
+  tb: { provider: b, model: m }
+tasks:
+  chat: { chain: [ta, tb, nope] }
+";
+    let diags = compile_errors(text);
+    let all = rendered(&diags);
+    assert_eq!(diags.len(), 3, "{all:#?}");
+    let where_ = |d: &switchyard::config::diagnostic::Diagnostic| (d.line, d.column);
+    assert_eq!(where_(&diags[0]), at(text, "max: x"), "{all:#?}");
+    assert_eq!(diags[0].path, "providers.a.retry.max");
+    assert!(diags[0].message.contains("invalid type"), "{all:#?}");
+    assert_eq!(where_(&diags[1]), at(text, "headers"), "{all:#?}");
+    assert_eq!(diags[1].path, "providers.b.headers");
+    assert!(diags[1].message.contains("invalid type"), "{all:#?}");
+    assert_eq!(where_(&diags[2]), at(text, "nope"), "{all:#?}");
+    assert_eq!(diags[2].path, "tasks.chat.chain[2]");
+    assert!(
+        diags[2].message.contains("unknown target `nope`"),
+        "{all:#?}"
+    );
+}
+
+#[test]
+fn a_provider_whose_base_url_has_the_wrong_type_is_not_also_unknown() {
+    let text = "version: 1
+providers:
+  a:
+    base_url: [http://127.0.0.1:9/v1]
+targets:
+  t: { provider: a, model: m }
+tasks:
+  chat: { chain: [t], strategy: fastest }
+";
+    let diags = compile_errors(text);
+    let all = rendered(&diags);
+    assert_eq!(diags.len(), 2, "{all:#?}");
+    assert_eq!((diags[0].line, diags[0].column), at(text, "base_url"));
+    assert!(diags[0].message.contains("invalid type"), "{all:#?}");
+    assert!(
+        diags[1].message.contains("unknown strategy `fastest`"),
+        "the task is still checked: {all:#?}"
+    );
+    for bogus in ["unknown provider", "missing field", "unknown target"] {
+        assert!(!all.iter().any(|d| d.contains(bogus)), "{bogus}: {all:#?}");
+    }
+}
+
+#[test]
+fn a_field_really_missing_is_reported_once_and_its_entry_is_not_unknown() {
+    let text = "version: 1
+providers:
+  a: { timeout: 2s }
+targets:
+  t: { provider: a, model: m }
+tasks:
+  chat: { chain: [t] }
+";
+    let all = rendered(&compile_errors(text));
+    assert_eq!(all.len(), 1, "{all:#?}");
+    assert!(
+        all[0].starts_with("3:3:") && all[0].contains("missing field `base_url`"),
+        "{all:#?}"
+    );
+}
+
+#[test]
+fn list_items_after_a_removed_one_keep_their_own_locations() {
+    let text = "version: 1
+providers:
+  a: { base_url: 'http://127.0.0.1:9/v1' }
+targets:
+  t: { provider: a, model: m }
+tasks:
+  chat: { chain: [{ t: 1 }, nope], aliases: [7, ok, also-ok], budget: { max_failovers: lots } }
+error_classes:
+  - { match: { status: 500 }, action: [failover] }
+  - { match: { status: 7xx }, action: failover }
+";
+    let diags = compile_errors(text);
+    let all = rendered(&diags);
+    let find = |needle: &str| {
+        diags
+            .iter()
+            .find(|d| d.message.contains(needle))
+            .unwrap_or_else(|| panic!("{needle}: {all:#?}"))
+    };
+    let nope = find("unknown target `nope`");
+    assert_eq!((nope.line, nope.column), at(text, "nope"), "{all:#?}");
+    assert_eq!(nope.path, "tasks.chat.chain[1]");
+    let status = find("bad status `7xx`");
+    assert_eq!((status.line, status.column), at(text, "7xx"), "{all:#?}");
+    assert_eq!(status.path, "error_classes[1].match.status");
+    let item = find("invalid type: map");
+    assert_eq!(item.path, "tasks.chat.chain[0]", "{all:#?}");
+    assert_eq!((item.line, item.column), at(text, "{ t: 1 }"), "{all:#?}");
+    let action = find("invalid type: sequence");
+    assert_eq!(action.path, "error_classes[0].action", "{all:#?}");
+    assert_eq!(
+        (action.line, action.column),
+        at(text, "action: [failover]"),
+        "{all:#?}"
+    );
+    assert!(
+        all.iter().any(|d| d.contains("(at tasks.chat.aliases[0])")),
+        "{all:#?}"
+    );
+    assert!(
+        all.iter()
+            .any(|d| d.contains("(at tasks.chat.budget.max_failovers)")),
+        "{all:#?}"
+    );
+    assert!(
+        !all.iter()
+            .any(|d| d.contains("empty degradation chain") || d.contains("missing field")),
+        "{all:#?}"
+    );
+    assert_eq!(diags.len(), 6, "{all:#?}");
+}

@@ -62,7 +62,7 @@ pub fn compile(
     live: &LiveState,
     opts: CompileOptions,
 ) -> Result<Compiled, Vec<Diagnostic>> {
-    let mut c = Checks::new(&parsed.index);
+    let mut c = Checks::reading(&parsed.index, &parsed.removed);
     c.diagnostics.extend(parsed.pending.iter().cloned());
     let raw = &parsed.raw;
     check_version(raw, &mut c);
@@ -80,7 +80,7 @@ pub fn compile(
     let (tasks, models) = tasks(raw, &targets, parsed.base_dir.as_deref(), live, &mut c);
     let default_task = raw.default_task.as_ref().and_then(|d| {
         let found = tasks.get(d).cloned();
-        if found.is_none() && !raw.tasks.contains_key(d) {
+        if found.is_none() && !raw.tasks.contains_key(d) && !c.gone(&format!("tasks.{d}")) {
             c.error("default_task", format!("unknown task `{d}`"));
         }
         found
@@ -138,6 +138,8 @@ fn hash(text: &str) -> u64 {
 /// Pass 1: `version: 1`.
 fn check_version(raw: &RawConfig, c: &mut Checks<'_>) {
     match raw.version {
+        // A wrongly typed version was reported as such.
+        None if c.gone("version") => {}
         None => c.error("", "missing `version` (write `version: 1` at the top)"),
         Some(1) => {}
         Some(v) => c.error(
@@ -237,7 +239,8 @@ fn health_settings(raw: &RawConfig, c: &mut Checks<'_>) -> HealthConfig {
             defaults.probe_interval,
         ),
     };
-    if health.down_after < health.degraded_after {
+    let both_read = c.intact("health.down_after") && c.intact("health.degraded_after");
+    if health.down_after < health.degraded_after && both_read {
         c.error(
             "health.down_after",
             "down_after must be at least degraded_after",
@@ -392,6 +395,10 @@ fn check_rule_shape(r: &RawRule, path: &str, matcher: &Match, c: &mut Checks<'_>
             &format!("{path}.match"),
             "an empty `status` or `network` list matches nothing: remove it or name values",
         );
+    }
+    // A test taken out for its type would make these two about what is left.
+    if !c.intact(&format!("{path}.match")) {
+        return;
     }
     if m.status.is_none() && m.network.is_none() && m.body.is_none() && m.header.is_none() {
         c.error(
@@ -697,7 +704,10 @@ fn targets(
     for (name, t) in &raw.targets {
         let path = format!("targets.{name}");
         let Some(provider) = providers.get(&t.provider) else {
-            if !raw.providers.contains_key(&t.provider) {
+            // A provider with a problem of its own has been reported already.
+            let broken = raw.providers.contains_key(&t.provider)
+                || c.gone(&format!("providers.{}", t.provider));
+            if !broken {
                 c.error(
                     &format!("{path}.provider"),
                     format!("unknown provider `{}`", t.provider),
@@ -877,7 +887,7 @@ fn chain(
     targets: &BTreeMap<String, Arc<Target>>,
     c: &mut Checks<'_>,
 ) -> Vec<Arc<Target>> {
-    if t.chain.is_empty() {
+    if t.chain.is_empty() && c.intact(&format!("{path}.chain")) {
         c.error(
             &format!("{path}.chain"),
             "empty degradation chain: name at least one target",
@@ -896,7 +906,7 @@ fn chain(
         match targets.get(target) {
             Some(found) => chain.push(Arc::clone(found)),
             // Its own entry has the problem, already reported.
-            None if raw.targets.contains_key(target) => {}
+            None if raw.targets.contains_key(target) || c.gone(&format!("targets.{target}")) => {}
             None => c.error(&tpath, format!("unknown target `{target}`")),
         }
     }
@@ -949,7 +959,9 @@ fn task_limits(
         burst: rl.burst,
     });
     let mut ok = task_rate.is_none_or(|r| positive(c, "rps", r.rps));
-    if rl.rps.is_none() && rl.burst.is_some() {
+    // With a key taken out for its type, the shape checks would be about what is left.
+    let whole = c.intact(&lpath);
+    if whole && rl.rps.is_none() && rl.burst.is_some() {
         c.error(
             &format!("{lpath}.burst"),
             "`burst` sizes the task-wide bucket and needs `rps` (a caller's burst goes under `per_caller`)",
@@ -971,14 +983,14 @@ fn task_limits(
     if rl.per_caller.is_some() && per_caller.is_none() {
         ok = false;
     }
-    if rl.rps.is_none() && rl.per_caller.is_none() {
+    if whole && rl.rps.is_none() && rl.per_caller.is_none() {
         c.error(
             &lpath,
             "a rate_limit needs `rps` (task-wide), `per_caller`, or both",
         );
         ok = false;
     }
-    if !ok {
+    if !(ok && whole) {
         return None;
     }
     let key = TaskLimitKey {
