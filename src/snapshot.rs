@@ -53,6 +53,8 @@ pub struct Provider {
     pub secret: Option<Secret>,
     /// Where the key is read from, if from a file (watched for rotation).
     pub key_file: Option<PathBuf>,
+    /// Where the key is read from, if from the environment.
+    pub key_env: Option<String>,
     /// Per-attempt timeout.
     pub timeout: Duration,
     /// Longest silence between stream chunks after the first.
@@ -90,6 +92,15 @@ pub struct Target {
     pub health: Arc<TargetHealth>,
     /// This target's own series.
     pub metrics: TargetMetrics,
+}
+
+impl Provider {
+    /// Whether the file names a source for the key (`api_key_env` or
+    /// `api_key_file`), read or not.
+    #[must_use]
+    pub fn wants_key(&self) -> bool {
+        self.key_env.is_some() || self.key_file.is_some()
+    }
 }
 
 impl Target {

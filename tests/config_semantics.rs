@@ -337,3 +337,110 @@ error_classes:
     );
     assert_eq!(diags.len(), 6, "{all:#?}");
 }
+
+// ----- reload: never add a provider without its key -----
+
+/// The value of `switchyard_config_reloads_total{result=...}` (0 if absent).
+async fn reloads(gw: &Gw, result: &str) -> f64 {
+    let prefix = format!("switchyard_config_reloads_total{{result=\"{result}\"}} ");
+    get(gw.addr, "/metrics")
+        .await
+        .text()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// A file with targets `a` (on `p-a`) and, if `b_key_env` is given, `b` on
+/// `p-b` reading its key from that variable; task `chat` with `chain`.
+fn keyed(a: &Fake, b: &Fake, b_key_env: Option<&str>, chain: &str) -> String {
+    let mut y = format!(
+        "version: 1\nproviders:\n  p-a: {{ base_url: '{}', timeout: 2s }}\n",
+        a.url()
+    );
+    if let Some(var) = b_key_env {
+        y.push_str(&format!(
+            "  p-b:\n    base_url: '{}'\n    api_key_env: {var}\n",
+            b.url()
+        ));
+    }
+    y.push_str("targets:\n  a: { provider: p-a, model: upstream-a }\n");
+    if b_key_env.is_some() {
+        y.push_str("  b: { provider: p-b, model: upstream-b }\n");
+    }
+    y.push_str(&format!(
+        "tasks:\n  chat:\n    aliases: [gpt-4o]\n    chain: [{chain}]\n"
+    ));
+    y
+}
+
+const UNSET_KEY: &str = "SWITCHYARD_CONFIG_SEMANTICS_UNSET_KEY";
+
+#[tokio::test]
+async fn a_reload_adding_a_provider_whose_key_cannot_be_read_is_refused() {
+    assert!(std::env::var_os(UNSET_KEY).is_none());
+    let a = Fake::always(fake::completion("upstream-a", "from a")).await;
+    let b = Fake::always(fake::completion("upstream-b", "from b")).await;
+    let gw = gateway(&keyed(&a, &b, None, "a")).await;
+    let before = reloads(&gw, "error").await;
+    let text = keyed(&a, &b, Some(UNSET_KEY), "b, a");
+    gw.rewrite(&text);
+    let mut refused = false;
+    for _ in 0..150 {
+        if reloads(&gw, "error").await > before {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused, "the reload was not refused within 3 s");
+    for _ in 0..3 {
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert_eq!(ans.header("x-switchyard-target"), "a");
+        assert_eq!(ans.header("x-switchyard-attempts"), "1");
+    }
+    assert_eq!(b.calls(), 0, "the new chain never served");
+    assert!(!gw.app.snapshot.load().providers.contains_key("p-b"));
+    // What the reload logged, one line per diagnostic.
+    let diags = switchyard::reload::prepare(&gw.app).unwrap_err();
+    let all = rendered(&diags);
+    assert_eq!(diags.len(), 1, "{all:#?}");
+    assert_eq!(diags[0].path, "providers.p-b.api_key_env");
+    assert_eq!((diags[0].line, diags[0].column), at(&text, UNSET_KEY));
+    assert!(
+        diags[0].message.contains("provider `p-b` is new")
+            && diags[0].message.contains(UNSET_KEY)
+            && diags[0].message.contains("keeping the old config"),
+        "{all:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_provider_without_its_key_since_the_start_does_not_block_reloads() {
+    let a = Fake::always(fake::completion("upstream-a", "from a")).await;
+    let b = Fake::always(fake::completion("upstream-b", "from b")).await;
+    // At start an unreadable key is only a warning.
+    let gw = gateway(&keyed(&a, &b, Some(UNSET_KEY), "b, a")).await;
+    assert_eq!(
+        chat(gw.addr, hello("gpt-4o"))
+            .await
+            .header("x-switchyard-target"),
+        "b"
+    );
+    gw.rewrite(&keyed(&a, &b, Some(UNSET_KEY), "a, b"));
+    let mut applied = false;
+    for _ in 0..150 {
+        if chat(gw.addr, hello("gpt-4o"))
+            .await
+            .header("x-switchyard-target")
+            == "a"
+        {
+            applied = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(applied, "the reload was not applied within 3 s");
+    assert_eq!(reloads(&gw, "error").await, 0.0);
+}

@@ -525,6 +525,7 @@ fn provider(
         endpoint: endpoint?,
         secret,
         key_file: p.api_key_file.as_ref().map(PathBuf::from),
+        key_env: p.api_key_env.clone(),
         timeout,
         idle_timeout,
         retry,
