@@ -5,9 +5,14 @@
 //! semantic check (durations, URLs, regexes, references between sections) stay
 //! strings here; [`crate::snapshot::compile`] turns them into typed, resolved
 //! values and reports every problem at once through [`validate`]'s checkers.
+//!
+//! The JSON Schema ([`json_schema`]) is derived from these types; the
+//! `#[schemars]` attributes and `schema_parts` make it say what validate says
+//! where JSON Schema can (names, minimums, shapes of durations and URLs).
 
 pub mod diagnostic;
 pub mod locate;
+mod schema_parts;
 mod sweep;
 pub mod validate;
 
@@ -26,20 +31,27 @@ pub use sweep::Removed;
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     /// Format version; must be `1`. Required.
+    #[schemars(required, extend("const" = 1))]
     pub version: Option<u64>,
-    /// Address the gateway listens on, e.g. `127.0.0.1:8080`.
+    /// Address the gateway listens on, `IP:PORT` (default `127.0.0.1:8080`;
+    /// read at start; `--listen` overrides).
+    #[schemars(regex(pattern = schema_parts::SOCKET_ADDR))]
     pub listen: Option<String>,
-    /// Separate address for `/admin/*` (read at start; `--admin-listen` overrides).
+    /// Separate `IP:PORT` for `/admin/*` (plus `/healthz`, `/readyz`,
+    /// `/metrics`); read at start; `--admin-listen` overrides.
+    #[schemars(regex(pattern = schema_parts::SOCKET_ADDR))]
     pub admin_listen: Option<String>,
-    /// Environment variable holding a token that `/admin/*` then requires (`Authorization: Bearer`).
+    /// Environment variable holding a token that `/admin/*` then requires
+    /// (`Authorization: Bearer`); unset, the file is refused.
     pub admin_token_env: Option<String>,
-    /// File holding that token instead.
+    /// File holding that token instead; unreadable or empty, the file is refused.
     pub admin_token_file: Option<String>,
     /// Most chat requests in progress at once; more get 503 (default 1024; read at start).
+    #[schemars(range(min = 1))]
     pub max_concurrent_requests: Option<usize>,
     /// How long shutdown waits for in-flight requests and streams (default 30s).
     #[serde(default, deserialize_with = "duration_text")]
-    #[schemars(with = "Option<DurationText>")]
+    #[schemars(with = "Option<schema_parts::DurationText>")]
     pub drain_timeout: Option<String>,
     /// Upstream accounts by name: URL, key, timeouts, retry policy.
     #[serde(default)]
@@ -70,8 +82,9 @@ pub struct RawSanitize {
     /// Phrases removed from upstream error text (case-insensitive), e.g. a vendor's sales pitch.
     #[serde(default)]
     pub sensitive_words: Vec<String>,
-    /// Friendly `error.message` per HTTP status (`"429": "Busy, retry shortly."`).
+    /// Friendly `error.message` per HTTP error status, 400-599 (`"429": "Busy, retry shortly."`).
     #[serde(default)]
+    #[schemars(extend("propertyNames" = { "pattern": schema_parts::ERROR_STATUS }))]
     pub messages: BTreeMap<String, String>,
 }
 
@@ -79,31 +92,43 @@ pub struct RawSanitize {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawProvider {
-    /// Wire protocol: `openai` (the default; OpenAI Chat Completions) or
-    /// `anthropic` (the Messages API, translated both ways).
+    /// Wire protocol, the name of an adapter in `upstream::ADAPTERS` (default `openai`).
+    // The schema's list and description come from the registry, so a new
+    // protocol needs no change here.
+    #[schemars(
+        with = "Option<schema_parts::Names<schema_parts::Protocols>>",
+        extend("description" = schema_parts::protocol_description())
+    )]
     pub protocol: Option<String>,
-    /// Base URL; requests go to `{base_url}/chat/completions` (`openai`) or
-    /// `{base_url}/messages` (`anthropic`).
+    /// Base URL, absolute `http://` or `https://` with a host and no query
+    /// string; requests go to it plus the protocol's path (see `protocol`).
+    #[schemars(regex(pattern = schema_parts::HTTP_URL))]
     pub base_url: String,
-    /// Environment variable holding the API key (sent as `Authorization: Bearer`
-    /// for `openai`, `x-api-key` for `anthropic`).
+    /// Environment variable holding the API key, sent in the protocol's key
+    /// header. Unset: a warning at start (an error under `--strict`); a reload
+    /// adding a provider whose key cannot be read is refused.
     pub api_key_env: Option<String>,
-    /// File holding the API key (e.g. a mounted Kubernetes Secret); re-read on reload.
+    /// File holding the API key instead (e.g. a mounted Kubernetes Secret),
+    /// re-read on reload; unreadable or empty is as an unset `api_key_env`.
     pub api_key_file: Option<String>,
     /// Extra headers sent with every upstream request.
     #[serde(default)]
+    #[schemars(extend(
+        "propertyNames" = { "pattern": schema_parts::HEADER_NAME },
+        "additionalProperties" = { "type": "string", "pattern": schema_parts::HEADER_VALUE }
+    ))]
     pub headers: BTreeMap<String, String>,
     /// Per-attempt timeout (humantime, e.g. `30s`); default 30 s.
     #[serde(default, deserialize_with = "duration_text")]
-    #[schemars(with = "Option<DurationText>")]
+    #[schemars(with = "Option<schema_parts::DurationText>")]
     pub timeout: Option<String>,
     /// TCP (and TLS) connect timeout; default 2 s.
     #[serde(default, deserialize_with = "duration_text")]
-    #[schemars(with = "Option<DurationText>")]
+    #[schemars(with = "Option<schema_parts::DurationText>")]
     pub connect_timeout: Option<String>,
     /// Longest silence between two stream chunks after the first; default 30 s.
     #[serde(default, deserialize_with = "duration_text")]
-    #[schemars(with = "Option<DurationText>")]
+    #[schemars(with = "Option<schema_parts::DurationText>")]
     pub idle_timeout: Option<String>,
     /// Same-target retry policy for errors classed `retry`.
     pub retry: Option<RawRetry>,
@@ -112,7 +137,8 @@ pub struct RawProvider {
     pub error_classes: Vec<RawRule>,
     /// Active probe settings for this provider's targets (overrides `health.probe`).
     pub probe: Option<RawProbe>,
-    /// The account's rate limits; a request that does not fit is not sent.
+    /// The account's rate limits; a target whose bucket cannot take a request
+    /// is skipped without a call.
     pub rate_limit: Option<RawProviderLimit>,
 }
 
@@ -124,7 +150,7 @@ pub struct RawRetry {
     pub max: Option<u32>,
     /// Base of the exponential backoff with full jitter (default 200ms).
     #[serde(default, deserialize_with = "duration_text")]
-    #[schemars(with = "Option<DurationText>")]
+    #[schemars(with = "Option<schema_parts::DurationText>")]
     pub backoff: Option<String>,
 }
 
@@ -134,18 +160,22 @@ pub struct RawRetry {
 pub struct RawTarget {
     /// Name of a provider in `providers`.
     pub provider: String,
-    /// The upstream's own model name, written into the forwarded request.
+    /// The upstream's own model name, written into the forwarded request (not blank).
+    #[schemars(regex(pattern = schema_parts::NOT_BLANK))]
     pub model: String,
-    /// Free capability tags; `tools`, `json_mode`, `vision`, `streaming` mean something to routing.
+    /// Free capability tags. `tools`, `json_mode` and `vision` are derived
+    /// from requests; any tag can be required by a task's `requires`.
     #[serde(default)]
     pub capabilities: Vec<String>,
     /// Context window in tokens: prompt estimate + `max_tokens` must fit.
     pub max_context: Option<u64>,
-    /// Longest answer in tokens the target produces.
+    /// Longest answer in tokens the target produces; the output estimate
+    /// (and Anthropic's `max_tokens`) when a request gives no `max_tokens`.
     pub max_output: Option<u64>,
     /// Price in USD per 1,000 tokens.
     pub cost: Option<RawCost>,
-    /// Share for the `weighted` strategy (default 1).
+    /// Share for the `weighted` strategy, at least 1 (default 1).
+    #[schemars(range(min = 1))]
     pub weight: Option<u32>,
 }
 
@@ -153,11 +183,13 @@ pub struct RawTarget {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawCost {
-    /// Per 1,000 prompt tokens.
+    /// Per 1,000 prompt tokens (default 0).
     #[serde(default)]
+    #[schemars(range(min = 0))]
     pub input_per_1k: f64,
-    /// Per 1,000 completion tokens.
+    /// Per 1,000 completion tokens (default 0).
     #[serde(default)]
+    #[schemars(range(min = 0))]
     pub output_per_1k: f64,
 }
 
@@ -165,9 +197,14 @@ pub struct RawCost {
 /// caller, or both (each at its own rate).
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend(
+    "anyOf" = [{ "required": ["rps"] }, { "required": ["per_caller"] }],
+    "dependentRequired" = { "burst": ["rps"] }
+))]
 pub struct RawTaskLimit {
     /// Task-wide bucket over all callers: sustained requests per second (may
     /// be fractional). Absent: no task-wide bucket.
+    #[schemars(extend("exclusiveMinimum" = 0))]
     pub rps: Option<f64>,
     /// Task-wide bucket size: requests allowed at once (default: `rps` rounded up; needs `rps`).
     pub burst: Option<u32>,
@@ -183,8 +220,10 @@ pub struct RawCallerLimit {
     /// Request header whose value names the caller (e.g. a caller id or key
     /// hash). A request without it (or with it empty) is keyed by the
     /// client's IP address instead.
+    #[schemars(regex(pattern = schema_parts::HEADER_NAME))]
     pub header: String,
     /// Sustained requests per second for each caller (may be fractional).
+    #[schemars(extend("exclusiveMinimum" = 0))]
     pub rps: f64,
     /// Requests one caller may send at once (default: `rps` rounded up).
     pub burst: Option<u32>,
@@ -197,9 +236,11 @@ pub struct RawCallerLimit {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawProviderLimit {
-    /// Requests per minute.
+    /// Requests per minute, at least 1.
+    #[schemars(range(min = 1))]
     pub rpm: Option<u32>,
-    /// Tokens per minute (prompt estimate + max_tokens, corrected by reported usage).
+    /// Tokens per minute, at least 1 (prompt estimate + max_tokens, corrected by reported usage).
+    #[schemars(range(min = 1))]
     pub tpm: Option<u32>,
     /// Requests allowed at once (default: `rpm`).
     pub burst: Option<u32>,
@@ -209,33 +250,45 @@ pub struct RawProviderLimit {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawFallbackBudget {
-    /// USD per clock hour that non-first targets of the chain may cost.
+    /// USD per clock hour that non-first targets of the chain may cost (0 or more).
+    #[schemars(range(min = 0))]
     pub usd_per_hour: f64,
 }
 
 /// A task type: what a request asks for, and where it may go.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+// `chain` reads as empty when absent (so validate reports it with the rest);
+// the schema says it is required.
+#[schemars(extend("required" = ["chain"]))]
 pub struct RawTask {
-    /// Public model names that select this task (besides its own name).
+    /// Public model names that select this task (besides its own name); each
+    /// may be used once across all tasks.
     #[serde(default)]
+    #[schemars(extend("uniqueItems" = true))]
     pub aliases: Vec<String>,
-    /// Degradation chain: target names, tried in order.
+    /// Degradation chain: target names, tried in order. Required, non-empty,
+    /// each target once.
     #[serde(default)]
+    #[schemars(length(min = 1), extend("uniqueItems" = true))]
     pub chain: Vec<String>,
     /// Time and failover budget of one request.
     pub budget: Option<RawBudget>,
     /// Capability tags every target must have, on top of what the request needs.
     #[serde(default)]
     pub requires: Vec<String>,
-    /// How the first target is chosen: `priority` (default), `weighted`,
-    /// `round_robin`, `latency` or `cost`; failover then follows chain order.
+    /// How the first target is chosen (default `priority`); failover then
+    /// follows chain order.
+    #[schemars(with = "Option<schema_parts::Names<schema_parts::Strategies>>")]
     pub strategy: Option<String>,
     /// Client-facing token buckets: task-wide, per caller, or both.
     pub rate_limit: Option<RawTaskLimit>,
     /// Spend cap on fallback targets.
     pub fallback_budget: Option<RawFallbackBudget>,
-    /// When answers' `tool_calls` are validated: `degraded` (default), `always`, `never`.
+    /// Which answers' `tool_calls` are checked against the request's
+    /// contract: `degraded` (default: answers from a target other than the
+    /// first one chosen), `always` or `never`.
+    #[schemars(with = "Option<schema_parts::Names<schema_parts::Modes>>")]
     pub validate_tool_calls: Option<String>,
     /// JSON Schema files (relative to this file's directory) that override the
     /// request's `parameters`, by function name.
@@ -249,41 +302,57 @@ pub struct RawTask {
 pub struct RawBudget {
     /// End-to-end deadline from the request's arrival (default 30 s).
     #[serde(default, deserialize_with = "duration_text")]
-    #[schemars(with = "Option<DurationText>")]
+    #[schemars(with = "Option<schema_parts::DurationText>")]
     pub total_timeout: Option<String>,
     /// Most switches to another target in one request (default: chain length - 1).
     pub max_failovers: Option<u32>,
     /// Streams: longest wait for the first content chunk from one target (default: none).
     #[serde(default, deserialize_with = "duration_text")]
-    #[schemars(with = "Option<DurationText>")]
+    #[schemars(with = "Option<schema_parts::DurationText>")]
     pub first_token_timeout: Option<String>,
 }
 
 /// One error-class rule: when every given test in `match` holds, take `action`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+// `match` reads as empty when absent (so validate can say what is missing
+// along with everything else); the schema says it is required.
+#[schemars(extend("required" = ["match", "action"]))]
 pub struct RawRule {
-    /// The tests; all given ones must hold. An empty match matches everything.
+    /// The tests; all given ones must hold. Required, with at least one test.
     #[serde(rename = "match", default)]
+    #[schemars(extend("minProperties" = 1))]
     pub matches: RawMatch,
-    /// `retry`, `failover` or `return`.
+    /// What to do: `retry` (the same target, then fail over), `failover` or
+    /// `return` (the answer goes to the client).
+    #[schemars(with = "schema_parts::Names<schema_parts::Actions>")]
     pub action: String,
     /// Whether the outcome counts against the target's health (default true).
     pub health: Option<bool>,
-    /// Skip the target for this long (`retry_after` = the upstream's `Retry-After`).
+    /// Skip the target for this long; `retry_after`: for as long as the
+    /// upstream's `Retry-After` says (1 s without one).
     #[serde(default, deserialize_with = "duration_text")]
-    #[schemars(with = "Option<DurationText>")]
+    #[schemars(with = "Option<schema_parts::CooldownText>")]
     pub cooldown: Option<String>,
 }
 
-/// The tests of an error-class rule.
+/// The tests of an error-class rule. `network` stands alone: a network error
+/// has no status, body or headers.
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("dependentSchemas" = {
+    "network": { "properties": { "status": false, "body": false, "header": false } }
+}))]
 pub struct RawMatch {
-    /// Status codes or classes: `503`, `"5xx"`, or a list of them.
-    #[schemars(with = "Option<serde_json::Value>")]
+    /// Status codes (100-599) or classes: `503`, `"5xx"`, or a non-empty list of them.
+    #[schemars(with = "Option<schema_parts::StatusTests>")]
     pub status: Option<serde_yaml::Value>,
-    /// Network error kinds: `connect`, `reset`, `timeout`, `tls`, `dns`, `protocol`.
+    /// Network error kinds, a non-empty list: `connect`, `reset`, `timeout`,
+    /// `tls`, `dns`, `protocol`.
+    #[schemars(
+        with = "Option<Vec<schema_parts::Names<schema_parts::NetworkKinds>>>",
+        length(min = 1)
+    )]
     pub network: Option<Vec<String>>,
     /// Regex over the response body (error bodies and small 200 bodies).
     pub body: Option<String>,
@@ -296,6 +365,7 @@ pub struct RawMatch {
 #[serde(deny_unknown_fields)]
 pub struct RawHeaderMatch {
     /// Header name, case-insensitive.
+    #[schemars(regex(pattern = schema_parts::HEADER_NAME))]
     pub name: String,
     /// Regex over the header's value; absent means "header present".
     pub regex: Option<String>,
@@ -307,21 +377,25 @@ pub struct RawHeaderMatch {
 pub struct RawHealth {
     /// Consecutive counted failures before HEALTHY -> DEGRADED (default 3).
     pub degraded_after: Option<u32>,
-    /// Consecutive counted failures before -> DOWN, breaker open (default 5).
+    /// Consecutive counted failures before -> DOWN, breaker open (default 5;
+    /// at least `degraded_after`).
     pub down_after: Option<u32>,
     /// How long a DOWN target is skipped before one half-open trial (default 20s, ±20 % jitter).
     #[serde(default, deserialize_with = "duration_text")]
-    #[schemars(with = "Option<DurationText>")]
+    #[schemars(with = "Option<schema_parts::DurationText>")]
     pub open_for: Option<String>,
-    /// What to do when every target of a chain is DOWN: `trial` (default) or `fail`.
+    /// What to do when every target of a chain is DOWN or cooling down:
+    /// `trial` (default: try the least recently failed one anyway) or `fail` (503).
+    #[schemars(with = "Option<schema_parts::Names<schema_parts::AllDownChoices>>")]
     pub all_down: Option<String>,
     /// Sliding window for the failure rate (default 30s).
     #[serde(default, deserialize_with = "duration_text")]
-    #[schemars(with = "Option<DurationText>")]
+    #[schemars(with = "Option<schema_parts::DurationText>")]
     pub window: Option<String>,
     /// Fewest counted outcomes in the window before its rate is judged (default 10).
     pub min_requests: Option<u32>,
-    /// Failure rate (0.0-1.0) over the window that makes a target DEGRADED (default 0.5).
+    /// Failure rate over the window, in (0, 1], that makes a target DEGRADED (default 0.5).
+    #[schemars(range(max = 1), extend("exclusiveMinimum" = 0))]
     pub failure_rate: Option<f64>,
     /// Active probing of DOWN targets.
     pub probe: Option<RawProbe>,
@@ -333,19 +407,54 @@ pub struct RawHealth {
 pub struct RawProbe {
     /// How often a DOWN target is probed (default 60s; `0` disables).
     #[serde(default, deserialize_with = "duration_text")]
-    #[schemars(with = "Option<DurationText>")]
+    #[schemars(with = "Option<schema_parts::DurationOrOff>")]
     pub interval: Option<String>,
 }
 
-/// Schema of a duration: humantime text (`30s`, `1m 30s`) or a bare number.
-#[derive(JsonSchema)]
-#[serde(untagged)]
-#[allow(dead_code)]
-enum DurationText {
-    /// `250ms`, `30s`, `2m`.
-    Text(String),
-    /// `0` (where zero means "off").
-    Number(u64),
+/// How a task picks its first target (`strategy`). Defined with the raw
+/// types so the JSON Schema can list the names; `snapshot::Strategy` is the
+/// same type, compiled into each task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Chain order.
+    Priority,
+    /// Smooth weighted round robin by `weight`.
+    Weighted,
+    /// Each eligible target in turn.
+    RoundRobin,
+    /// Lowest peak-EWMA time to first byte.
+    Latency,
+    /// Cheapest estimated request.
+    Cost,
+}
+
+impl Strategy {
+    /// Every strategy, for parsing, messages and the JSON Schema.
+    pub const ALL: [Strategy; 5] = [
+        Strategy::Priority,
+        Strategy::Weighted,
+        Strategy::RoundRobin,
+        Strategy::Latency,
+        Strategy::Cost,
+    ];
+
+    /// Parses a `routes.yaml` name.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// The `routes.yaml` name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Priority => "priority",
+            Strategy::Weighted => "weighted",
+            Strategy::RoundRobin => "round_robin",
+            Strategy::Latency => "latency",
+            Strategy::Cost => "cost",
+        }
+    }
 }
 
 /// The JSON Schema of routes.yaml, as `schemas/routes.schema.json` holds it.
@@ -533,6 +642,201 @@ mod tests {
             !validator.is_valid(&bad),
             "unknown keys are schema errors too"
         );
+    }
+
+    fn schema_validator() -> jsonschema::Validator {
+        let schema: serde_json::Value =
+            serde_json::from_str(include_str!("../schemas/routes.schema.json")).unwrap();
+        jsonschema::validator_for(&schema).unwrap()
+    }
+
+    /// Whether `validate` (parse and compile) accepts `text`.
+    fn validate_accepts(text: &str) -> bool {
+        parse(text).is_ok_and(|parsed| {
+            crate::snapshot::compile::compile(
+                &parsed,
+                text,
+                &crate::snapshot::LiveState::default(),
+                crate::snapshot::CompileOptions::default(),
+            )
+            .is_ok()
+        })
+    }
+
+    const SCHEMA_BASE: &str = "version: 1
+providers:
+  p:
+    base_url: http://127.0.0.1:9/v1
+    timeout: 2s
+    probe: { interval: 30s }
+targets:
+  t: { provider: p, model: m, weight: 2 }
+tasks:
+  chat:
+    chain: [t]
+    strategy: priority
+    rate_limit: { rps: 5 }
+error_classes:
+  - { match: { status: 503 }, action: failover, cooldown: 5s }
+health:
+  failure_rate: 0.5
+";
+
+    #[test]
+    fn the_schema_refuses_what_validate_refuses_and_accepts_what_it_accepts() {
+        let validator = schema_validator();
+        let base: serde_json::Value = serde_yaml::from_str(SCHEMA_BASE).unwrap();
+        assert!(
+            validator.is_valid(&base),
+            "{:?}",
+            validator
+                .iter_errors(&base)
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+        );
+        assert!(validate_accepts(SCHEMA_BASE));
+        let refused = [
+            ("strategy: priority", "strategy: fastest"),
+            ("chain: [t]", "chain: []"),
+            ("    chain: [t]\n", ""),
+            ("version: 1", "version: 2"),
+            ("version: 1\n", ""),
+            ("failure_rate: 0.5", "failure_rate: 1.5"),
+            ("failure_rate: 0.5", "failure_rate: 0"),
+            ("timeout: 2s", "timeout: soon"),
+            ("timeout: 2s", "timeout: 0s"),
+            ("timeout: 2s", "timeout: 30"),
+            ("timeout: 2s", "protocol: grpc"),
+            ("action: failover", "action: explode"),
+            ("strategy: priority", "validate_tool_calls: sometimes"),
+            ("failure_rate: 0.5", "all_down: maybe"),
+            ("status: 503", "network: [wormhole]"),
+            ("status: 503", "network: []"),
+            ("status: 503", "status: []"),
+            ("status: 503", "status: 7xx"),
+            ("status: 503", "status: 503, network: [dns]"),
+            ("match: { status: 503 }, ", ""),
+            ("cooldown: 5s", "cooldown: 0s"),
+            ("rps: 5", "rps: 0"),
+            ("rps: 5", "burst: 5"),
+            ("{ rps: 5 }", "{}"),
+            (
+                "{ rps: 5 }",
+                "{ per_caller: { header: 'bad header', rps: 1 } }",
+            ),
+            ("weight: 2", "weight: 0"),
+            ("timeout: 2s", "rate_limit: { rpm: 0 }"),
+            (
+                "base_url: http://127.0.0.1:9/v1",
+                "base_url: ftp://127.0.0.1:9/v1",
+            ),
+            (
+                "base_url: http://127.0.0.1:9/v1",
+                "base_url: 'http://127.0.0.1:9/v1?x=1'",
+            ),
+            ("model: m", "model: ' '"),
+            ("version: 1", "version: 1\nlisten: localhost"),
+            ("version: 1", "version: 1\nmax_concurrent_requests: 0"),
+            (
+                "version: 1",
+                "version: 1\nsanitize: { messages: { '200': fine } }",
+            ),
+            ("timeout: 2s", "headers: { 'bad header': x }"),
+        ];
+        for (from, to) in refused {
+            assert!(SCHEMA_BASE.contains(from), "{from}");
+            let text = SCHEMA_BASE.replacen(from, to, 1);
+            let value: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+            assert!(
+                !validator.is_valid(&value),
+                "the schema accepts `{to}`:\n{text}"
+            );
+            assert!(!validate_accepts(&text), "validate accepts `{to}`:\n{text}");
+        }
+        let accepted = [
+            ("interval: 30s", "interval: 0"),
+            ("interval: 30s", "interval: '0'"),
+            ("interval: 30s", "interval: 0s"),
+            ("timeout: 2s", "timeout: 1m 30s"),
+            ("timeout: 2s", "timeout: 1.5s"),
+            ("timeout: 2s", "timeout:"),
+            ("timeout: 2s", "protocol: anthropic"),
+            ("cooldown: 5s", "cooldown: retry_after"),
+            ("status: 503", "status: [500, '4xx']"),
+            ("status: 503", "network: [dns, reset]"),
+            (
+                "{ rps: 5 }",
+                "{ per_caller: { header: x-caller, rps: 0.5, burst: 2 } }",
+            ),
+            ("strategy: priority", "strategy: round_robin"),
+            ("version: 1", "version: 1\nlisten: '[::1]:8080'"),
+        ];
+        for (from, to) in accepted {
+            assert!(SCHEMA_BASE.contains(from), "{from}");
+            let text = SCHEMA_BASE.replacen(from, to, 1);
+            let value: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+            let errors: Vec<String> = validator
+                .iter_errors(&value)
+                .map(|e| e.to_string())
+                .collect();
+            assert!(errors.is_empty(), "the schema refuses `{to}`: {errors:#?}");
+            assert!(validate_accepts(&text), "validate refuses `{to}`:\n{text}");
+        }
+    }
+
+    /// The routes files under `examples/`: the YAML documents with a
+    /// top-level `version`, and the `routes.yaml` a ConfigMap carries.
+    fn example_routes() -> Vec<(String, serde_json::Value)> {
+        fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+                    out.push(path);
+                }
+            }
+        }
+        let mut files = Vec::new();
+        walk(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples"),
+            &mut files,
+        );
+        let mut routes = Vec::new();
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for doc in serde_yaml::Deserializer::from_str(&text) {
+                let value = serde_json::Value::deserialize(doc).unwrap();
+                let name = file.display().to_string();
+                if value.get("version").is_some() {
+                    routes.push((name, value));
+                } else if let Some(inner) = value["data"]["routes.yaml"].as_str() {
+                    routes.push((
+                        format!("{name} (data.routes.yaml)"),
+                        serde_yaml::from_str(inner).unwrap(),
+                    ));
+                }
+            }
+        }
+        routes
+    }
+
+    #[test]
+    fn every_routes_file_under_examples_validates_against_the_schema() {
+        let validator = schema_validator();
+        let routes = example_routes();
+        assert!(
+            routes.len() >= 2,
+            "{:?}",
+            routes.iter().map(|r| &r.0).collect::<Vec<_>>()
+        );
+        for (name, value) in routes {
+            let errors: Vec<String> = validator
+                .iter_errors(&value)
+                .map(|e| format!("{}: {e}", e.instance_path))
+                .collect();
+            assert!(errors.is_empty(), "{name}: {errors:#?}");
+        }
     }
 
     #[test]

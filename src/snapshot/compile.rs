@@ -35,7 +35,7 @@ use crate::classify::{
 use crate::config::diagnostic::{Diagnostic, Severity};
 use crate::config::validate::Checks;
 use crate::config::{Parsed, RawConfig, RawProvider, RawRule, RawTask};
-use crate::health::{HealthConfig, TargetId};
+use crate::health::{AllDown, HealthConfig, TargetId};
 use crate::metrics::{self as m, RouteMetrics};
 use crate::ratelimit::{ProviderLimits, Rate, TaskLimiter};
 use crate::secret::Secret;
@@ -208,10 +208,10 @@ fn health_settings(raw: &RawConfig, c: &mut Checks<'_>) -> HealthConfig {
         degraded_after: h.degraded_after.unwrap_or(defaults.degraded_after).max(1),
         down_after: h.down_after.unwrap_or(defaults.down_after).max(1),
         open_for: c.duration("health.open_for", h.open_for.as_deref(), defaults.open_for),
-        all_down_trial: match h.all_down.as_deref() {
-            None | Some("trial") => true,
-            Some("fail") => false,
-            Some(other) => {
+        all_down_trial: match h.all_down.as_deref().map(|a| (a, AllDown::parse(a))) {
+            None | Some((_, Some(AllDown::Trial))) => true,
+            Some((_, Some(AllDown::Fail))) => false,
+            Some((other, None)) => {
                 c.error(
                     "health.all_down",
                     format!("unknown value `{other}`, expected `trial` or `fail`"),
