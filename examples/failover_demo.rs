@@ -59,6 +59,40 @@ fn primary_reply(scenario: &str, stream: bool) -> Reply {
     }
 }
 
+/// The demo's routes.yaml: `primary` (fast timeout, one retry) then `fallback`.
+fn demo_config(primary: &str, fallback: &str) -> String {
+    format!(
+        r#"version: 1
+providers:
+  vendor-a: {{ base_url: "{primary}", timeout: 300ms, retry: {{ max: 1, backoff: 20ms }} }}
+  vendor-b: {{ base_url: "{fallback}", timeout: 5s }}
+targets:
+  primary: {{ provider: vendor-a, model: big-model }}
+  fallback: {{ provider: vendor-b, model: small-model }}
+tasks:
+  chat:
+    aliases: [gpt-4o]
+    chain: [primary, fallback]
+    budget: {{ total_timeout: 5s, max_failovers: 1 }}
+health: {{ degraded_after: 3, down_after: 8, open_for: 1s }}
+"#
+    )
+}
+
+/// What the demo runs and the table's column heads.
+fn print_header(addr: std::net::SocketAddr) {
+    println!(
+        "switchyard on http://{addr}, task `chat` (alias gpt-4o), chain [primary -> fallback]"
+    );
+    println!(
+        "health: DEGRADED after 3 counted failures, DOWN after 8, half-open trial after 1 s\n"
+    );
+    println!(
+        "{:>2}  {:<6}  {:<30} {:>5}  {:>6}  {:<9} {:>8} {:>9} {:>5}  answer",
+        "#", "kind", "primary does", "calls", "status", "served by", "attempts", "failovers", "ms"
+    );
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let primary = Fake::start(|_, seen| {
@@ -82,27 +116,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("switchyard-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config = dir.join("routes.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"version: 1
-providers:
-  vendor-a: {{ base_url: "{}", timeout: 300ms, retry: {{ max: 1, backoff: 20ms }} }}
-  vendor-b: {{ base_url: "{}", timeout: 5s }}
-targets:
-  primary: {{ provider: vendor-a, model: big-model }}
-  fallback: {{ provider: vendor-b, model: small-model }}
-tasks:
-  chat:
-    aliases: [gpt-4o]
-    chain: [primary, fallback]
-    budget: {{ total_timeout: 5s, max_failovers: 1 }}
-health: {{ degraded_after: 3, down_after: 8, open_for: 1s }}
-"#,
-            primary.url(),
-            fallback.url()
-        ),
-    )?;
+    std::fs::write(&config, demo_config(&primary.url(), &fallback.url()))?;
 
     let gateway = Gateway::bind(
         &config,
@@ -115,16 +129,7 @@ health: {{ degraded_after: 3, down_after: 8, open_for: 1s }}
     let server = tokio::spawn(gateway.run(async {
         let _ = stopped.await;
     }));
-    println!(
-        "switchyard on http://{addr}, task `chat` (alias gpt-4o), chain [primary -> fallback]"
-    );
-    println!(
-        "health: DEGRADED after 3 counted failures, DOWN after 8, half-open trial after 1 s\n"
-    );
-    println!(
-        "{:>2}  {:<6}  {:<30} {:>5}  {:>6}  {:<9} {:>8} {:>9} {:>5}  answer",
-        "#", "kind", "primary does", "calls", "status", "served by", "attempts", "failovers", "ms"
-    );
+    print_header(addr);
 
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut n = 0;

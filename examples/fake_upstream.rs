@@ -628,31 +628,94 @@ fn error_json(status: u16, message: &str) -> Bytes {
     )
 }
 
+/// The fake's GET endpoints: health, stats, models.
+fn read_only(s: &Shared, path: &str) -> Response<FakeBody> {
+    match path {
+        "/healthz" => json_response(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ok\"}")),
+        "/stats" | "/_fake/stats" => {
+            let by_kind: serde_json::Map<String, serde_json::Value> = KINDS
+                .iter()
+                .zip(&s.by_kind)
+                .map(|(k, c)| ((*k).to_owned(), c.load(Ordering::Relaxed).into()))
+                .collect();
+            let v = serde_json::json!({
+                "requests": s.requests.load(Ordering::Relaxed), "by_kind": by_kind,
+            });
+            json_response(StatusCode::OK, Bytes::from(v.to_string()))
+        }
+        "/v1/models" | "/models" => json_response(
+            StatusCode::OK,
+            Bytes::from(
+                serde_json::json!({"object": "list", "data": [{"id": s.b.model, "object": "model", "created": 1, "owned_by": "fake"}]})
+                    .to_string(),
+            ),
+        ),
+        _ => json_response(StatusCode::NOT_FOUND, error_json(404, "not found")),
+    }
+}
+
+/// A non-streamed answer, possibly slow to start, cut or reset.
+async fn completion_reply(s: &Shared, fault: &Fault) -> Response<FakeBody> {
+    if let Some(d) = fault.slow_first {
+        tokio::time::sleep(d).await;
+    }
+    let full = s.rendered.completion.clone();
+    let cut = if fault.reset_after_headers {
+        Some(0)
+    } else {
+        fault.cut_after.map(|_| full.len() / 2)
+    };
+    let Some(keep) = cut else {
+        return json_response(StatusCode::OK, full);
+    };
+    let mut resp = json_response(StatusCode::OK, Bytes::new());
+    resp.headers_mut()
+        .insert(CONTENT_LENGTH, HeaderValue::from(full.len()));
+    *resp.body_mut() = FakeBody::Stream(StreamBody {
+        frames: Arc::new(vec![full.slice(..keep)]),
+        next: 0,
+        end: usize::from(keep > 0),
+        slow_first: None,
+        chunk_delay: Duration::ZERO,
+        sleep: None,
+        waited: false,
+        abort: true,
+    });
+    resp
+}
+
+/// A streamed answer: the rendered frames, possibly cut or reset.
+fn stream_reply(s: &Shared, fault: &Fault) -> Response<FakeBody> {
+    let chunks = fault.chunks.unwrap_or(s.b.chunks);
+    let frames = if chunks == s.b.chunks {
+        Arc::clone(&s.rendered.frames)
+    } else {
+        render(&s.b.model, chunks).frames
+    };
+    let end = if fault.reset_after_headers {
+        0
+    } else if let Some(k) = fault.cut_after {
+        // role chunk + k content chunks
+        (1 + k).min(frames.len())
+    } else {
+        frames.len()
+    };
+    sse_response(FakeBody::Stream(StreamBody {
+        frames,
+        next: 0,
+        end,
+        slow_first: fault.slow_first,
+        chunk_delay: fault.chunk_delay.unwrap_or(s.b.chunk_delay),
+        sleep: None,
+        waited: false,
+        abort: fault.reset_after_headers || fault.cut_after.is_some(),
+    }))
+}
+
 async fn serve(s: Arc<Shared>, req: Request<Incoming>) -> Result<Response<FakeBody>, Abort> {
     let path = req.uri().path();
     if req.method() != Method::POST {
-        return Ok(match path {
-            "/healthz" => json_response(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ok\"}")),
-            "/stats" | "/_fake/stats" => {
-                let by_kind: serde_json::Map<String, serde_json::Value> = KINDS
-                    .iter()
-                    .zip(&s.by_kind)
-                    .map(|(k, c)| ((*k).to_owned(), c.load(Ordering::Relaxed).into()))
-                    .collect();
-                let v = serde_json::json!({
-                    "requests": s.requests.load(Ordering::Relaxed), "by_kind": by_kind,
-                });
-                json_response(StatusCode::OK, Bytes::from(v.to_string()))
-            }
-            "/v1/models" | "/models" => json_response(
-                StatusCode::OK,
-                Bytes::from(
-                    serde_json::json!({"object": "list", "data": [{"id": s.b.model, "object": "model", "created": 1, "owned_by": "fake"}]})
-                        .to_string(),
-                ),
-            ),
-            _ => json_response(StatusCode::NOT_FOUND, error_json(404, "not found")),
-        });
+        return Ok(read_only(&s, path));
     }
     if !path.ends_with("/chat/completions") {
         return Ok(json_response(
@@ -732,58 +795,10 @@ async fn serve(s: Arc<Shared>, req: Request<Incoming>) -> Result<Response<FakeBo
         return Ok(json_response(StatusCode::OK, err));
     }
     if !stream {
-        if let Some(d) = fault.slow_first {
-            tokio::time::sleep(d).await;
-        }
-        let full = s.rendered.completion.clone();
-        let cut = if fault.reset_after_headers {
-            Some(0)
-        } else {
-            fault.cut_after.map(|_| full.len() / 2)
-        };
-        let Some(keep) = cut else {
-            return Ok(json_response(StatusCode::OK, full));
-        };
-        let mut resp = json_response(StatusCode::OK, Bytes::new());
-        resp.headers_mut()
-            .insert(CONTENT_LENGTH, HeaderValue::from(full.len()));
-        *resp.body_mut() = FakeBody::Stream(StreamBody {
-            frames: Arc::new(vec![full.slice(..keep)]),
-            next: 0,
-            end: usize::from(keep > 0),
-            slow_first: None,
-            chunk_delay: Duration::ZERO,
-            sleep: None,
-            waited: false,
-            abort: true,
-        });
-        return Ok(resp);
+        return Ok(completion_reply(&s, &fault).await);
     }
 
-    let chunks = fault.chunks.unwrap_or(s.b.chunks);
-    let frames = if chunks == s.b.chunks {
-        Arc::clone(&s.rendered.frames)
-    } else {
-        render(&s.b.model, chunks).frames
-    };
-    let end = if fault.reset_after_headers {
-        0
-    } else if let Some(k) = fault.cut_after {
-        // role chunk + k content chunks
-        (1 + k).min(frames.len())
-    } else {
-        frames.len()
-    };
-    Ok(sse_response(FakeBody::Stream(StreamBody {
-        frames,
-        next: 0,
-        end,
-        slow_first: fault.slow_first,
-        chunk_delay: fault.chunk_delay.unwrap_or(s.b.chunk_delay),
-        sleep: None,
-        waited: false,
-        abort: fault.reset_after_headers || fault.cut_after.is_some(),
-    })))
+    Ok(stream_reply(&s, &fault))
 }
 
 fn sse_response(body: FakeBody) -> Response<FakeBody> {

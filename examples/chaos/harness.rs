@@ -275,22 +275,7 @@ impl Report {
 /// # Panics
 /// If the gateway or a fake cannot start.
 pub async fn run(p: Params) -> Report {
-    // The fake's whole default mix, but a 429 (which cools the target down
-    // for its Retry-After of 1 s) a third as often as the other faults, so
-    // that the faulty targets are not cooling down most of the time.
-    let mix: Vec<fu::Fault> = {
-        let all = fu::parse_mix(fu::DEFAULT_MIX).expect("default mix");
-        let (rate_limits, others): (Vec<_>, Vec<_>) =
-            all.into_iter().partition(|f| f.status == Some(429));
-        let mut mix: Vec<_> = others
-            .iter()
-            .chain(&others)
-            .chain(&others)
-            .cloned()
-            .collect();
-        mix.extend(rate_limits);
-        mix
-    };
+    let mix = fault_mix();
     let behaviour = |name: &str, rate: f64, seed: u64| Behaviour {
         mix: mix.clone(),
         model: format!("model-{name}"),
@@ -317,15 +302,7 @@ pub async fn run(p: Params) -> Report {
     let dir = tempfile::tempdir().expect("temp dir");
     let config_path: PathBuf = dir.path().join("routes.yaml");
     std::fs::write(&config_path, config(&urls, 0)).expect("write config");
-    let gw = Gateway::bind(&config_path, Some(any), CompileOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("gateway did not start:\n{e}"));
-    let gw_addr = gw.local_addr().expect("gateway address");
-    let app = gw.app();
-    let (stop_gw, stopped) = tokio::sync::oneshot::channel::<()>();
-    let gw_task = tokio::spawn(gw.run(async {
-        let _ = stopped.await;
-    }));
+    let (gw_addr, app, stop_gw, gw_task) = start_gateway(&config_path).await;
 
     let shared = Arc::new(Shared {
         upstreams: Mutex::new([Some(a), Some(b), Some(c)]),
@@ -339,33 +316,16 @@ pub async fn run(p: Params) -> Report {
 
     // Reloads for the whole run, warm-up included.
     let reload_stop = Arc::new(AtomicBool::new(false));
-    let reloader = {
-        let stop = Arc::clone(&reload_stop);
-        let path = config_path.clone();
-        let urls = urls.clone();
-        let every = p.reload_every;
-        tokio::spawn(async move {
-            let mut n = 0usize;
-            while !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(every).await;
-                n += 1;
-                let tmp = path.with_extension("yaml.tmp");
-                std::fs::write(&tmp, config(&urls, n % 2)).expect("write config");
-                std::fs::rename(&tmp, &path).expect("rename config");
-            }
-            n
-        })
-    };
+    let reloader = start_reloader(
+        Arc::clone(&reload_stop),
+        config_path.clone(),
+        urls.clone(),
+        p.reload_every,
+    );
 
-    let scraper = p.scrape_every.map(|every| {
-        let app = Arc::clone(&app);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                let _ = app.metrics().render();
-            }
-        })
-    });
+    let scraper = p
+        .scrape_every
+        .map(|every| start_scraper(Arc::clone(&app), every));
 
     // Warm-up, then the start measurements with every connection closed.
     clients_phase(&shared, gw_addr, &p, p.warmup, usize::MAX / 2).await;
@@ -376,38 +336,13 @@ pub async fn run(p: Params) -> Report {
 
     // The measured phase, with the kill.
     let started = Instant::now();
-    let killer = {
-        let shared = Arc::clone(&shared);
-        let kill_after = p.duration.mul_f64(p.kill_at.clamp(0.0, 1.0));
-        let down_for = p.down_for;
-        let b = behaviour("a", p.fault_rate, p.seed.wrapping_add(1));
-        tokio::spawn(async move {
-            tokio::time::sleep(kill_after).await;
-            let victim = shared.upstreams.lock()[0].take();
-            shared.kill.lock().from = Some(Instant::now());
-            if let Some(v) = victim {
-                *shared.killed_stats.lock() = v.stats();
-                v.kill().await;
-            }
-            let killed_at = started.elapsed();
-            tokio::time::sleep(down_for).await;
-            let mut tries = 0;
-            let up = loop {
-                match Upstream::start(a_addr, b.clone()).await {
-                    Ok(up) => break up,
-                    Err(e) if tries < 50 => {
-                        tries += 1;
-                        let _ = e;
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    Err(e) => panic!("cannot restart chaos-a on {a_addr}: {e}"),
-                }
-            };
-            shared.upstreams.lock()[0] = Some(up);
-            shared.kill.lock().to = Some(Instant::now());
-            (killed_at, started.elapsed())
-        })
-    };
+    let killer = start_killer(
+        Arc::clone(&shared),
+        started,
+        p.duration.mul_f64(p.kill_at.clamp(0.0, 1.0)),
+        p.down_for,
+        (a_addr, behaviour("a", p.fault_rate, p.seed.wrapping_add(1))),
+    );
     clients_phase(&shared, gw_addr, &p, p.duration, 0).await;
     let (killed_at, restarted_at) = killer.await.expect("killer");
     let elapsed = started.elapsed();
@@ -416,19 +351,7 @@ pub async fn run(p: Params) -> Report {
     let (fds1, rss1) = quiesce(&shared).await;
 
     let metrics = render();
-    let mut stats: Vec<fu::Stats> = shared
-        .upstreams
-        .lock()
-        .iter()
-        .map(|u| u.as_ref().map(Upstream::stats).unwrap_or_default())
-        .collect();
-    {
-        let before = shared.killed_stats.lock();
-        stats[0].requests += before.requests;
-        for (n, b) in stats[0].by_kind.iter_mut().zip(before.by_kind) {
-            *n += b;
-        }
-    }
+    let stats = upstream_stats(&shared);
     if let Some(s) = scraper {
         s.abort();
     }
@@ -461,6 +384,131 @@ pub async fn run(p: Params) -> Report {
         fds: (fds0, fds1),
         rss_kib: (rss0, rss1),
     }
+}
+
+/// The gateway on `config` (port 0): its address, state, stop signal and task.
+async fn start_gateway(
+    config: &std::path::Path,
+) -> (
+    SocketAddr,
+    Arc<switchyard::state::App>,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), switchyard::server::StartError>>,
+) {
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("literal");
+    let gw = Gateway::bind(config, Some(any), CompileOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("gateway did not start:\n{e}"));
+    let addr = gw.local_addr().expect("gateway address");
+    let app = gw.app();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(gw.run(async {
+        let _ = stopped.await;
+    }));
+    (addr, app, stop, task)
+}
+
+/// Renders the gateway's metrics every `every`, as a Prometheus scrape would.
+fn start_scraper(app: Arc<switchyard::state::App>, every: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            let _ = app.metrics().render();
+        }
+    })
+}
+
+/// The fake's whole default mix, but a 429 (which cools the target down for
+/// its Retry-After of 1 s) a third as often as the other faults, so that the
+/// faulty targets are not cooling down most of the time.
+fn fault_mix() -> Vec<fu::Fault> {
+    let all = fu::parse_mix(fu::DEFAULT_MIX).expect("default mix");
+    let (rate_limits, others): (Vec<_>, Vec<_>) =
+        all.into_iter().partition(|f| f.status == Some(429));
+    let mut mix: Vec<_> = others
+        .iter()
+        .chain(&others)
+        .chain(&others)
+        .cloned()
+        .collect();
+    mix.extend(rate_limits);
+    mix
+}
+
+/// Rewrites the config at `path` every `every` (alternating two variants)
+/// until `stop`; the task returns how many times it wrote.
+fn start_reloader(
+    stop: Arc<AtomicBool>,
+    path: PathBuf,
+    urls: [String; 3],
+    every: Duration,
+) -> tokio::task::JoinHandle<usize> {
+    tokio::spawn(async move {
+        let mut n = 0usize;
+        while !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(every).await;
+            n += 1;
+            let tmp = path.with_extension("yaml.tmp");
+            std::fs::write(&tmp, config(&urls, n % 2)).expect("write config");
+            std::fs::rename(&tmp, &path).expect("rename config");
+        }
+        n
+    })
+}
+
+/// Kills `chaos-a` after `kill_after`, restarts it on the same address with
+/// `restart.1` after `down_for`; the task returns when each happened (since
+/// `started`).
+fn start_killer(
+    shared: Arc<Shared>,
+    started: Instant,
+    kill_after: Duration,
+    down_for: Duration,
+    restart: (SocketAddr, Behaviour),
+) -> tokio::task::JoinHandle<(Duration, Duration)> {
+    let (a_addr, b) = restart;
+    tokio::spawn(async move {
+        tokio::time::sleep(kill_after).await;
+        let victim = shared.upstreams.lock()[0].take();
+        shared.kill.lock().from = Some(Instant::now());
+        if let Some(v) = victim {
+            *shared.killed_stats.lock() = v.stats();
+            v.kill().await;
+        }
+        let killed_at = started.elapsed();
+        tokio::time::sleep(down_for).await;
+        let mut tries = 0;
+        let up = loop {
+            match Upstream::start(a_addr, b.clone()).await {
+                Ok(up) => break up,
+                Err(e) if tries < 50 => {
+                    tries += 1;
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("cannot restart chaos-a on {a_addr}: {e}"),
+            }
+        };
+        shared.upstreams.lock()[0] = Some(up);
+        shared.kill.lock().to = Some(Instant::now());
+        (killed_at, started.elapsed())
+    })
+}
+
+/// Each fake's stats, `chaos-a`'s from before its kill added in.
+fn upstream_stats(shared: &Shared) -> Vec<fu::Stats> {
+    let mut stats: Vec<fu::Stats> = shared
+        .upstreams
+        .lock()
+        .iter()
+        .map(|u| u.as_ref().map(Upstream::stats).unwrap_or_default())
+        .collect();
+    let before = shared.killed_stats.lock();
+    stats[0].requests += before.requests;
+    for (n, b) in stats[0].by_kind.iter_mut().zip(before.by_kind) {
+        *n += b;
+    }
+    stats
 }
 
 /// Closes every connection (the fakes drop theirs; the clients are gone), lets
@@ -652,14 +700,20 @@ struct Check<'a> {
 }
 
 impl Check<'_> {
+    /// Whether one of target `i`'s attempts met no fault.
+    fn clean(&self, i: usize) -> bool {
+        self.journal[i].iter().any(|s| s.kind == 0)
+    }
+
+    /// Whether the request ran (nearly) to its deadline.
+    fn at_deadline(&self) -> bool {
+        self.elapsed + Duration::from_millis(30) >= self.total
+    }
+
     /// Classifies an answer, or says which expectation it broke.
     fn answer(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> Result<End, String> {
-        let content_type = header(headers, "content-type");
         let attempts: Option<usize> = header(headers, "x-switchyard-attempts").parse().ok();
         let seen: usize = self.journal.iter().map(Vec::len).sum();
-        let clean = |i: usize| self.journal[i].iter().any(|s| s.kind == 0);
-        let any_clean = (0..3).any(clean);
-        let at_deadline = self.elapsed + Duration::from_millis(30) >= self.total;
         if !self.killed {
             if let Some(a) = attempts {
                 if a != seen {
@@ -670,55 +724,73 @@ impl Check<'_> {
             }
         }
         if status == 200 {
-            let target = header(headers, "x-switchyard-target");
-            let Some(t) = TARGETS.iter().position(|t| *t == target) else {
-                return Err(format!("200 from unknown target {target:?}"));
-            };
-            let model = format!("model-{}", &target[6..]);
-            let faulty_200 = || {
-                (!self.killed && !clean(t))
-                    .then(|| format!("complete 200 from {target}, whose attempts all had a fault"))
-            };
-            if self.stream {
-                if !content_type.starts_with("text/event-stream") {
-                    return Err(format!(
-                        "stream answered with content-type {content_type:?}"
-                    ));
-                }
-                let text = std::str::from_utf8(body).map_err(|_| "stream is not UTF-8")?;
-                let complete = parse_stream(text, self.chunks, &model)?;
-                if complete {
-                    return faulty_200().map_or(Ok(End::Ok), Err);
-                }
-                // Cut after the commit point: only an upstream that cut its
-                // stream (or died) may cause that, never healthy `chaos-c`.
-                let cut = self.journal[t].iter().any(|s| KINDS[s.kind] == "cut-after");
-                if t == 2 || !(cut || self.killed || at_deadline) {
-                    return Err(format!(
-                        "stream from {target} interrupted, but it did not cut it"
-                    ));
-                }
-                return Ok(End::Interrupted);
-            }
-            if !content_type.starts_with("application/json") {
-                return Err(format!("answer with content-type {content_type:?}"));
-            }
-            let v: Value = serde_json::from_slice(body).map_err(|_| "200 body is not JSON")?;
-            let content = v["choices"][0]["message"]["content"].as_str().unwrap_or("");
-            let expected: String = (0..self.chunks).map(|i| format!("[seq {i}] ")).collect();
-            if content != expected || v["model"] != model.as_str() {
-                return Err("200 body is not the upstream's whole answer".to_owned());
-            }
-            return faulty_200().map_or(Ok(End::Ok), Err);
+            self.success(headers, body)
+        } else {
+            self.failure(status, headers, body, attempts)
         }
+    }
 
-        // An error: OpenAI format, a status that fits its cause.
+    /// A 200: whole, from a target that was not faulty, or cut only where an
+    /// upstream cut it.
+    fn success(&self, headers: &HeaderMap, body: &[u8]) -> Result<End, String> {
+        let content_type = header(headers, "content-type");
+        let target = header(headers, "x-switchyard-target");
+        let Some(t) = TARGETS.iter().position(|t| *t == target) else {
+            return Err(format!("200 from unknown target {target:?}"));
+        };
+        let model = format!("model-{}", &target[6..]);
+        let faulty_200 = || {
+            (!self.killed && !self.clean(t))
+                .then(|| format!("complete 200 from {target}, whose attempts all had a fault"))
+        };
+        if self.stream {
+            if !content_type.starts_with("text/event-stream") {
+                return Err(format!(
+                    "stream answered with content-type {content_type:?}"
+                ));
+            }
+            let text = std::str::from_utf8(body).map_err(|_| "stream is not UTF-8")?;
+            let complete = parse_stream(text, self.chunks, &model)?;
+            if complete {
+                return faulty_200().map_or(Ok(End::Ok), Err);
+            }
+            // Cut after the commit point: only an upstream that cut its
+            // stream (or died) may cause that, never healthy `chaos-c`.
+            let cut = self.journal[t].iter().any(|s| KINDS[s.kind] == "cut-after");
+            if t == 2 || !(cut || self.killed || self.at_deadline()) {
+                return Err(format!(
+                    "stream from {target} interrupted, but it did not cut it"
+                ));
+            }
+            return Ok(End::Interrupted);
+        }
+        if !content_type.starts_with("application/json") {
+            return Err(format!("answer with content-type {content_type:?}"));
+        }
+        let v: Value = serde_json::from_slice(body).map_err(|_| "200 body is not JSON")?;
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap_or("");
+        let expected: String = (0..self.chunks).map(|i| format!("[seq {i}] ")).collect();
+        if content != expected || v["model"] != model.as_str() {
+            return Err("200 body is not the upstream's whole answer".to_owned());
+        }
+        faulty_200().map_or(Ok(End::Ok), Err)
+    }
+
+    /// An error: OpenAI format, a status that fits its cause.
+    fn failure(
+        &self,
+        status: u16,
+        headers: &HeaderMap,
+        body: &[u8],
+        attempts: Option<usize>,
+    ) -> Result<End, String> {
+        let content_type = header(headers, "content-type");
         if !self.risky {
             return Err(format!(
                 "chaos-safe request failed ({status}) though chaos-c is always healthy"
             ));
         }
-        if any_clean && !self.killed && !at_deadline {
+        if (0..3).any(|i| self.clean(i)) && !self.killed && !self.at_deadline() {
             return Err("failed though one of its attempts met no fault".to_owned());
         }
         if !content_type.starts_with("application/json") {
@@ -735,52 +807,7 @@ impl Check<'_> {
             return Err(format!("code {code} with status {status}"));
         }
         match status {
-            502 => {
-                if attempts == Some(0) {
-                    return Err(
-                        "502 all_targets_failed, but no target was tried (expected 503 no_target_available)"
-                            .to_owned(),
-                    );
-                }
-                if self.elapsed >= self.total {
-                    return Err("502 past the deadline (expected 504)".to_owned());
-                }
-                let statuses: Vec<u16> = self
-                    .journal
-                    .iter()
-                    .flatten()
-                    .filter_map(|s| match KINDS[s.kind] {
-                        "status" => s.status,
-                        _ => None,
-                    })
-                    .collect();
-                // An in-band error (a 200 whose body is `{"error": {"code": 503}}`)
-                // is named as 200 (plain) or as its code (stream).
-                let in_band = self
-                    .journal
-                    .iter()
-                    .flatten()
-                    .any(|s| KINDS[s.kind] == "error-200");
-                let statuses: Vec<u16> = if in_band {
-                    statuses.into_iter().chain([200, 503]).collect()
-                } else {
-                    statuses
-                };
-                let named: Option<u16> = message
-                    .split("last upstream status ")
-                    .nth(1)
-                    .and_then(|r| r.get(..3))
-                    .and_then(|d| d.parse().ok());
-                match named {
-                    Some(s) if !statuses.contains(&s) && !self.killed => {
-                        return Err(format!("502 names status {s}, which no attempt got"))
-                    }
-                    None if !statuses.is_empty() => {
-                        return Err("502 does not name the upstream status".to_owned())
-                    }
-                    _ => {}
-                }
-            }
+            502 => self.all_failed(attempts, &message)?,
             504 if self.elapsed + Duration::from_millis(5) < self.total => {
                 return Err(format!(
                     "504 deadline_exceeded after {:?}, before total_timeout",
@@ -790,6 +817,53 @@ impl Check<'_> {
             _ => {}
         }
         Ok(End::Error(status, code))
+    }
+
+    /// A 502 `all_targets_failed`: something was tried, before the deadline,
+    /// and the status it names is one an attempt got.
+    fn all_failed(&self, attempts: Option<usize>, message: &str) -> Result<(), String> {
+        if attempts == Some(0) {
+            return Err(
+                "502 all_targets_failed, but no target was tried (expected 503 no_target_available)"
+                    .to_owned(),
+            );
+        }
+        if self.elapsed >= self.total {
+            return Err("502 past the deadline (expected 504)".to_owned());
+        }
+        let statuses: Vec<u16> = self
+            .journal
+            .iter()
+            .flatten()
+            .filter_map(|s| match KINDS[s.kind] {
+                "status" => s.status,
+                _ => None,
+            })
+            .collect();
+        // An in-band error (a 200 whose body is `{"error": {"code": 503}}`)
+        // is named as 200 (plain) or as its code (stream).
+        let in_band = self
+            .journal
+            .iter()
+            .flatten()
+            .any(|s| KINDS[s.kind] == "error-200");
+        let statuses: Vec<u16> = if in_band {
+            statuses.into_iter().chain([200, 503]).collect()
+        } else {
+            statuses
+        };
+        let named: Option<u16> = message
+            .split("last upstream status ")
+            .nth(1)
+            .and_then(|r| r.get(..3))
+            .and_then(|d| d.parse().ok());
+        match named {
+            Some(s) if !statuses.contains(&s) && !self.killed => {
+                Err(format!("502 names status {s}, which no attempt got"))
+            }
+            None if !statuses.is_empty() => Err("502 does not name the upstream status".to_owned()),
+            _ => Ok(()),
+        }
     }
 }
 
