@@ -212,7 +212,7 @@ pub fn reload_now(app: &App) -> bool {
 
 /// The prepare half of a reload: reads and compiles the file against the
 /// live state, and refuses it if it would leave a provider without its key
-/// (see [`keeps_keys`]). Nothing changes either way.
+/// (see `keeps_keys`). Nothing changes either way.
 ///
 /// # Errors
 /// Every problem of the file, or the providers whose key it would lose.
