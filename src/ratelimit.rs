@@ -74,7 +74,14 @@ pub struct Rate {
 }
 
 impl Rate {
-    /// The governor quota, `None` for a rate that is not a positive number.
+    /// Whether a bucket can hold this rate: positive, and neither so slow
+    /// nor so fast that the time between two tokens is not a `Duration`.
+    #[must_use]
+    pub fn is_usable(self) -> bool {
+        self.quota().is_some()
+    }
+
+    /// The governor quota, `None` for a rate that is not usable.
     fn quota(self) -> Option<Quota> {
         if !(self.rps.is_finite() && self.rps > 0.0) {
             return None;
@@ -83,7 +90,8 @@ impl Rate {
         let burst = self
             .burst
             .unwrap_or_else(|| self.rps.ceil().min(f64::from(u32::MAX)) as u32);
-        quota(Duration::from_secs_f64(1.0 / self.rps), burst)
+        // `from_secs_f64` would panic on a period too long to represent.
+        quota(Duration::try_from_secs_f64(1.0 / self.rps).ok()?, burst)
     }
 }
 
@@ -278,5 +286,10 @@ mod tests {
             burst: None,
         };
         assert!(TaskLimiter::new(Some(zero), None).is_none());
+        for rps in [1e-300, 1e300] {
+            let rate = Rate { rps, burst: None };
+            assert!(!rate.is_usable(), "{rps}");
+            assert!(TaskLimiter::new(Some(rate), None).is_none());
+        }
     }
 }

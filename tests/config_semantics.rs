@@ -177,6 +177,11 @@ fn rate_limit_shapes_that_limit_nothing_or_misplace_burst_are_errors() {
             "{ per_caller: { header: 'bad header', rps: 1 } }",
             "bad header name",
         ),
+        ("{ rps: 1e-300 }", "too small or too large"),
+        (
+            "{ per_caller: { header: x-caller, rps: 1e300 } }",
+            "too small or too large",
+        ),
     ] {
         let text = format!("{base}    rate_limit: {limit}\n");
         let joined: String = compile_errors(&text)

@@ -949,11 +949,16 @@ fn task_limits(
     let rl = t.rate_limit.as_ref()?;
     let lpath = format!("{path}.rate_limit");
     let positive = |c: &mut Checks<'_>, key: &str, rps: f64| {
-        let ok = rps.is_finite() && rps > 0.0;
-        if !ok {
+        let usable = Rate { rps, burst: None }.is_usable();
+        if !(rps.is_finite() && rps > 0.0) {
             c.error(&format!("{lpath}.{key}"), "rps must be greater than zero");
+        } else if !usable {
+            c.error(
+                &format!("{lpath}.{key}"),
+                format!("rps {rps} is too small or too large for a token bucket"),
+            );
         }
-        ok
+        usable
     };
     let task_rate = rl.rps.map(|rps| Rate {
         rps,
