@@ -39,7 +39,7 @@ pub enum NetworkKind {
 }
 
 impl NetworkKind {
-    /// Every kind, for validation messages.
+    /// Every kind, for validation messages and the JSON Schema.
     pub const ALL: [NetworkKind; 6] = [
         NetworkKind::Connect,
         NetworkKind::Reset,
@@ -98,15 +98,23 @@ pub enum Action {
 }
 
 impl Action {
+    /// Every action, for parsing and the JSON Schema.
+    pub const ALL: [Action; 3] = [Action::Retry, Action::Failover, Action::Return];
+
+    /// The `routes.yaml` name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Retry => "retry",
+            Action::Failover => "failover",
+            Action::Return => "return",
+        }
+    }
+
     /// Parses a `routes.yaml` name.
     #[must_use]
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "retry" => Some(Action::Retry),
-            "failover" => Some(Action::Failover),
-            "return" => Some(Action::Return),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|a| a.as_str() == s)
     }
 }
 

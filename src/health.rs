@@ -22,6 +22,35 @@ use std::time::Duration;
 use parking_lot::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
+/// What a chain whose targets are all DOWN does (`health.all_down`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllDown {
+    /// Try the least recently failed target anyway.
+    Trial,
+    /// Answer 503.
+    Fail,
+}
+
+impl AllDown {
+    /// Every choice, for parsing and the JSON Schema.
+    pub const ALL: [AllDown; 2] = [AllDown::Trial, AllDown::Fail];
+
+    /// The `routes.yaml` name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AllDown::Trial => "trial",
+            AllDown::Fail => "fail",
+        }
+    }
+
+    /// Parses a `routes.yaml` name.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.as_str() == s)
+    }
+}
+
 /// Health thresholds and timing, from `health:` in routes.yaml.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HealthConfig {

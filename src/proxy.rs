@@ -4,8 +4,8 @@
 //! 1. **parse** ([`ChatRequest::parse`]): the body becomes a typed view (400 naming the field).
 //! 2. **route** ([`route`]): a task by `x-task-type`, else `model` (name or
 //!    alias), else `default_task` (404 if none).
-//! 3. **front door** ([`front_door`]): the task's and the caller's token
-//!    buckets (429 with `Retry-After`, nothing sent upstream).
+//! 3. **front door** ([`front_door`]): the caller's token bucket, then the
+//!    task's (429 with `Retry-After`, nothing sent upstream).
 //! 4. **plan** ([`routing::plan`]): the chain filtered and ordered; 400
 //!    `no_eligible_target` when no target could ever take the request.
 //! 5. **walk** ([`Walk::run`]): [`routing::Admission`] hands out the next
@@ -28,6 +28,7 @@ pub mod continuation;
 pub mod respond;
 pub mod stream;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,10 +55,13 @@ use stream::Relay;
 /// Longest backoff between two retries of one target.
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
 
-/// Handles one chat completion request against `snapshot`.
+/// Handles one chat completion request from `peer` (the client's address,
+/// which keys its rate-limit bucket when it sends no caller header) against
+/// `snapshot`.
 pub async fn chat_completions(
     snapshot: Arc<Snapshot>,
     headers: &HeaderMap,
+    peer: IpAddr,
     body: Bytes,
     request_id: HeaderValue,
     arrival: Instant,
@@ -76,7 +80,7 @@ pub async fn chat_completions(
         Ok(task) => Arc::clone(task),
         Err(e) => return rejected(&snapshot, &e, &request_id),
     };
-    if let Err(e) = front_door(&snapshot, &task, headers) {
+    if let Err(e) = front_door(&snapshot, &task, headers, peer) {
         let resp = respond::plain_error(&e, &request_id);
         account::answered(&task, None, resp.status().as_u16(), arrival);
         return resp;
@@ -154,15 +158,21 @@ fn route<'s>(
         })
 }
 
-/// Step 3: the task's client-facing buckets.
+/// Step 3: the task's client-facing buckets: the caller's own (by header,
+/// else by `peer`), then the task-wide one.
 ///
 /// # Errors
 /// 429 with the wait until the bucket admits a request.
-fn front_door(snapshot: &Snapshot, task: &Task, headers: &HeaderMap) -> Result<(), GatewayError> {
+fn front_door(
+    snapshot: &Snapshot,
+    task: &Task,
+    headers: &HeaderMap,
+    peer: IpAddr,
+) -> Result<(), GatewayError> {
     let Some(limiter) = &task.rate_limit else {
         return Ok(());
     };
-    limiter.admit(headers).map_err(|(wait, scope)| {
+    limiter.admit(headers, peer).map_err(|(wait, scope)| {
         snapshot.rate_limited.increment(scope, 1);
         GatewayError::RateLimited(wait)
     })

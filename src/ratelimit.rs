@@ -1,7 +1,9 @@
-//! Token buckets (governor): a task's client-facing bucket and its per-caller
-//! buckets, and a provider account's requests- and tokens-per-minute buckets.
+//! Token buckets (governor): a task's client-facing buckets (task-wide and
+//! per caller, each at its own rate), and a provider account's requests- and
+//! tokens-per-minute buckets.
 //! Routing asks them; it never keeps counts of its own.
 
+use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
@@ -69,64 +71,129 @@ impl ProviderLimits {
     }
 }
 
-/// A task's client-facing buckets: one for the task, optionally one per caller.
-#[derive(Debug)]
-pub struct TaskLimiter {
-    all: DefaultDirectRateLimiter,
-    per_caller: Option<(http::HeaderName, DefaultKeyedRateLimiter<String>, usize)>,
+/// One bucket's rate: `rps` sustained (fractional allowed), `burst` at once
+/// (default: `rps` rounded up).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    /// Sustained requests per second.
+    pub rps: f64,
+    /// Requests allowed at once; `None` for `rps` rounded up.
+    pub burst: Option<u32>,
 }
 
-impl TaskLimiter {
-    /// `rps` sustained (fractional allowed), `burst` at once; per caller by
-    /// `header` with at most `max_callers` tracked. `None` for a zero rate.
+impl Rate {
+    /// Whether a bucket can hold this rate: positive, and neither so slow
+    /// nor so fast that the time between two tokens is not a `Duration`.
     #[must_use]
-    pub fn new(
-        rps: f64,
-        burst: Option<u32>,
-        per_caller: Option<(http::HeaderName, usize)>,
-    ) -> Option<Self> {
-        if !(rps.is_finite() && rps > 0.0) {
+    pub fn is_usable(self) -> bool {
+        self.quota().is_some()
+    }
+
+    /// The governor quota, `None` for a rate that is not usable.
+    fn quota(self) -> Option<Quota> {
+        if !(self.rps.is_finite() && self.rps > 0.0) {
             return None;
         }
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let burst = burst.unwrap_or_else(|| rps.ceil().min(f64::from(u32::MAX)) as u32);
-        let q = quota(Duration::from_secs_f64(1.0 / rps), burst)?;
-        Some(Self {
-            all: governor::RateLimiter::direct(q),
-            per_caller: per_caller.map(|(h, max)| (h, governor::RateLimiter::keyed(q), max)),
-        })
+        let burst = self
+            .burst
+            .unwrap_or_else(|| self.rps.ceil().min(f64::from(u32::MAX)) as u32);
+        // `from_secs_f64` would panic on a period too long to represent.
+        quota(Duration::try_from_secs_f64(1.0 / self.rps).ok()?, burst)
+    }
+}
+
+/// Who a per-caller bucket belongs to. The two kinds never share a bucket,
+/// so a header value that spells an address cannot drain that address's bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Caller {
+    /// The value of the caller header (at most 256 characters).
+    Header(String),
+    /// The client's address, for requests without the header.
+    Addr(IpAddr),
+}
+
+/// The per-caller buckets of a task.
+#[derive(Debug)]
+struct Callers {
+    header: http::HeaderName,
+    buckets: DefaultKeyedRateLimiter<Caller>,
+    max: usize,
+}
+
+/// A task's client-facing buckets: optionally one for the whole task, and
+/// optionally one per caller, each with its own rate.
+#[derive(Debug)]
+pub struct TaskLimiter {
+    all: Option<DefaultDirectRateLimiter>,
+    per_caller: Option<Callers>,
+}
+
+impl TaskLimiter {
+    /// A task-wide bucket at `task` (if any) and, if `per_caller` is given,
+    /// one bucket per value of its header at its own rate, at most
+    /// `max_callers` tracked. `None` when a given rate is not positive or
+    /// neither bucket is asked for.
+    #[must_use]
+    pub fn new(
+        task: Option<Rate>,
+        per_caller: Option<(http::HeaderName, Rate, usize)>,
+    ) -> Option<Self> {
+        let all = match task {
+            Some(rate) => Some(governor::RateLimiter::direct(rate.quota()?)),
+            None => None,
+        };
+        let per_caller = match per_caller {
+            Some((header, rate, max)) => Some(Callers {
+                header,
+                buckets: governor::RateLimiter::keyed(rate.quota()?),
+                max: max.max(1),
+            }),
+            None => None,
+        };
+        (all.is_some() || per_caller.is_some()).then_some(Self { all, per_caller })
     }
 
-    /// Admits one request, or says how long to wait (for `Retry-After`).
+    /// Admits one request from `peer`, or says how long to wait (for
+    /// `Retry-After`). The caller's own bucket is asked first: a caller over
+    /// its limit is refused without taking anything from the task-wide bucket,
+    /// so it cannot starve other callers. A request without the caller header
+    /// (or with an empty one) is keyed by `peer`.
     ///
     /// # Errors
     /// The wait until the bucket admits a request, and which bucket (`task` or `caller`).
-    pub fn admit(&self, headers: &http::HeaderMap) -> Result<(), (Duration, &'static str)> {
+    pub fn admit(
+        &self,
+        headers: &http::HeaderMap,
+        peer: IpAddr,
+    ) -> Result<(), (Duration, &'static str)> {
         let clock = governor::clock::DefaultClock::default();
-        if let Some((header, keyed, max)) = &self.per_caller {
+        let wait = |not_until: governor::NotUntil<_>| {
+            not_until.wait_time_from(governor::clock::Clock::now(&clock))
+        };
+        if let Some(callers) = &self.per_caller {
             let key = headers
-                .get(header)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .chars()
-                .take(256)
-                .collect::<String>();
-            if keyed.len() >= *max {
-                keyed.retain_recent();
+                .get(&callers.header)
+                .map(|v| {
+                    String::from_utf8_lossy(v.as_bytes())
+                        .chars()
+                        .take(256)
+                        .collect::<String>()
+                })
+                .filter(|v| !v.is_empty())
+                .map_or_else(|| Caller::Addr(peer.to_canonical()), Caller::Header);
+            if callers.buckets.len() >= callers.max {
+                callers.buckets.retain_recent();
             }
-            if let Err(not_until) = keyed.check_key(&key) {
-                return Err((
-                    not_until.wait_time_from(governor::clock::Clock::now(&clock)),
-                    "caller",
-                ));
-            }
+            callers
+                .buckets
+                .check_key(&key)
+                .map_err(|n| (wait(n), "caller"))?;
         }
-        self.all.check().map_err(|not_until| {
-            (
-                not_until.wait_time_from(governor::clock::Clock::now(&clock)),
-                "task",
-            )
-        })
+        match &self.all {
+            Some(all) => all.check().map_err(|n| (wait(n), "task")),
+            None => Ok(()),
+        }
     }
 }
 
@@ -145,16 +212,93 @@ mod tests {
         assert!(l.admit(200).is_err(), "tpm bucket has ~100 left");
     }
 
+    const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    fn one_per_second() -> Rate {
+        Rate {
+            rps: 1.0,
+            burst: Some(1),
+        }
+    }
+
     #[test]
     fn task_limiter_refuses_with_a_wait() {
-        let l = TaskLimiter::new(1.0, Some(1), None).unwrap();
+        let l = TaskLimiter::new(Some(one_per_second()), None).unwrap();
         let h = http::HeaderMap::new();
-        assert!(l.admit(&h).is_ok());
-        let (wait, scope) = l.admit(&h).unwrap_err();
+        assert!(l.admit(&h, LOCAL).is_ok());
+        let (wait, scope) = l.admit(&h, LOCAL).unwrap_err();
         assert_eq!(scope, "task");
         assert!(
             wait > Duration::from_millis(500) && wait <= Duration::from_secs(1),
             "{wait:?}"
         );
+    }
+
+    fn caller(name: &str) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        h.insert("x-caller", http::HeaderValue::from_str(name).unwrap());
+        h
+    }
+
+    #[test]
+    fn a_caller_over_its_limit_takes_nothing_from_the_task_bucket() {
+        let per_caller = (
+            http::HeaderName::from_static("x-caller"),
+            one_per_second(),
+            100,
+        );
+        let task = Rate {
+            rps: 1.0,
+            burst: Some(2),
+        };
+        let l = TaskLimiter::new(Some(task), Some(per_caller)).unwrap();
+        assert!(l.admit(&caller("a"), LOCAL).is_ok());
+        for _ in 0..10 {
+            assert_eq!(l.admit(&caller("a"), LOCAL).unwrap_err().1, "caller");
+        }
+        assert!(
+            l.admit(&caller("b"), LOCAL).is_ok(),
+            "one task token left for b"
+        );
+        assert_eq!(l.admit(&caller("c"), LOCAL).unwrap_err().1, "task");
+    }
+
+    #[test]
+    fn requests_without_the_header_are_keyed_by_address_apart_from_headers() {
+        let per_caller = (
+            http::HeaderName::from_static("x-caller"),
+            one_per_second(),
+            100,
+        );
+        let l = TaskLimiter::new(None, Some(per_caller)).unwrap();
+        let none = http::HeaderMap::new();
+        let other = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
+        assert!(l.admit(&none, LOCAL).is_ok());
+        assert_eq!(l.admit(&none, LOCAL).unwrap_err().1, "caller");
+        assert!(
+            l.admit(&caller(""), other).is_ok(),
+            "an empty header counts as none"
+        );
+        assert!(
+            l.admit(&caller("127.0.0.1"), LOCAL).is_ok(),
+            "a header value never shares an address's bucket"
+        );
+        let mapped = IpAddr::V6(std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped());
+        assert_eq!(l.admit(&none, mapped).unwrap_err().1, "caller");
+    }
+
+    #[test]
+    fn no_bucket_or_a_zero_rate_is_no_limiter() {
+        assert!(TaskLimiter::new(None, None).is_none());
+        let zero = Rate {
+            rps: 0.0,
+            burst: None,
+        };
+        assert!(TaskLimiter::new(Some(zero), None).is_none());
+        for rps in [1e-300, 1e300] {
+            let rate = Rate { rps, burst: None };
+            assert!(!rate.is_usable(), "{rps}");
+            assert!(TaskLimiter::new(Some(rate), None).is_none());
+        }
     }
 }

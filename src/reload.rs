@@ -9,8 +9,10 @@
 //! too, so a rotated Secret takes effect) or a `..`-prefixed Kubernetes entry
 //! count; reading the file ourselves (an access event) never does. A change
 //! is applied when the text or any key differs. A file that fails to parse or
-//! validate is never applied: the old snapshot keeps serving, every problem is
-//! logged with file:line:column, and it is counted once per change.
+//! validate, or that would leave a provider without its API key (one that had
+//! a key, or one added whose key cannot be read), is never applied: the old
+//! snapshot keeps serving, every problem is logged with file:line:column, and
+//! it is counted once per change.
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -181,9 +183,7 @@ async fn debounce_loop(
 pub fn reload_now(app: &App) -> bool {
     let path = app.config_path.display().to_string();
     let current = app.snapshot.load();
-    let prepared = snapshot::load(&app.config_path, &app.live, app.options)
-        .and_then(|next| keeps_keys(&current, next));
-    match prepared {
+    match prepare(app) {
         Ok(next) if next.snapshot.same_as(&current) => false,
         Ok(next) => {
             log_warnings(&app.config_path, &next);
@@ -210,34 +210,76 @@ pub fn reload_now(app: &App) -> bool {
     }
 }
 
-/// A key file that vanished (a Secret unmounted mid-rotation) must not turn
-/// a working provider into one that sends no key at all.
+/// The prepare half of a reload: reads and compiles the file against the
+/// live state, and refuses it if it would leave a provider without its key
+/// (see `keeps_keys`). Nothing changes either way.
+///
+/// # Errors
+/// Every problem of the file, or the providers whose key it would lose.
+pub fn prepare(app: &App) -> Result<Compiled, Vec<Diagnostic>> {
+    let current = app.snapshot.load();
+    snapshot::load(&app.config_path, &app.live, app.options)
+        .and_then(|next| keeps_keys(&current, next))
+}
+
+/// A reload must not leave a provider sending no key where it needs one: a
+/// key file that vanished (a Secret unmounted mid-rotation) must not turn a
+/// working provider into a keyless one, and a provider added (or given a key
+/// source) whose key cannot be read would answer nothing but 401s. At start
+/// an unreadable key is a warning, since there is no old config to keep; a
+/// provider that has been without its key since then keeps being allowed.
 fn keeps_keys(current: &Snapshot, next: Compiled) -> Result<Compiled, Vec<Diagnostic>> {
-    let lost: Vec<Diagnostic> = current
-        .providers
-        .iter()
-        .filter(|(name, p)| {
-            p.secret.is_some()
-                && next
-                    .snapshot
-                    .providers
-                    .get(*name)
-                    .is_some_and(|q| q.secret.is_none())
-        })
-        .map(|(name, _)| {
-            Diagnostic::error(
+    let mut refused = Vec::new();
+    for (name, q) in &next.snapshot.providers {
+        if q.secret.is_some() {
+            continue;
+        }
+        let before = current.providers.get(name);
+        if before.is_some_and(|p| p.secret.is_some()) {
+            refused.push(Diagnostic::error(
                 &format!("providers.{name}"),
                 1,
                 1,
                 format!("provider `{name}` had an API key and the new config has none; keeping the old config"),
-            )
-        })
-        .collect();
-    if lost.is_empty() {
+            ));
+        } else if q.wants_key() && !before.is_some_and(|p| p.wants_key()) {
+            refused.push(unread_key(name, before.is_none(), &next.warnings));
+        }
+    }
+    if refused.is_empty() {
         Ok(next)
     } else {
-        Err(lost)
+        Err(refused)
     }
+}
+
+/// The refusal of a provider whose key cannot be read, where the compile
+/// warning saying why stands.
+fn unread_key(name: &str, added: bool, warnings: &[Diagnostic]) -> Diagnostic {
+    let prefix = format!("providers.{name}.api_key_");
+    let why = warnings
+        .iter()
+        .find(|w| w.path.starts_with(&prefix))
+        .map_or_else(
+            || Diagnostic::error(&format!("providers.{name}"), 1, 1, ""),
+            Clone::clone,
+        );
+    let what = if added {
+        "is new in this config"
+    } else {
+        "now names a key source"
+    };
+    let mut refusal = Diagnostic::error(
+        &why.path,
+        why.line,
+        why.column,
+        format!("provider `{name}` {what} and its API key cannot be read"),
+    );
+    if !why.message.is_empty() {
+        refusal.message.push_str(&format!(" ({})", why.message));
+    }
+    refusal.message.push_str("; keeping the old config");
+    refusal
 }
 
 /// Says which startup-only settings a reload changed: they stay as they were

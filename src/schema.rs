@@ -28,15 +28,23 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// Every mode, for parsing and the JSON Schema.
+    pub const ALL: [Mode; 3] = [Mode::Degraded, Mode::Always, Mode::Never];
+
+    /// The `routes.yaml` name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Degraded => "degraded",
+            Mode::Always => "always",
+            Mode::Never => "never",
+        }
+    }
+
     /// Parses a `routes.yaml` name.
     #[must_use]
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "degraded" => Some(Mode::Degraded),
-            "always" => Some(Mode::Always),
-            "never" => Some(Mode::Never),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|m| m.as_str() == s)
     }
 }
 

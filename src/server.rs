@@ -358,7 +358,7 @@ async fn handle(
     }
     match (req.method(), path.as_str()) {
         (&Method::POST, "/v1/chat/completions" | "/chat/completions") => {
-            chat(&app, req, request_id, arrival).await
+            chat(&app, req, peer.ip(), request_id, arrival).await
         }
         (&Method::GET, "/v1/models" | "/models") => {
             json(StatusCode::OK, &models(&app.snapshot.load()))
@@ -397,10 +397,12 @@ async fn handle(
 }
 
 /// `POST /v1/chat/completions`: a slot of the concurrency cap, the body, then
-/// the proxy. The slot is held until the response body ends (a stream keeps it).
+/// the proxy, told the client's address `peer`. The slot is held until the
+/// response body ends (a stream keeps it).
 async fn chat(
     app: &App,
     req: Request<Incoming>,
+    peer: std::net::IpAddr,
     request_id: HeaderValue,
     arrival: Instant,
 ) -> Response<Body> {
@@ -419,9 +421,10 @@ async fn chat(
     };
     let span = tracing::info_span!("request", request_id = %request_id.to_str().unwrap_or("-"));
     let snapshot = Arc::clone(&snapshot);
-    let response = proxy::chat_completions(snapshot, &parts.headers, bytes, request_id, arrival)
-        .instrument(span)
-        .await;
+    let response =
+        proxy::chat_completions(snapshot, &parts.headers, peer, bytes, request_id, arrival)
+            .instrument(span)
+            .await;
     response.map(|inner| body::holding(inner, permit))
 }
 

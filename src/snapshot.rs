@@ -20,6 +20,7 @@ use metrics::Counter;
 
 use crate::classify::ErrorTable;
 use crate::config::diagnostic::Diagnostic;
+pub use crate::config::Strategy;
 use crate::health::{HealthConfig, TargetHealth, Transition};
 use crate::metrics::{Family, Metrics, RouteMetrics, TargetMetrics};
 use crate::ratelimit::{ProviderLimits, TaskLimiter};
@@ -53,6 +54,8 @@ pub struct Provider {
     pub secret: Option<Secret>,
     /// Where the key is read from, if from a file (watched for rotation).
     pub key_file: Option<PathBuf>,
+    /// Where the key is read from, if from the environment.
+    pub key_env: Option<String>,
     /// Per-attempt timeout.
     pub timeout: Duration,
     /// TCP + TLS connect timeout (also how long a silence before a close
@@ -121,6 +124,15 @@ pub struct Target {
 /// The capability that declares a target able to continue an assistant prefix.
 pub const PREFILL: &str = "prefill";
 
+impl Provider {
+    /// Whether the file names a source for the key (`api_key_env` or
+    /// `api_key_file`), read or not.
+    #[must_use]
+    pub fn wants_key(&self) -> bool {
+        self.key_env.is_some() || self.key_file.is_some()
+    }
+}
+
 impl Target {
     /// Logs a health state change and updates its metrics.
     pub fn report(&self, transition: Option<Transition>) {
@@ -166,50 +178,6 @@ pub struct Budget {
     pub max_failovers: u32,
     /// Streams: longest wait for the first content chunk from one target.
     pub first_token_timeout: Option<Duration>,
-}
-
-/// How a task picks its first target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
-    /// Chain order.
-    Priority,
-    /// Smooth weighted round robin by `weight`.
-    Weighted,
-    /// Each eligible target in turn.
-    RoundRobin,
-    /// Lowest peak-EWMA time to first byte.
-    Latency,
-    /// Cheapest estimated request.
-    Cost,
-}
-
-impl Strategy {
-    /// Every strategy, for parsing and messages.
-    pub const ALL: [Strategy; 5] = [
-        Strategy::Priority,
-        Strategy::Weighted,
-        Strategy::RoundRobin,
-        Strategy::Latency,
-        Strategy::Cost,
-    ];
-
-    /// Parses a `routes.yaml` name.
-    #[must_use]
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-
-    /// The `routes.yaml` name.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Strategy::Priority => "priority",
-            Strategy::Weighted => "weighted",
-            Strategy::RoundRobin => "round_robin",
-            Strategy::Latency => "latency",
-            Strategy::Cost => "cost",
-        }
-    }
 }
 
 /// A task type, compiled.

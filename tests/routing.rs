@@ -107,35 +107,6 @@ async fn task_bucket_answers_429_with_retry_after_and_sends_nothing() {
 }
 
 #[tokio::test]
-async fn per_caller_buckets_are_separate() {
-    let a = Fake::always(fake::completion("model-a", "a")).await;
-    let extra = "    rate_limit: { rps: 100, burst: 100, per_caller_header: x-caller }\n";
-    let cfg = chain_config(&[("a", &a.url())], "", extra)
-        .replace("rps: 100, burst: 100", "rps: 0.2, burst: 1");
-    let gw = gateway(&cfg).await;
-    let call = |who: &'static str| {
-        let addr = gw.addr;
-        async move {
-            post_raw(
-                addr,
-                "/v1/chat/completions",
-                hello("gpt-4o").to_string(),
-                &[("x-caller", who)],
-            )
-            .await
-            .status
-        }
-    };
-    assert_eq!(call("alice").await, 200);
-    assert_eq!(call("alice").await, 429);
-    assert_eq!(
-        call("bob").await,
-        429,
-        "the task-wide bucket (burst 1) is shared"
-    );
-}
-
-#[tokio::test]
 async fn provider_bucket_skips_the_target_without_a_call() {
     let a = Fake::always(fake::completion("model-a", "a")).await;
     let b = Fake::always(fake::completion("model-b", "b")).await;

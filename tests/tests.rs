@@ -27,6 +27,7 @@ mod admin;
 mod anthropic;
 mod budgets;
 mod chaos;
+mod config_semantics;
 mod continuation;
 mod contract;
 mod error_classes;

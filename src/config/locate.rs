@@ -210,11 +210,16 @@ impl MarkedEventReceiver for Builder {
             }
             Event::MappingStart(..) | Event::SequenceStart(..) => {
                 // A complex (non-scalar) key gets no path; its contents are not indexed.
+                let in_list = matches!(self.stack.last(), Some(Frame::Seq { .. }));
                 let path = if self.expecting_key() {
                     "?".to_owned()
                 } else {
                     self.child_path().unwrap_or_default()
                 };
+                // A list item has no key to be located by: locate it where it starts.
+                if in_list {
+                    self.index.values.insert(path.clone(), loc(mark));
+                }
                 // Block collections are marked where their first entry starts,
                 // which reads badly in a message: locate them by their key instead.
                 self.stack.push(if matches!(ev, Event::MappingStart(..)) {
@@ -246,6 +251,9 @@ mod tests {
         assert_eq!(idx.value_or_key("a.b"), (2, 6));
         assert_eq!(idx.value_or_key("a.c[1]"), (3, 10));
         assert_eq!(idx.value_or_key("a.nope"), idx.value_or_key("a"));
+        let idx = LocationIndex::build("a:\n  - { b: 1 }\n  - [x]\n").unwrap();
+        assert_eq!(idx.value_or_key("a[0]"), (2, 5));
+        assert_eq!(idx.value_or_key("a[1]"), (3, 5));
     }
 
     #[test]

@@ -13,14 +13,21 @@ use regex::Regex;
 
 use super::diagnostic::{Diagnostic, Severity};
 use super::locate::LocationIndex;
+use super::Removed;
 
 /// Longest duration accepted anywhere: longer ones are mistakes, and would
 /// overflow deadline arithmetic.
 const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Collects diagnostics while a config is compiled.
+///
+/// Paths given to it are paths into what parsing read; when parsing took
+/// values out ([`Removed`]), they are turned back into the file's own paths
+/// (list indices included) before they are located, and nothing is said
+/// about a value that was taken out: its own error was reported already.
 pub struct Checks<'a> {
     index: &'a LocationIndex,
+    removed: &'a Removed,
     /// Everything found so far, in the order found.
     pub diagnostics: Vec<Diagnostic>,
 }
@@ -29,33 +36,71 @@ impl<'a> Checks<'a> {
     /// A collector that locates paths with `index`.
     #[must_use]
     pub fn new(index: &'a LocationIndex) -> Self {
+        static NOTHING: Removed = Removed::NONE;
+        Self::reading(index, &NOTHING)
+    }
+
+    /// A collector for a file that parsing took `removed` out of.
+    #[must_use]
+    pub fn reading(index: &'a LocationIndex, removed: &'a Removed) -> Self {
         Self {
             index,
+            removed,
             diagnostics: Vec::new(),
         }
     }
 
+    /// Whether the value at `path` was taken out while parsing (its own
+    /// problem already reported): a reference to it is not "unknown".
+    #[must_use]
+    pub fn gone(&self, path: &str) -> bool {
+        self.removed.gone(&self.removed.original(path))
+    }
+
+    /// Whether parsing took nothing out at, above or below `path`: only then
+    /// does a check of how its parts fit together mean something.
+    #[must_use]
+    pub fn intact(&self, path: &str) -> bool {
+        self.removed.intact(&self.removed.original(path))
+    }
+
+    /// Records `severity` at `path` (at its value, else its key, when
+    /// `value_first`), unless the value there was taken out while parsing.
+    fn record(
+        &mut self,
+        severity: Severity,
+        path: &str,
+        value_first: bool,
+        message: impl Into<String>,
+    ) {
+        let path = self.removed.original(path);
+        if self.removed.gone(&path) {
+            return;
+        }
+        let (line, column) = if value_first {
+            self.index.value_or_key(&path)
+        } else {
+            self.index.key_or_value(&path)
+        };
+        let mut d = Diagnostic::error(&path, line, column, message);
+        d.severity = severity;
+        self.diagnostics.push(d);
+    }
+
     /// Records an error at the value of `path`.
     pub fn error(&mut self, path: &str, message: impl Into<String>) {
-        let (line, column) = self.index.value_or_key(path);
-        self.diagnostics
-            .push(Diagnostic::error(path, line, column, message));
+        self.record(Severity::Error, path, true, message);
     }
 
     /// Records a note at the value (or key) of `path`: information that never
     /// rejects a file, not even under `--strict`.
     pub fn note(&mut self, path: &str, message: impl Into<String>) {
-        let (line, column) = self.index.key_or_value(path);
-        let mut d = Diagnostic::error(path, line, column, message);
-        d.severity = Severity::Note;
-        self.diagnostics.push(d);
+        self.record(Severity::Note, path, false, message);
     }
 
     /// Records a warning at the value of `path`.
     pub fn warn(&mut self, path: &str, message: impl Into<String>) {
-        let (line, column) = self.index.value_or_key(path);
-        self.diagnostics
-            .push(Diagnostic::warning(path, line, column, message));
+        self.record(Severity::Warning, path, true, message);
     }
 
     /// Whether any error (not warning) was recorded.

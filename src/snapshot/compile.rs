@@ -24,7 +24,7 @@ use std::time::Duration;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::Uri;
 
-use super::live::{LiveState, ProviderLimitsKey, TaskLimitKey};
+use super::live::{CallerLimitKey, LiveState, ProviderLimitsKey, TaskLimitKey};
 use super::{
     Budget, Compiled, Cost, Prefill, Provider, RetryPolicy, Snapshot, Startup, Strategy,
     StreamRecovery, Target, Task, DEFAULT_LISTEN,
@@ -35,9 +35,9 @@ use crate::classify::{
 use crate::config::diagnostic::{Diagnostic, Severity};
 use crate::config::validate::Checks;
 use crate::config::{Parsed, RawConfig, RawProvider, RawRule, RawTask};
-use crate::health::{HealthConfig, TargetId};
+use crate::health::{AllDown, HealthConfig, TargetId};
 use crate::metrics::{self as m, RouteMetrics};
-use crate::ratelimit::{ProviderLimits, TaskLimiter};
+use crate::ratelimit::{ProviderLimits, Rate, TaskLimiter};
 use crate::secret::Secret;
 use crate::upstream::{self, Endpoint};
 
@@ -62,7 +62,7 @@ pub fn compile(
     live: &LiveState,
     opts: CompileOptions,
 ) -> Result<Compiled, Vec<Diagnostic>> {
-    let mut c = Checks::new(&parsed.index);
+    let mut c = Checks::reading(&parsed.index, &parsed.removed);
     c.diagnostics.extend(parsed.pending.iter().cloned());
     let raw = &parsed.raw;
     check_version(raw, &mut c);
@@ -80,7 +80,7 @@ pub fn compile(
     let (tasks, models) = tasks(raw, &targets, parsed.base_dir.as_deref(), live, &mut c);
     let default_task = raw.default_task.as_ref().and_then(|d| {
         let found = tasks.get(d).cloned();
-        if found.is_none() && !raw.tasks.contains_key(d) {
+        if found.is_none() && !raw.tasks.contains_key(d) && !c.gone(&format!("tasks.{d}")) {
             c.error("default_task", format!("unknown task `{d}`"));
         }
         found
@@ -138,6 +138,8 @@ fn hash(text: &str) -> u64 {
 /// Pass 1: `version: 1`.
 fn check_version(raw: &RawConfig, c: &mut Checks<'_>) {
     match raw.version {
+        // A wrongly typed version was reported as such.
+        None if c.gone("version") => {}
         None => c.error("", "missing `version` (write `version: 1` at the top)"),
         Some(1) => {}
         Some(v) => c.error(
@@ -206,10 +208,10 @@ fn health_settings(raw: &RawConfig, c: &mut Checks<'_>) -> HealthConfig {
         degraded_after: h.degraded_after.unwrap_or(defaults.degraded_after).max(1),
         down_after: h.down_after.unwrap_or(defaults.down_after).max(1),
         open_for: c.duration("health.open_for", h.open_for.as_deref(), defaults.open_for),
-        all_down_trial: match h.all_down.as_deref() {
-            None | Some("trial") => true,
-            Some("fail") => false,
-            Some(other) => {
+        all_down_trial: match h.all_down.as_deref().map(|a| (a, AllDown::parse(a))) {
+            None | Some((_, Some(AllDown::Trial))) => true,
+            Some((_, Some(AllDown::Fail))) => false,
+            Some((other, None)) => {
                 c.error(
                     "health.all_down",
                     format!("unknown value `{other}`, expected `trial` or `fail`"),
@@ -237,7 +239,8 @@ fn health_settings(raw: &RawConfig, c: &mut Checks<'_>) -> HealthConfig {
             defaults.probe_interval,
         ),
     };
-    if health.down_after < health.degraded_after {
+    let both_read = c.intact("health.down_after") && c.intact("health.degraded_after");
+    if health.down_after < health.degraded_after && both_read {
         c.error(
             "health.down_after",
             "down_after must be at least degraded_after",
@@ -401,6 +404,10 @@ fn check_rule_shape(r: &RawRule, path: &str, matcher: &Match, c: &mut Checks<'_>
             "an empty `status` or `network` list matches nothing: remove it or name values",
         );
     }
+    // A test taken out for its type would make these two about what is left.
+    if !c.intact(&format!("{path}.match")) {
+        return;
+    }
     if m.status.is_none() && m.network.is_none() && m.body.is_none() && m.header.is_none() {
         c.error(
             &format!("{path}.match"),
@@ -526,6 +533,7 @@ fn provider(
         endpoint: endpoint?,
         secret,
         key_file: p.api_key_file.as_ref().map(PathBuf::from),
+        key_env: p.api_key_env.clone(),
         timeout,
         connect_timeout,
         idle_timeout,
@@ -742,7 +750,10 @@ fn targets(
     for (name, t) in &raw.targets {
         let path = format!("targets.{name}");
         let Some(provider) = providers.get(&t.provider) else {
-            if !raw.providers.contains_key(&t.provider) {
+            // A provider with a problem of its own has been reported already.
+            let broken = raw.providers.contains_key(&t.provider)
+                || c.gone(&format!("providers.{}", t.provider));
+            if !broken {
                 c.error(
                     &format!("{path}.provider"),
                     format!("unknown provider `{}`", t.provider),
@@ -946,7 +957,7 @@ fn chain(
     targets: &BTreeMap<String, Arc<Target>>,
     c: &mut Checks<'_>,
 ) -> Vec<Arc<Target>> {
-    if t.chain.is_empty() {
+    if t.chain.is_empty() && c.intact(&format!("{path}.chain")) {
         c.error(
             &format!("{path}.chain"),
             "empty degradation chain: name at least one target",
@@ -965,7 +976,7 @@ fn chain(
         match targets.get(target) {
             Some(found) => chain.push(Arc::clone(found)),
             // Its own entry has the problem, already reported.
-            None if raw.targets.contains_key(target) => {}
+            None if raw.targets.contains_key(target) || c.gone(&format!("targets.{target}")) => {}
             None => c.error(&tpath, format!("unknown target `{target}`")),
         }
     }
@@ -1006,24 +1017,69 @@ fn task_limits(
 ) -> Option<Arc<TaskLimiter>> {
     let rl = t.rate_limit.as_ref()?;
     let lpath = format!("{path}.rate_limit");
-    if !(rl.rps.is_finite() && rl.rps > 0.0) {
-        c.error(&format!("{lpath}.rps"), "rps must be greater than zero");
+    let positive = |c: &mut Checks<'_>, key: &str, rps: f64| {
+        let usable = Rate { rps, burst: None }.is_usable();
+        if !(rps.is_finite() && rps > 0.0) {
+            c.error(&format!("{lpath}.{key}"), "rps must be greater than zero");
+        } else if !usable {
+            c.error(
+                &format!("{lpath}.{key}"),
+                format!("rps {rps} is too small or too large for a token bucket"),
+            );
+        }
+        usable
+    };
+    let task_rate = rl.rps.map(|rps| Rate {
+        rps,
+        burst: rl.burst,
+    });
+    let mut ok = task_rate.is_none_or(|r| positive(c, "rps", r.rps));
+    // With a key taken out for its type, the shape checks would be about what is left.
+    let whole = c.intact(&lpath);
+    if whole && rl.rps.is_none() && rl.burst.is_some() {
+        c.error(
+            &format!("{lpath}.burst"),
+            "`burst` sizes the task-wide bucket and needs `rps` (a caller's burst goes under `per_caller`)",
+        );
+        ok = false;
+    }
+    let per_caller = rl.per_caller.as_ref().and_then(|pc| {
+        let rate_ok = positive(c, "per_caller.rps", pc.rps);
+        let header = c.header_name(&format!("{lpath}.per_caller.header"), &pc.header);
+        let rate = Rate {
+            rps: pc.rps,
+            burst: pc.burst,
+        };
+        rate_ok
+            .then_some(header)
+            .flatten()
+            .map(|h| (h, rate, pc.max_callers.unwrap_or(10_000)))
+    });
+    if rl.per_caller.is_some() && per_caller.is_none() {
+        ok = false;
+    }
+    if whole && rl.rps.is_none() && rl.per_caller.is_none() {
+        c.error(
+            &lpath,
+            "a rate_limit needs `rps` (task-wide), `per_caller`, or both",
+        );
+        ok = false;
+    }
+    if !(ok && whole) {
         return None;
     }
-    let per_caller = rl
-        .per_caller_header
-        .as_ref()
-        .and_then(|h| c.header_name(&format!("{lpath}.per_caller_header"), h))
-        .map(|h| (h, rl.max_callers.unwrap_or(10_000).max(1)));
     let key = TaskLimitKey {
         task: name.to_owned(),
-        rps_bits: rl.rps.to_bits(),
-        burst: rl.burst,
-        per_caller_header: rl.per_caller_header.clone(),
-        max_callers: rl.max_callers,
+        task_rate: task_rate.map(|r| (r.rps.to_bits(), r.burst)),
+        per_caller: rl.per_caller.as_ref().map(|pc| CallerLimitKey {
+            header: pc.header.clone(),
+            rps_bits: pc.rps.to_bits(),
+            burst: pc.burst,
+            max_callers: pc.max_callers,
+        }),
     };
     live.task_limits
-        .get_or_make(key, || TaskLimiter::new(rl.rps, rl.burst, per_caller))
+        .get_or_make(key, || TaskLimiter::new(task_rate, per_caller))
 }
 
 /// Reads and compiles a task's schema override files.

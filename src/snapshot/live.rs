@@ -32,18 +32,28 @@ pub struct ProviderLimitsKey {
     pub burst: Option<u32>,
 }
 
-/// What a task's client-facing buckets are kept by.
+/// What a task's client-facing buckets are kept by: a change of any limit
+/// starts fresh buckets.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TaskLimitKey {
     /// Task name.
     pub task: String,
-    /// `rate_limit.rps`, as its bits (an f64 has no `Eq`).
+    /// `rate_limit.rps` as its bits (an f64 has no `Eq`), and `rate_limit.burst`.
+    pub task_rate: Option<(u64, Option<u32>)>,
+    /// `rate_limit.per_caller`.
+    pub per_caller: Option<CallerLimitKey>,
+}
+
+/// The per-caller part of a [`TaskLimitKey`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CallerLimitKey {
+    /// `per_caller.header`.
+    pub header: String,
+    /// `per_caller.rps`, as its bits.
     pub rps_bits: u64,
-    /// `rate_limit.burst`.
+    /// `per_caller.burst`.
     pub burst: Option<u32>,
-    /// `rate_limit.per_caller_header`.
-    pub per_caller_header: Option<String>,
-    /// `rate_limit.max_callers`.
+    /// `per_caller.max_callers`.
     pub max_callers: Option<usize>,
 }
 

@@ -1,0 +1,451 @@
+//! Config semantics to the letter: per-caller rate limits isolate callers
+//! (by header, else by client address), `validate` reports every entry's
+//! problems in one run, and a reload never adds a provider without its key.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::support::fake::{self, Fake};
+use crate::support::*;
+
+// ----- per-caller rate limits -----
+
+/// POSTs a chat request to the gateway from the local address `from` (any
+/// 127.0.0.0/8 address works on Linux loopback), with `headers`.
+async fn chat_from(gw: &Gw, from: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut connector = HttpConnector::new();
+    connector.set_local_address(Some(from.parse::<IpAddr>().unwrap()));
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(connector);
+    let mut req =
+        Request::post(gw.url("/v1/chat/completions")).header("content-type", "application/json");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(Full::new(Bytes::from(hello("gpt-4o").to_string())))
+        .unwrap();
+    let fut = async {
+        let (parts, body) = client.request(req).await.unwrap().into_parts();
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.collect().await.unwrap().to_bytes(),
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), fut)
+        .await
+        .expect("request took over 20 s")
+}
+
+/// The value of `switchyard_ratelimited_total{scope=...}` (0 if absent).
+async fn rate_limited(gw: &Gw, scope: &str) -> f64 {
+    let prefix = format!("switchyard_ratelimited_total{{scope=\"{scope}\"}} ");
+    get(gw.addr, "/metrics")
+        .await
+        .text()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// One target `a` answering every request; the task gets `rate_limit`.
+async fn limited(rate_limit: &str) -> (Fake, Gw) {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let gw = gateway(&chain_config(
+        &[("a", &a.url())],
+        "",
+        &format!("    rate_limit: {rate_limit}\n"),
+    ))
+    .await;
+    (a, gw)
+}
+
+#[tokio::test]
+async fn a_caller_over_its_limit_never_gets_another_caller_refused() {
+    // The task-wide bucket (4) holds exactly both callers' bursts (2 each):
+    // had A's refused requests drawn from it, B would be refused too.
+    let (a, gw) =
+        limited("{ rps: 0.1, burst: 4, per_caller: { header: x-caller, rps: 0.1, burst: 2 } }")
+            .await;
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        let ans = chat_from(&gw, "127.0.0.1", &[("x-caller", "alice")]).await;
+        if ans.status == 429 {
+            let retry: u64 = ans.header("retry-after").parse().unwrap();
+            assert!((1..=10).contains(&retry), "{retry}");
+        }
+        statuses.push(ans.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429, 429, 429, 429, 429]);
+    for _ in 0..2 {
+        let ans = chat_from(&gw, "127.0.0.1", &[("x-caller", "bob")]).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+    }
+    assert_eq!(rate_limited(&gw, "caller").await, 8.0);
+    assert_eq!(rate_limited(&gw, "task").await, 0.0);
+    assert_eq!(a.calls(), 4);
+}
+
+#[tokio::test]
+async fn requests_without_the_caller_header_are_limited_per_address() {
+    let (_a, gw) = limited("{ per_caller: { header: x-caller, rps: 0.1, burst: 1 } }").await;
+    assert_eq!(chat_from(&gw, "127.0.0.1", &[]).await.status, 200);
+    let refused = chat_from(&gw, "127.0.0.1", &[]).await;
+    assert_eq!(refused.status, 429);
+    assert!(!refused.header("retry-after").is_empty());
+    assert_eq!(
+        chat_from(&gw, "127.0.0.1", &[("x-caller", "")])
+            .await
+            .status,
+        429,
+        "an empty header is no header"
+    );
+    assert_eq!(
+        chat_from(&gw, "127.0.0.2", &[]).await.status,
+        200,
+        "another address has its own bucket"
+    );
+    assert_eq!(
+        chat_from(&gw, "127.0.0.1", &[("x-caller", "127.0.0.1")])
+            .await
+            .status,
+        200,
+        "a caller named by the header never shares an address's bucket"
+    );
+    assert_eq!(rate_limited(&gw, "caller").await, 2.0);
+}
+
+#[tokio::test]
+async fn the_task_wide_bucket_still_applies_when_set() {
+    let (a, gw) =
+        limited("{ rps: 0.1, burst: 1, per_caller: { header: x-caller, rps: 100, burst: 100 } }")
+            .await;
+    assert_eq!(
+        chat_from(&gw, "127.0.0.1", &[("x-caller", "alice")])
+            .await
+            .status,
+        200
+    );
+    let ans = chat_from(&gw, "127.0.0.1", &[("x-caller", "bob")]).await;
+    assert_eq!(ans.status, 429, "the task-wide bucket is spent");
+    assert_eq!(ans.json()["error"]["type"], "rate_limit_error");
+    let retry: u64 = ans.header("retry-after").parse().unwrap();
+    assert!((1..=10).contains(&retry), "{retry}");
+    assert_eq!(rate_limited(&gw, "task").await, 1.0);
+    assert_eq!(a.calls(), 1);
+}
+
+#[test]
+fn the_old_task_level_caller_keys_are_unknown() {
+    let text = "version: 1\nproviders:\n  p: { base_url: 'http://127.0.0.1:9/v1' }\ntargets:\n  t: { provider: p, model: m }\ntasks:\n  chat:\n    chain: [t]\n    rate_limit: { rps: 1, per_caller_header: x-caller, max_callers: 5 }\n";
+    let diags = compile_errors(text);
+    let all: Vec<String> = diags.iter().map(ToString::to_string).collect();
+    assert_eq!(diags.len(), 2, "{all:#?}");
+    assert!(
+        all[0].starts_with("9:27:") && all[0].contains("unknown field `per_caller_header`"),
+        "{all:#?}"
+    );
+    assert!(all[1].starts_with("9:56:") && all[1].contains("max_callers"));
+    assert!(
+        all.iter()
+            .all(|d| d.contains("moved to `per_caller: { header, rps, burst, max_callers }`")),
+        "{all:#?}"
+    );
+}
+
+#[test]
+fn rate_limit_shapes_that_limit_nothing_or_misplace_burst_are_errors() {
+    let base = "version: 1\nproviders:\n  p: { base_url: 'http://127.0.0.1:9/v1' }\ntargets:\n  t: { provider: p, model: m }\ntasks:\n  chat:\n    chain: [t]\n";
+    for (limit, needle) in [
+        ("{}", "needs `rps` (task-wide), `per_caller`, or both"),
+        (
+            "{ burst: 3, per_caller: { header: x-caller, rps: 1 } }",
+            "needs `rps`",
+        ),
+        (
+            "{ per_caller: { header: x-caller, rps: 0 } }",
+            "greater than zero",
+        ),
+        (
+            "{ per_caller: { header: 'bad header', rps: 1 } }",
+            "bad header name",
+        ),
+        ("{ rps: 1e-300 }", "too small or too large"),
+        (
+            "{ per_caller: { header: x-caller, rps: 1e300 } }",
+            "too small or too large",
+        ),
+    ] {
+        let text = format!("{base}    rate_limit: {limit}\n");
+        let joined: String = compile_errors(&text)
+            .iter()
+            .map(|d| format!("{d}\n"))
+            .collect();
+        assert!(
+            joined.contains(needle),
+            "{limit}: {needle} not in\n{joined}"
+        );
+    }
+}
+
+// ----- validate: every entry's problems in one run -----
+
+/// Line and column (1-based) of the first occurrence of `needle` in `text`.
+fn at(text: &str, needle: &str) -> (usize, usize) {
+    let offset = text
+        .find(needle)
+        .unwrap_or_else(|| panic!("{needle} not in text"));
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let column = offset - before.rfind('\n').map_or(0, |n| n + 1) + 1;
+    (line, column)
+}
+
+fn rendered(diags: &[switchyard::config::diagnostic::Diagnostic]) -> Vec<String> {
+    diags.iter().map(ToString::to_string).collect()
+}
+
+#[test]
+fn wrong_types_in_two_providers_and_an_unknown_target_are_all_reported() {
+    let text = "version: 1
+providers:
+  a:
+    base_url: http://127.0.0.1:9/v1
+    retry: { max: x }
+  b:
+    base_url: http://127.0.0.1:9/v1
+    headers: [one, two]
+targets:
+  ta: { provider: a, model: m }
+  tb: { provider: b, model: m }
+tasks:
+  chat: { chain: [ta, tb, nope] }
+";
+    let diags = compile_errors(text);
+    let all = rendered(&diags);
+    assert_eq!(diags.len(), 3, "{all:#?}");
+    let where_ = |d: &switchyard::config::diagnostic::Diagnostic| (d.line, d.column);
+    assert_eq!(where_(&diags[0]), at(text, "max: x"), "{all:#?}");
+    assert_eq!(diags[0].path, "providers.a.retry.max");
+    assert!(diags[0].message.contains("invalid type"), "{all:#?}");
+    assert_eq!(where_(&diags[1]), at(text, "headers"), "{all:#?}");
+    assert_eq!(diags[1].path, "providers.b.headers");
+    assert!(diags[1].message.contains("invalid type"), "{all:#?}");
+    assert_eq!(where_(&diags[2]), at(text, "nope"), "{all:#?}");
+    assert_eq!(diags[2].path, "tasks.chat.chain[2]");
+    assert!(
+        diags[2].message.contains("unknown target `nope`"),
+        "{all:#?}"
+    );
+}
+
+#[test]
+fn a_provider_whose_base_url_has_the_wrong_type_is_not_also_unknown() {
+    let text = "version: 1
+providers:
+  a:
+    base_url: [http://127.0.0.1:9/v1]
+targets:
+  t: { provider: a, model: m }
+tasks:
+  chat: { chain: [t], strategy: fastest }
+";
+    let diags = compile_errors(text);
+    let all = rendered(&diags);
+    assert_eq!(diags.len(), 2, "{all:#?}");
+    assert_eq!((diags[0].line, diags[0].column), at(text, "base_url"));
+    assert!(diags[0].message.contains("invalid type"), "{all:#?}");
+    assert!(
+        diags[1].message.contains("unknown strategy `fastest`"),
+        "the task is still checked: {all:#?}"
+    );
+    for bogus in ["unknown provider", "missing field", "unknown target"] {
+        assert!(!all.iter().any(|d| d.contains(bogus)), "{bogus}: {all:#?}");
+    }
+}
+
+#[test]
+fn a_field_really_missing_is_reported_once_and_its_entry_is_not_unknown() {
+    let text = "version: 1
+providers:
+  a: { timeout: 2s }
+targets:
+  t: { provider: a, model: m }
+tasks:
+  chat: { chain: [t] }
+";
+    let all = rendered(&compile_errors(text));
+    assert_eq!(all.len(), 1, "{all:#?}");
+    assert!(
+        all[0].starts_with("3:3:") && all[0].contains("missing field `base_url`"),
+        "{all:#?}"
+    );
+}
+
+#[test]
+fn list_items_after_a_removed_one_keep_their_own_locations() {
+    let text = "version: 1
+providers:
+  a: { base_url: 'http://127.0.0.1:9/v1' }
+targets:
+  t: { provider: a, model: m }
+tasks:
+  chat: { chain: [{ t: 1 }, nope], aliases: [7, ok, also-ok], budget: { max_failovers: lots } }
+error_classes:
+  - { match: { status: 500 }, action: [failover] }
+  - { match: { status: 7xx }, action: failover }
+";
+    let diags = compile_errors(text);
+    let all = rendered(&diags);
+    let find = |needle: &str| {
+        diags
+            .iter()
+            .find(|d| d.message.contains(needle))
+            .unwrap_or_else(|| panic!("{needle}: {all:#?}"))
+    };
+    let nope = find("unknown target `nope`");
+    assert_eq!((nope.line, nope.column), at(text, "nope"), "{all:#?}");
+    assert_eq!(nope.path, "tasks.chat.chain[1]");
+    let status = find("bad status `7xx`");
+    assert_eq!((status.line, status.column), at(text, "7xx"), "{all:#?}");
+    assert_eq!(status.path, "error_classes[1].match.status");
+    let item = find("invalid type: map");
+    assert_eq!(item.path, "tasks.chat.chain[0]", "{all:#?}");
+    assert_eq!((item.line, item.column), at(text, "{ t: 1 }"), "{all:#?}");
+    let action = find("invalid type: sequence");
+    assert_eq!(action.path, "error_classes[0].action", "{all:#?}");
+    assert_eq!(
+        (action.line, action.column),
+        at(text, "action: [failover]"),
+        "{all:#?}"
+    );
+    assert!(
+        all.iter().any(|d| d.contains("(at tasks.chat.aliases[0])")),
+        "{all:#?}"
+    );
+    assert!(
+        all.iter()
+            .any(|d| d.contains("(at tasks.chat.budget.max_failovers)")),
+        "{all:#?}"
+    );
+    assert!(
+        !all.iter()
+            .any(|d| d.contains("empty degradation chain") || d.contains("missing field")),
+        "{all:#?}"
+    );
+    assert_eq!(diags.len(), 6, "{all:#?}");
+}
+
+// ----- reload: never add a provider without its key -----
+
+/// The value of `switchyard_config_reloads_total{result=...}` (0 if absent).
+async fn reloads(gw: &Gw, result: &str) -> f64 {
+    let prefix = format!("switchyard_config_reloads_total{{result=\"{result}\"}} ");
+    get(gw.addr, "/metrics")
+        .await
+        .text()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// A file with targets `a` (on `p-a`) and, if `b_key_env` is given, `b` on
+/// `p-b` reading its key from that variable; task `chat` with `chain`.
+fn keyed(a: &Fake, b: &Fake, b_key_env: Option<&str>, chain: &str) -> String {
+    let mut y = format!(
+        "version: 1\nproviders:\n  p-a: {{ base_url: '{}', timeout: 2s }}\n",
+        a.url()
+    );
+    if let Some(var) = b_key_env {
+        y.push_str(&format!(
+            "  p-b:\n    base_url: '{}'\n    api_key_env: {var}\n",
+            b.url()
+        ));
+    }
+    y.push_str("targets:\n  a: { provider: p-a, model: upstream-a }\n");
+    if b_key_env.is_some() {
+        y.push_str("  b: { provider: p-b, model: upstream-b }\n");
+    }
+    y.push_str(&format!(
+        "tasks:\n  chat:\n    aliases: [gpt-4o]\n    chain: [{chain}]\n"
+    ));
+    y
+}
+
+const UNSET_KEY: &str = "SWITCHYARD_CONFIG_SEMANTICS_UNSET_KEY";
+
+#[tokio::test]
+async fn a_reload_adding_a_provider_whose_key_cannot_be_read_is_refused() {
+    assert!(std::env::var_os(UNSET_KEY).is_none());
+    let a = Fake::always(fake::completion("upstream-a", "from a")).await;
+    let b = Fake::always(fake::completion("upstream-b", "from b")).await;
+    let gw = gateway(&keyed(&a, &b, None, "a")).await;
+    let before = reloads(&gw, "error").await;
+    let text = keyed(&a, &b, Some(UNSET_KEY), "b, a");
+    gw.rewrite(&text);
+    let mut refused = false;
+    for _ in 0..150 {
+        if reloads(&gw, "error").await > before {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused, "the reload was not refused within 3 s");
+    for _ in 0..3 {
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert_eq!(ans.header("x-switchyard-target"), "a");
+        assert_eq!(ans.header("x-switchyard-attempts"), "1");
+    }
+    assert_eq!(b.calls(), 0, "the new chain never served");
+    assert!(!gw.app.snapshot.load().providers.contains_key("p-b"));
+    // What the reload logged, one line per diagnostic.
+    let diags = switchyard::reload::prepare(&gw.app).unwrap_err();
+    let all = rendered(&diags);
+    assert_eq!(diags.len(), 1, "{all:#?}");
+    assert_eq!(diags[0].path, "providers.p-b.api_key_env");
+    assert_eq!((diags[0].line, diags[0].column), at(&text, UNSET_KEY));
+    assert!(
+        diags[0].message.contains("provider `p-b` is new")
+            && diags[0].message.contains(UNSET_KEY)
+            && diags[0].message.contains("keeping the old config"),
+        "{all:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_provider_without_its_key_since_the_start_does_not_block_reloads() {
+    let a = Fake::always(fake::completion("upstream-a", "from a")).await;
+    let b = Fake::always(fake::completion("upstream-b", "from b")).await;
+    // At start an unreadable key is only a warning.
+    let gw = gateway(&keyed(&a, &b, Some(UNSET_KEY), "b, a")).await;
+    assert_eq!(
+        chat(gw.addr, hello("gpt-4o"))
+            .await
+            .header("x-switchyard-target"),
+        "b"
+    );
+    gw.rewrite(&keyed(&a, &b, Some(UNSET_KEY), "a, b"));
+    let mut applied = false;
+    for _ in 0..150 {
+        if chat(gw.addr, hello("gpt-4o"))
+            .await
+            .header("x-switchyard-target")
+            == "a"
+        {
+            applied = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(applied, "the reload was not applied within 3 s");
+    assert_eq!(reloads(&gw, "error").await, 0.0);
+}
