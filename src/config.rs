@@ -329,6 +329,36 @@ pub struct RawTask {
     pub tool_schemas: BTreeMap<String, String>,
     /// What happens when a stream breaks after its commit point.
     pub stream_recovery: Option<RawStreamRecovery>,
+    /// Hedged requests: when a slow first attempt gets a parallel one.
+    pub hedge: Option<RawHedge>,
+}
+
+/// A task's hedged requests: when the first attempt has not reached its
+/// commit point after `after`, the next admitted target starts in parallel;
+/// the first to commit wins, the other is cancelled.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawHedge {
+    /// A duration (`400ms`), or a percentile of the first target's observed
+    /// time to first token: `p50` to `p99.9`.
+    #[schemars(extend("pattern" = r"^(p[0-9]{1,2}(\.[0-9]+)?|[0-9].*)$"))]
+    pub after: String,
+    /// Adaptive `after` only: never sooner than this (default 50ms).
+    #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<schema_parts::DurationText>")]
+    pub floor: Option<String>,
+    /// Adaptive `after` only: never later than this; also the delay until 20
+    /// samples are seen (default 2s).
+    #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<schema_parts::DurationText>")]
+    pub cap: Option<String>,
+    /// Extra attempts per request: only 1 is supported (default 1).
+    #[schemars(range(min = 1, max = 1))]
+    pub max: Option<u32>,
+    /// Most of a minute's requests of the task that may be hedged, 0-1
+    /// (default 0.1).
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_share: Option<f64>,
 }
 
 /// Time and failover budget of one request of a task.

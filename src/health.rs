@@ -183,7 +183,14 @@ struct Inner {
     window: Window,
     /// Peak-EWMA of time to first byte, seconds, and when it was last updated.
     latency: Option<(f64, Instant)>,
+    /// The last [`TTFT_SAMPLES`] times to first byte, seconds (for hedging's percentiles).
+    ttft: VecDeque<f32>,
 }
+
+/// How many recent times to first byte a target keeps.
+const TTFT_SAMPLES: usize = 256;
+/// Fewest samples before a percentile is trusted.
+const MIN_TTFT_SAMPLES: usize = 20;
 
 /// Decay time of the latency average: older samples weigh `e^(-age/τ)`.
 const LATENCY_TAU: Duration = Duration::from_secs(10);
@@ -304,6 +311,7 @@ impl TargetHealth {
                 last_probe: None,
                 window: Window::default(),
                 latency: None,
+                ttft: VecDeque::with_capacity(TTFT_SAMPLES),
             }),
             epoch: now,
         }
@@ -331,8 +339,13 @@ impl TargetHealth {
     /// Records a time to first byte (peak-EWMA: a slower sample counts at once,
     /// a faster one pulls the average down with the decay time τ = 10 s).
     pub fn record_latency(&self, now: Instant, sample: Duration) {
-        let sample = sample.as_secs_f64();
         let mut inner = self.lock();
+        if inner.ttft.len() == TTFT_SAMPLES {
+            inner.ttft.pop_front();
+        }
+        #[allow(clippy::cast_possible_truncation)]
+        inner.ttft.push_back(sample.as_secs_f64() as f32);
+        let sample = sample.as_secs_f64();
         inner.latency = Some(match inner.latency {
             None => (sample, now),
             Some((avg, at)) if sample > avg => (sample, at.max(now)),
@@ -342,6 +355,27 @@ impl TargetHealth {
                 (avg * w + sample * (1.0 - w), now)
             }
         });
+    }
+
+    /// The `quantile` (0-1) of the recent times to first byte, once at least
+    /// 20 are known.
+    #[must_use]
+    pub fn ttft_quantile(&self, quantile: f64) -> Option<Duration> {
+        let mut samples: Vec<f32> = {
+            let inner = self.lock();
+            if inner.ttft.len() < MIN_TTFT_SAMPLES {
+                return None;
+            }
+            inner.ttft.iter().copied().collect()
+        };
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let rank = ((samples.len() as f64 - 1.0) * quantile.clamp(0.0, 1.0)).round() as usize;
+        let (_, at, _) = samples.select_nth_unstable_by(rank, f32::total_cmp);
+        Some(Duration::from_secs_f64(f64::from(*at).max(0.0)))
     }
 
     /// The latency strategy's cost: the peak-EWMA in seconds; 0 for a target
@@ -956,5 +990,25 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn ttft_quantiles_need_enough_samples() {
+        let h = TargetHealth::new(Instant::now());
+        for ms in 1..=19 {
+            h.record_latency(Instant::now(), Duration::from_millis(ms * 10));
+        }
+        assert_eq!(h.ttft_quantile(0.95), None);
+        h.record_latency(Instant::now(), Duration::from_millis(200));
+        let p95 = h.ttft_quantile(0.95).unwrap();
+        assert!(
+            p95 >= Duration::from_millis(189) && p95 <= Duration::from_millis(201),
+            "{p95:?}"
+        );
+        let p50 = h.ttft_quantile(0.5).unwrap();
+        assert!(
+            p50 >= Duration::from_millis(99) && p50 <= Duration::from_millis(111),
+            "{p50:?}"
+        );
     }
 }

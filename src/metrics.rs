@@ -48,6 +48,11 @@ pub const STREAM_INTERRUPTS: &str = "switchyard_stream_interrupts_total";
 /// another target (`mode`: prefill, restart; `result`: completed,
 /// interrupted, diverged, failed).
 pub const STREAM_CONTINUATIONS: &str = "switchyard_stream_continuations_total";
+/// Counter `{task, result}`: hedged first attempts: `won` (the hedge answered
+/// first), `lost` (the first attempt did), `cancelled` (neither answered),
+/// `suppressed` (due, but the rate cap, the failover budget or the lack of
+/// another admitted target held it back).
+pub const HEDGES: &str = "switchyard_hedges_total";
 /// Counter `{target}`: malformed events dropped from a committed stream.
 pub const STREAM_MALFORMED: &str = "switchyard_stream_malformed_events_total";
 /// Counter `{task, target}`: answers that broke the degraded-answer contract (tool calls).
@@ -239,6 +244,7 @@ impl Metrics {
             STREAM_INTERRUPTS,
             "Streams broken after the first content byte reached the client.",
         );
+        counter(HEDGES, "Hedged first attempts, by result.");
         counter(
             STREAM_CONTINUATIONS,
             "Broken streams continued on another target, by mode and result.",

@@ -25,6 +25,7 @@
 pub mod account;
 pub mod attempt;
 pub mod continuation;
+pub mod hedge;
 pub mod respond;
 pub mod stream;
 
@@ -115,6 +116,7 @@ pub async fn chat_completions(
         last_status: None,
         deadline_hit: false,
         violation: None,
+        hedge_result: None,
         context_answer: None,
     };
     let response = match plan.ineligible() {
@@ -220,9 +222,11 @@ struct Walk<'a> {
     deadline_hit: bool,
     /// The last contract violation seen.
     violation: Option<Violation>,
+    /// How the hedge went, when one ran (`won`, `lost`, `cancelled`).
+    hedge_result: Option<&'static str>,
     /// An upstream's context-length error, and the attempt count when it came:
     /// the client's answer if no larger window got to try.
-    context_answer: Option<(Response<Body>, u32)>,
+    context_answer: Option<ContextAnswer>,
 }
 
 impl Walk<'_> {
@@ -294,32 +298,34 @@ impl Walk<'_> {
                 permit = admission.readmit(&target);
             }
             let Some(p) = permit.take() else { break };
+            let first = self.tally.attempts == 0;
             self.tally.attempts += 1;
             if !self.tried.iter().any(|t| Arc::ptr_eq(t, &target)) {
                 self.tried.push(Arc::clone(&target));
             }
-            let call = self.call(&target);
-            match attempt::run(&call, body.clone(), p).await {
-                Attempt::Answer { status, body } => {
-                    return TargetEnd::Served(
-                        self.serve(respond::completion(status, body), &target),
-                    )
+            let outcome = match (first, self.task.hedge) {
+                (true, Some(policy)) => {
+                    match self
+                        .hedged(&target, body.clone(), p, policy, admission)
+                        .await
+                    {
+                        Hedged::Alone(outcome) => outcome,
+                        Hedged::Won { target, attempt } => {
+                            let served = self.deliver(&target, attempt);
+                            return served.map_or(TargetEnd::Deadline, TargetEnd::Served);
+                        }
+                        Hedged::BothFailed { reason } => return TargetEnd::Exhausted { reason },
+                    }
                 }
-                Attempt::Committed(commit) => {
-                    let recovery = Recovery::new(
-                        Arc::clone(self.shared),
-                        Arc::clone(self.task),
-                        self.body.clone(),
-                        self.request_id.clone(),
-                        self.arrival,
-                        self.deadline,
-                        self.request.include_usage,
-                        self.tried.clone(),
-                    )
-                    .map(Box::new);
-                    let relay = Relay::new(*commit, recovery);
-                    let resp = respond::stream(relay.into_body());
-                    return TargetEnd::Served(self.serve(resp, &target));
+                (true, None) | (false, _) => {
+                    let call = self.call(&target);
+                    attempt::run(&call, body.clone(), p).await
+                }
+            };
+            match outcome {
+                answer @ (Attempt::Answer { .. } | Attempt::Committed(_)) => {
+                    let served = self.deliver(&target, answer);
+                    return served.map_or(TargetEnd::Deadline, TargetEnd::Served);
                 }
                 Attempt::Deadline => return TargetEnd::Deadline,
                 Attempt::Violated { violation, permit } => {
@@ -339,6 +345,153 @@ impl Walk<'_> {
             }
         }
         TargetEnd::Exhausted { reason }
+    }
+
+    /// An answer from `target` (a body, or a committed stream) as the
+    /// client's response; `None` for anything else.
+    fn deliver(&self, target: &Arc<Target>, attempt: Attempt) -> Option<Response<Body>> {
+        let resp = match attempt {
+            Attempt::Answer { status, body } => respond::completion(status, body),
+            Attempt::Committed(commit) => {
+                let recovery = Recovery::new(
+                    Arc::clone(self.shared),
+                    Arc::clone(self.task),
+                    self.body.clone(),
+                    self.request_id.clone(),
+                    self.arrival,
+                    self.deadline,
+                    self.request.include_usage,
+                    self.tried.clone(),
+                )
+                .map(Box::new);
+                respond::stream(Relay::new(*commit, recovery).into_body())
+            }
+            Attempt::Failed(_) | Attempt::Deadline | Attempt::Violated { .. } => return None,
+        };
+        Some(self.serve(resp, target))
+    }
+
+    /// The first attempt of a hedging task, raced against the next admitted
+    /// target if it has not committed after the policy's delay.
+    async fn hedged(
+        &mut self,
+        target: &Arc<Target>,
+        body: Bytes,
+        permit: crate::health::Permit,
+        policy: crate::snapshot::HedgePolicy,
+        admission: &mut Admission<'_>,
+    ) -> Hedged {
+        self.task.state.count_request();
+        let delay = policy.delay(|q| target.health.ttft_quantile(q));
+        let budget_left = self.tally.failovers < self.task.budget.max_failovers;
+        let mut hedge_target: Option<Arc<Target>> = None;
+        let mut suppressed = false;
+        let raced = {
+            let walk: &Walk<'_> = self;
+            let call = walk.call(target);
+            let start = || {
+                if !budget_left || !walk.task.state.take_hedge(policy.max_share) {
+                    suppressed = true;
+                    return None;
+                }
+                let Some(admitted) = admission.next(false) else {
+                    suppressed = true;
+                    return None;
+                };
+                hedge_target = Some(Arc::clone(&admitted.target));
+                Some(async move {
+                    let call = walk.call(&admitted.target);
+                    attempt::run(&call, admitted.body, admitted.permit).await
+                })
+            };
+            hedge::race(attempt::run(&call, body, permit), delay, start, |a| {
+                matches!(a, Attempt::Answer { .. } | Attempt::Committed(_))
+            })
+            .await
+        };
+        if suppressed {
+            self.task.hedges.increment("suppressed", 1);
+        }
+        let (Some(hedge_target), true) = (hedge_target, raced.hedged) else {
+            // Not hedged: the primary ran alone to its end.
+            return match raced.primary {
+                Some(outcome) => Hedged::Alone(outcome),
+                None => Hedged::Alone(Attempt::Deadline),
+            };
+        };
+        self.settle_race(target, &hedge_target, raced)
+    }
+
+    /// After a race that hedged: books both sides and says who answered.
+    fn settle_race(
+        &mut self,
+        primary: &Arc<Target>,
+        hedge: &Arc<Target>,
+        raced: hedge::Raced<Attempt>,
+    ) -> Hedged {
+        self.tally.attempts += 1;
+        self.tally.failovers += 1;
+        self.tried.push(Arc::clone(hedge));
+        info!(task = %self.task.name, primary = %primary.name, hedge = %hedge.name, "hedged the first attempt");
+        let hedge::Raced {
+            primary: p_out,
+            hedge: h_out,
+            winner,
+            ..
+        } = raced;
+        let mut won = None;
+        for (side, target, out) in [
+            (hedge::Side::Primary, primary, p_out),
+            (hedge::Side::Hedge, hedge, h_out),
+        ] {
+            match out {
+                Some(answer) if winner == Some(side) => won = Some((Arc::clone(target), answer)),
+                Some(failure) => self.raced_failure(target, failure),
+                // Cancelled before it answered: no one's failure; its prompt was still sent.
+                None => self.account.settle(target, None, 0),
+            }
+        }
+        let result = match winner {
+            Some(hedge::Side::Hedge) => "won",
+            Some(hedge::Side::Primary) => "lost",
+            None => "cancelled",
+        };
+        self.task.hedges.increment(result, 1);
+        self.hedge_result = Some(result);
+        match won {
+            Some((target, attempt)) => Hedged::Won { target, attempt },
+            None => Hedged::BothFailed {
+                reason: AttemptOutcome::Network(crate::classify::NetworkKind::Timeout).label(),
+            },
+        }
+    }
+
+    /// A side of a hedged race that ended without an answer: recorded like
+    /// any failed attempt, with no retry.
+    fn raced_failure(&mut self, target: &Arc<Target>, outcome: Attempt) {
+        match outcome {
+            Attempt::Failed(failed) => {
+                self.last_status = failed.status.or(self.last_status);
+                if failed.decision.rate_limited {
+                    if let Some(cooldown) = failed.decision.cooldown {
+                        self.holdbacks.limited(Instant::now() + cooldown);
+                    }
+                } else {
+                    self.holdbacks.failed = true;
+                }
+                info!(target = %target.name, outcome = failed.outcome.label(), rule = %failed.decision.rule, "hedged attempt failed");
+                attempt::record(
+                    self.snapshot,
+                    target,
+                    &failed.decision,
+                    failed.outcome,
+                    failed.permit,
+                );
+            }
+            Attempt::Violated { violation, permit } => self.violated(target, violation, permit),
+            Attempt::Deadline => self.deadline_hit = true,
+            Attempt::Answer { .. } | Attempt::Committed(_) => {}
+        }
     }
 
     /// What one attempt of `target` needs.
@@ -380,6 +533,10 @@ impl Walk<'_> {
     fn serve(&self, mut resp: Response<Body>, target: &Target) -> Response<Body> {
         let degraded = self.degraded(target);
         respond::decorate(&mut resp, target, degraded, self.tally, self.request_id);
+        if let Some(result) = self.hedge_result {
+            resp.headers_mut()
+                .insert(respond::H_HEDGE, http::HeaderValue::from_static(result));
+        }
         resp
     }
 
@@ -411,7 +568,7 @@ impl Walk<'_> {
     /// Records a classified failure and says what comes next.
     fn failed(
         &mut self,
-        target: &Target,
+        target: &Arc<Target>,
         failed: Failed,
         tries: &mut Tries,
         admission: &mut Admission<'_>,
@@ -448,9 +605,11 @@ impl Walk<'_> {
             rule = %decision.rule, next, "upstream attempt failed");
         if decision.context_window {
             admission.raise_context_floor(target);
-            self.context_answer = answer.as_ref().map(|(status, bytes)| {
-                let resp = respond::upstream_error(self.snapshot, *status, bytes, target);
-                (self.serve(resp, target), self.tally.attempts)
+            self.context_answer = answer.as_ref().map(|(status, bytes)| ContextAnswer {
+                status: *status,
+                body: bytes.clone(),
+                target: Arc::clone(target),
+                attempts: self.tally.attempts,
             });
         }
         match (decision.action, retry) {
@@ -491,11 +650,17 @@ impl Walk<'_> {
         if let Some(v) = self.violation.take() {
             return self.error(&GatewayError::ContractViolation(v.to_string()));
         }
-        if let Some((answer, attempts_then)) = self.context_answer.take() {
-            if attempts_then == self.tally.attempts {
+        if let Some(answer) = self.context_answer.take() {
+            if answer.attempts == self.tally.attempts {
                 // No larger context window got to try: the upstream's own
                 // context-length error tells the caller what to change.
-                return answer;
+                let resp = respond::upstream_error(
+                    self.snapshot,
+                    answer.status,
+                    &answer.body,
+                    &answer.target,
+                );
+                return self.serve(resp, &answer.target);
             }
         }
         if self.deadline_hit || Instant::now() >= self.deadline {
@@ -512,6 +677,28 @@ impl Walk<'_> {
         warn!(task = %self.task.name, attempts = self.tally.attempts, code = e.code(), "{e}");
         respond::gateway_error(self.snapshot, e, self.tally, self.request_id)
     }
+}
+
+/// An upstream's context-length error, and the attempt count when it came:
+/// the client's answer if no larger window got to try.
+struct ContextAnswer {
+    status: StatusCode,
+    body: Bytes,
+    target: Arc<Target>,
+    attempts: u32,
+}
+
+/// How a hedging task's first attempt went.
+enum Hedged {
+    /// No hedge ran: the primary's own outcome, handled as usual.
+    Alone(Attempt),
+    /// A hedge ran and this target answered first.
+    Won {
+        target: Arc<Target>,
+        attempt: Attempt,
+    },
+    /// A hedge ran and both sides failed (both recorded).
+    BothFailed { reason: &'static str },
 }
 
 /// What follows a failed attempt.

@@ -233,6 +233,10 @@ impl Plan {
                 "mode": if task.stream_recovery.continues { "continue" } else { "off" },
                 "max_continuations": task.stream_recovery.max_continuations,
             },
+            "hedge": task.hedge.map(|h| serde_json::json!({
+                "after": h.after.to_string(),
+                "max_share": h.max_share,
+            })),
             "needs": {
                 "capabilities": needs.tags(task),
                 "prompt_tokens_estimate": needs.prompt_tokens,
@@ -273,6 +277,14 @@ impl Plan {
                 out,
                 "a stream broken after its commit point continues on the next candidate (at most {} time(s))",
                 task.stream_recovery.max_continuations
+            );
+        }
+        if let Some(h) = task.hedge {
+            let _ = writeln!(
+                out,
+                "a first attempt not committed after {} gets a hedge on the next candidate (at most {} % of a minute's requests)",
+                h.after,
+                h.max_share * 100.0
             );
         }
         out.push_str("candidates, in failover order:\n");

@@ -85,6 +85,57 @@ pub struct Prefill {
     pub body_fields: serde_json::Map<String, serde_json::Value>,
 }
 
+/// When a task's hedge starts: a fixed delay, or a percentile of the first
+/// target's observed time to first token (clamped).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum After {
+    /// A fixed delay.
+    Fixed(Duration),
+    /// The target's observed TTFT at this quantile (0-1), within `floor..=cap`.
+    Percentile {
+        /// e.g. 0.95.
+        quantile: f64,
+        /// Never sooner than this.
+        floor: Duration,
+        /// Never later than this (also the delay until enough samples are seen).
+        cap: Duration,
+    },
+}
+
+impl std::fmt::Display for After {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            After::Fixed(d) => write!(f, "{}", humantime::format_duration(*d)),
+            After::Percentile { quantile, .. } => write!(f, "p{}", quantile * 100.0),
+        }
+    }
+}
+
+/// A task's hedging policy (`hedge:` in routes.yaml).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HedgePolicy {
+    /// When the hedge starts.
+    pub after: After,
+    /// Most of a minute's requests that may be hedged (0-1).
+    pub max_share: f64,
+}
+
+impl HedgePolicy {
+    /// The delay before the hedge, for a first target whose recent TTFT
+    /// quantile is `observed` (if known).
+    #[must_use]
+    pub fn delay(&self, observed: impl FnOnce(f64) -> Option<Duration>) -> Duration {
+        match self.after {
+            After::Fixed(d) => d,
+            After::Percentile {
+                quantile,
+                floor,
+                cap,
+            } => observed(quantile).map_or(cap, |d| d.clamp(floor, cap)),
+        }
+    }
+}
+
 /// What a task does when a stream breaks after its commit point.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StreamRecovery {
@@ -213,6 +264,10 @@ pub struct Task {
     pub cancelled: Counter,
     /// What happens when a stream breaks after its commit point.
     pub stream_recovery: StreamRecovery,
+    /// When a slow first attempt gets a parallel one, if ever.
+    pub hedge: Option<HedgePolicy>,
+    /// `switchyard_hedges_total{task, result}`.
+    pub hedges: Family<&'static str>,
 }
 
 impl Task {

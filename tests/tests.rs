@@ -33,6 +33,7 @@ mod contract;
 mod error_classes;
 mod front_door;
 mod health;
+mod hedging;
 mod readme;
 mod regressions;
 mod routing;

@@ -24,6 +24,9 @@ pub const H_DEGRADED: &str = "x-switchyard-degraded";
 pub const H_REQUEST_ID: &str = "x-request-id";
 /// Request header: choose a task by name.
 pub const H_TASK_TYPE: &str = "x-task-type";
+/// Response header: how a hedged request went (`won`: the hedge answered,
+/// `lost`: the first attempt did, `cancelled`: neither).
+pub const H_HEDGE: &str = "x-switchyard-hedge";
 /// Response header the official SDKs read before retrying on their own.
 pub const H_SHOULD_RETRY: &str = "x-should-retry";
 

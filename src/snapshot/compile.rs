@@ -26,8 +26,8 @@ use http::Uri;
 
 use super::live::{CallerLimitKey, LiveState, ProviderLimitsKey, TaskLimitKey};
 use super::{
-    Budget, Compiled, Cost, Prefill, Provider, RetryPolicy, Snapshot, Startup, Strategy,
-    StreamRecovery, Target, Task, DEFAULT_LISTEN,
+    After, Budget, Compiled, Cost, HedgePolicy, Prefill, Provider, RetryPolicy, Snapshot, Startup,
+    Strategy, StreamRecovery, Target, Task, DEFAULT_LISTEN,
 };
 use crate::classify::{
     self, Action, Cooldown, ErrorTable, Match, NetworkKind, Rule, StatusPattern,
@@ -922,8 +922,57 @@ fn task(
         unserved: metrics.route(name, "none"),
         cancelled: metrics.counter(m::CLIENT_CANCELLED, &[("task", name.to_owned().into())]),
         stream_recovery: stream_recovery(t, path, c),
+        hedge: hedge(t, path, c),
+        hedges: metrics.family(m::HEDGES, &[("task", name.to_owned().into())], &["result"]),
         chain,
     }
+}
+
+/// A task's hedging policy.
+fn hedge(t: &RawTask, path: &str, c: &mut Checks<'_>) -> Option<HedgePolicy> {
+    let raw = t.hedge.as_ref()?;
+    let hpath = format!("{path}.hedge");
+    let after = match raw.after.trim().strip_prefix('p') {
+        Some(pct) => {
+            let quantile = pct.parse::<f64>().ok().map(|p| p / 100.0);
+            let Some(quantile) = quantile.filter(|q| *q > 0.0 && *q < 1.0) else {
+                c.error(
+                    &format!("{hpath}.after"),
+                    format!("bad percentile `{}`: expected p50 to p99.9", raw.after),
+                );
+                return None;
+            };
+            After::Percentile {
+                quantile,
+                floor: c.duration(
+                    &format!("{hpath}.floor"),
+                    raw.floor.as_deref(),
+                    Duration::from_millis(50),
+                ),
+                cap: c.duration(
+                    &format!("{hpath}.cap"),
+                    raw.cap.as_deref(),
+                    Duration::from_secs(2),
+                ),
+            }
+        }
+        None => After::Fixed(c.duration(
+            &format!("{hpath}.after"),
+            Some(&raw.after),
+            Duration::from_secs(1),
+        )),
+    };
+    if raw.max.is_some_and(|m| m != 1) {
+        c.error(
+            &format!("{hpath}.max"),
+            "only one hedge per request is supported: `max: 1`",
+        );
+    }
+    let max_share = raw.max_share.unwrap_or(0.1);
+    if !(0.0..=1.0).contains(&max_share) {
+        c.error(&format!("{hpath}.max_share"), "max_share must be in [0, 1]");
+    }
+    Some(HedgePolicy { after, max_share })
 }
 
 /// What a task does when a stream breaks after its commit point.

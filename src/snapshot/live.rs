@@ -118,6 +118,8 @@ pub struct TaskState {
     swrr: Mutex<Vec<i64>>,
     /// (clock hour, USD spent on non-first targets in it).
     spend: Mutex<(u64, f64)>,
+    /// (minute, requests, hedges) of the current minute, for the hedge rate cap.
+    hedges: Mutex<(u64, u32, u32)>,
 }
 
 impl TaskState {
@@ -147,6 +149,39 @@ impl TaskState {
             current[b] -= total;
         }
         best
+    }
+
+    /// Counts one request of a hedging task in the current minute.
+    pub fn count_request(&self) {
+        let minute = Self::minute();
+        let mut h = self.hedges.lock();
+        if h.0 != minute {
+            *h = (minute, 0, 0);
+        }
+        h.1 = h.1.saturating_add(1);
+    }
+
+    /// Takes one hedge if this minute's hedges stay within `max_share` of
+    /// its requests (at least one a minute, unless `max_share` is 0); false
+    /// when the cap suppresses it.
+    pub fn take_hedge(&self, max_share: f64) -> bool {
+        let minute = Self::minute();
+        let mut h = self.hedges.lock();
+        if h.0 != minute {
+            *h = (minute, 1, 0);
+        }
+        let allowed = (max_share * f64::from(h.1.max(1))).floor().max(1.0);
+        if max_share <= 0.0 || f64::from(h.2 + 1) > allowed {
+            return false;
+        }
+        h.2 += 1;
+        true
+    }
+
+    fn minute() -> u64 {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() / 60)
     }
 
     fn hour() -> u64 {
