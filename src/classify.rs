@@ -123,8 +123,44 @@ impl Action {
 pub enum Cooldown {
     /// A fixed time.
     Fixed(Duration),
-    /// The upstream's `Retry-After` (seconds or HTTP-date), else the given default.
+    /// The upstream's advertised wait ([`advertised_wait`]), else the given default.
     RetryAfter(Duration),
+    /// Until the config is reloaded or the key's file rotated (a revoked key).
+    UntilReload,
+}
+
+/// What a failure counts against and cools down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// The API key used (a 429 may be one key's limit; a 401 one revoked key).
+    /// For a provider without keys, the target.
+    Key,
+    /// The model at the provider (5xx, timeouts, network errors).
+    #[default]
+    Target,
+    /// Every target of the provider (an account-wide quota).
+    Provider,
+}
+
+impl Scope {
+    /// Every scope, by its `routes.yaml` name.
+    pub const ALL: [Scope; 3] = [Scope::Key, Scope::Target, Scope::Provider];
+
+    /// The `routes.yaml` name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Key => "key",
+            Scope::Target => "target",
+            Scope::Provider => "provider",
+        }
+    }
+
+    /// Parses a `routes.yaml` name.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
 }
 
 /// A status test: one code or a class such as `5xx`.
@@ -249,6 +285,8 @@ pub struct Rule {
     /// A 429 advertising a wait at most this long is waited out and retried
     /// on the same target instead of failing over (`wait_retry_after`).
     pub wait_retry_after: Option<Duration>,
+    /// What the failure counts against and cools down.
+    pub scope: Scope,
 }
 
 /// The decision for one failed attempt.
@@ -267,6 +305,10 @@ pub struct Decision {
     /// Wait this long and retry the same target (a 429 whose advertised wait
     /// fits the rule's `wait_retry_after`).
     pub wait: Option<Duration>,
+    /// What the failure counts against and cools down.
+    pub scope: Scope,
+    /// Unusable until a reload (`cooldown: until_reload`): a revoked key.
+    pub until_reload: bool,
     /// Name of the rule that decided (for the per-attempt log line).
     pub rule: Arc<str>,
 }
@@ -281,6 +323,8 @@ impl Decision {
             context_window: false,
             rate_limited: false,
             wait: None,
+            scope: Scope::Target,
+            until_reload: false,
             rule: Arc::from(rule),
         }
     }
@@ -314,7 +358,9 @@ impl ErrorTable {
             return Some(Decision {
                 action: rule.action,
                 health: rule.health,
-                cooldown: rule.cooldown.map(|c| cooldown_for(c, advertised)),
+                cooldown: rule.cooldown.and_then(|c| cooldown_for(c, advertised)),
+                scope: rule.scope,
+                until_reload: rule.cooldown == Some(Cooldown::UntilReload),
                 context_window: rule.context_window,
                 rate_limited,
                 wait: rule
@@ -342,10 +388,11 @@ impl ErrorTable {
     }
 }
 
-fn cooldown_for(c: Cooldown, advertised: Option<Duration>) -> Duration {
+fn cooldown_for(c: Cooldown, advertised: Option<Duration>) -> Option<Duration> {
     match c {
-        Cooldown::Fixed(d) => d,
-        Cooldown::RetryAfter(default) => advertised.unwrap_or(default),
+        Cooldown::Fixed(d) => Some(d),
+        Cooldown::RetryAfter(default) => Some(advertised.unwrap_or(default)),
+        Cooldown::UntilReload => None,
     }
 }
 
@@ -515,6 +562,7 @@ pub fn default_rules() -> Vec<Rule> {
             cooldown: None,
             context_window: false,
             wait_retry_after: None,
+            scope: Scope::Target,
         };
     vec![
         rule("timeout", vec![], vec![Timeout], Action::Failover, true),
@@ -534,15 +582,20 @@ pub fn default_rules() -> Vec<Rule> {
         ),
         Rule {
             cooldown: Some(Cooldown::RetryAfter(Duration::from_secs(1))),
+            scope: Scope::Key,
             ..rule("429", vec![Code(429)], vec![], Action::Failover, false)
         },
-        rule(
-            "auth",
-            vec![Code(401), Code(403)],
-            vec![],
-            Action::Failover,
-            true,
-        ),
+        Rule {
+            cooldown: Some(Cooldown::UntilReload),
+            scope: Scope::Key,
+            ..rule(
+                "auth",
+                vec![Code(401), Code(403)],
+                vec![],
+                Action::Failover,
+                true,
+            )
+        },
         rule("404", vec![Code(404)], vec![], Action::Failover, true),
         Rule {
             matcher: Match {

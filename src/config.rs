@@ -111,6 +111,27 @@ pub struct RawProvider {
     /// File holding the API key instead (e.g. a mounted Kubernetes Secret),
     /// re-read on reload; unreadable or empty is as an unset `api_key_env`.
     pub api_key_file: Option<String>,
+    /// A pool of keys instead of one (not with `api_key_env`/`api_key_file`):
+    /// each from an env var or a file, optionally named and rate-limited.
+    #[serde(default)]
+    pub keys: Vec<RawKey>,
+    /// How a request picks a key of the pool: `round_robin` (default) or
+    /// `least_recently_limited` (the key whose last 429 is oldest).
+    #[schemars(extend("enum" = ["round_robin", "least_recently_limited"]))]
+    pub key_selection: Option<String>,
+    /// The header the key goes in (default: the protocol's, `authorization`
+    /// for `openai`, `x-api-key` for `anthropic`); e.g. `api-key` for Azure.
+    #[schemars(regex(pattern = schema_parts::HEADER_NAME))]
+    pub key_header: Option<String>,
+    /// Text before the key in that header (default `Bearer ` for
+    /// `authorization`, none for any other header).
+    pub key_prefix: Option<String>,
+    /// Send the key as this query parameter instead of a header.
+    pub key_query: Option<String>,
+    /// Query parameters on every request, e.g. `{ api-version: 2024-10-21 }`
+    /// (Azure OpenAI). Never logged or shown in errors.
+    #[serde(default)]
+    pub query: BTreeMap<String, String>,
     /// Extra headers sent with every upstream request.
     #[serde(default)]
     #[schemars(extend(
@@ -143,6 +164,33 @@ pub struct RawProvider {
     /// How this provider is told to continue an assistant prefix (for targets
     /// with the `prefill` capability, when a task continues broken streams).
     pub prefill: Option<RawPrefill>,
+}
+
+/// One key of a provider's pool.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawKey {
+    /// Its name in metrics, logs and `/admin/targets` (never the key itself;
+    /// default `key0`, `key1`, ... by position).
+    pub name: Option<String>,
+    /// Environment variable holding the key.
+    pub env: Option<String>,
+    /// File holding the key (re-read when it changes).
+    pub file: Option<String>,
+    /// This key's own rate limits.
+    pub rate_limit: Option<RawProviderLimit>,
+}
+
+/// What a target's embeddings are: failover only goes between targets of
+/// the same space, since vectors of two models are not interchangeable.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawEmbedding {
+    /// The model family whose vectors these are, e.g. `text-embedding-3-small`.
+    pub model_family: String,
+    /// Vector length.
+    #[schemars(range(min = 1))]
+    pub dimensions: u32,
 }
 
 /// How a provider continues an assistant prefix: the request gets one
@@ -210,6 +258,9 @@ pub struct RawTarget {
     /// Share for the `weighted` strategy, at least 1 (default 1).
     #[schemars(range(min = 1))]
     pub weight: Option<u32>,
+    /// The embedding space this target's `/v1/embeddings` answers live in;
+    /// a task whose chain mixes spaces is refused.
+    pub embedding: Option<RawEmbedding>,
 }
 
 /// Price of a target, USD per 1,000 tokens.
@@ -392,11 +443,19 @@ pub struct RawRule {
     /// `return` (the answer goes to the client).
     #[schemars(with = "schema_parts::Names<schema_parts::Actions>")]
     pub action: String,
-    /// Whether the outcome counts against the target's health (default true).
+    /// Whether the outcome counts against the target's health (default true);
+    /// with `scope: key`, against the key instead.
     pub health: Option<bool>,
-    /// Skip the target for this long; `retry_after`: for as long as the
-    /// upstream advertises (`Retry-After`, `retry-after-ms`, rate-limit reset
-    /// headers; 1 s without one).
+    /// What the failure counts against and cools down: `key` (the API key
+    /// used), `target` (the model at the provider; default) or `provider`
+    /// (every target of the account).
+    #[schemars(extend("enum" = ["key", "target", "provider"]))]
+    pub scope: Option<String>,
+    /// Skip the target (or key, or provider: `scope`) for this long;
+    /// `retry_after`: for as long as the upstream advertises (`Retry-After`,
+    /// `retry-after-ms`, rate-limit reset headers; 1 s without one);
+    /// `until_reload` (with `scope: key`): until a reload or a rotation of
+    /// the key's file (a revoked key).
     #[serde(default, deserialize_with = "duration_text")]
     #[schemars(with = "Option<schema_parts::CooldownText>")]
     pub cooldown: Option<String>,

@@ -55,9 +55,10 @@ pub enum GatewayError {
         last_status: Option<u16>,
     },
     /// Nothing could be tried: every target is DOWN (and `health.all_down`
-    /// is `fail`, or its trial is taken) or paused by a cooldown. 503, with
+    /// is `fail`, or its trial is taken), paused by a cooldown, or without a
+    /// usable API key (every key revoked). 503, with
     /// `Retry-After` until the earliest one may be tried again.
-    #[error("no target available: all are down or cooling down")]
+    #[error("no target available: all are down, cooling down or without a usable API key")]
     NoTargetAvailable {
         /// Until the earliest target may be tried again, if known.
         retry_after: Option<std::time::Duration>,

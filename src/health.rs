@@ -671,6 +671,129 @@ fn change(inner: &mut Inner, to: State, now: Instant) -> Option<Transition> {
     Some(Transition { from, to })
 }
 
+/// Whether an API key can serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyState {
+    /// It can.
+    Usable,
+    /// Cooling down after a 429 (or a rule's cooldown) until then.
+    CoolingDown(Instant),
+    /// Revoked (a 401/403): unusable until a reload or a rotation of its file.
+    Dead,
+}
+
+impl KeyState {
+    /// The `switchyard_key_state` gauge value: 0 usable, 1 cooling down, 2 dead.
+    #[must_use]
+    pub fn gauge(self) -> f64 {
+        match self {
+            KeyState::Usable => 0.0,
+            KeyState::CoolingDown(_) => 1.0,
+            KeyState::Dead => 2.0,
+        }
+    }
+
+    /// Lower-case name for `/admin/targets` and logs.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyState::Usable => "usable",
+            KeyState::CoolingDown(_) => "cooling_down",
+            KeyState::Dead => "dead",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct KeyInner {
+    cooldown_until: Option<Instant>,
+    dead: bool,
+    last_limited: Option<Instant>,
+}
+
+/// Live state of one API key: its cooldowns, whether it is revoked, and when
+/// it was last rate-limited (for `least_recently_limited`).
+#[derive(Debug, Default)]
+pub struct KeyHealth {
+    inner: Mutex<KeyInner>,
+}
+
+impl KeyHealth {
+    /// Whether the key can serve at `now`.
+    #[must_use]
+    pub fn state(&self, now: Instant) -> KeyState {
+        let inner = self.inner.lock();
+        if inner.dead {
+            return KeyState::Dead;
+        }
+        match inner.cooldown_until.filter(|t| now < *t) {
+            Some(until) => KeyState::CoolingDown(until),
+            None => KeyState::Usable,
+        }
+    }
+
+    /// When it last answered 429, if ever.
+    #[must_use]
+    pub fn last_limited(&self) -> Option<Instant> {
+        self.inner.lock().last_limited
+    }
+
+    /// Records a key-scoped failure: a cooldown, a revocation, or both.
+    pub fn record(
+        &self,
+        now: Instant,
+        cooldown: Option<Duration>,
+        revoked: bool,
+        rate_limited: bool,
+    ) {
+        let mut inner = self.inner.lock();
+        if let Some(cd) = cooldown {
+            let until = now + cd;
+            inner.cooldown_until = Some(inner.cooldown_until.map_or(until, |t| t.max(until)));
+        }
+        if rate_limited {
+            inner.last_limited = Some(now);
+        }
+        inner.dead |= revoked;
+    }
+
+    /// A reload (or a rotated key file) brings a revoked key back.
+    pub fn revive(&self) {
+        self.inner.lock().dead = false;
+    }
+}
+
+/// Live state of a provider account: a provider-scoped cooldown (an
+/// account-wide quota) that holds back every target of it.
+#[derive(Debug, Default)]
+pub struct ProviderHealth {
+    /// (until, a rate limit's), the latest end.
+    cooldown: Mutex<Option<(Instant, bool)>>,
+}
+
+impl ProviderHealth {
+    /// Holds every target of the account back for `cooldown`.
+    pub fn cool_down(&self, now: Instant, cooldown: Duration, rate_limited: bool) {
+        let until = now + cooldown;
+        let mut c = self.cooldown.lock();
+        *c = Some(match *c {
+            Some((t, limited)) if t >= until => (t, limited),
+            Some(_) | None => (until, rate_limited),
+        });
+    }
+
+    /// Why the account's targets may not be tried now, if so.
+    #[must_use]
+    pub fn unavailable(&self, now: Instant) -> Option<Unavailable> {
+        let c = *self.cooldown.lock();
+        c.filter(|(until, _)| now < *until)
+            .map(|(until, rate_limited)| Unavailable::CoolingDown {
+                until,
+                rate_limited,
+            })
+    }
+}
+
 /// A target's identity: what health follows across reloads. Renaming a
 /// target keeps it; pointing it at another URL or model starts it fresh.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -53,6 +53,9 @@ pub const STREAM_CONTINUATIONS: &str = "switchyard_stream_continuations_total";
 /// `suppressed` (due, but the rate cap, the failover budget or the lack of
 /// another admitted target held it back).
 pub const HEDGES: &str = "switchyard_hedges_total";
+/// Gauge `{provider, key}`: an API key's state: 0 usable, 1 cooling down
+/// (a 429), 2 revoked (a 401/403; until a reload or a rotation of its file).
+pub const KEY_STATE: &str = "switchyard_key_state";
 /// Counter `{target}`: malformed events dropped from a committed stream.
 pub const STREAM_MALFORMED: &str = "switchyard_stream_malformed_events_total";
 /// Counter `{task, target}`: answers that broke the degraded-answer contract (tool calls).
@@ -279,6 +282,11 @@ impl Metrics {
             TARGET_HEALTH.into(),
             None,
             "Target health: 0 healthy, 1 degraded, 2 down.".into(),
+        );
+        r.describe_gauge(
+            KEY_STATE.into(),
+            None,
+            "API key state: 0 usable, 1 cooling down, 2 revoked.".into(),
         );
         r.describe_gauge(
             COST.into(),

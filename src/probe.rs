@@ -17,7 +17,7 @@ use tracing::{debug, info};
 use crate::request::ChatRequest;
 use crate::snapshot::Target;
 use crate::state::App;
-use crate::upstream::TargetModel;
+use crate::upstream::{Operation, TargetModel};
 
 /// The probe request, in the client's protocol; each target's adapter encodes it.
 const PROBE: &[u8] = br#"{"max_tokens":1,"messages":[{"role":"user","content":"ping"}]}"#;
@@ -34,6 +34,12 @@ pub fn spawn(app: Arc<App>) -> tokio::task::JoinHandle<()> {
             ticker.tick().await;
             let snapshot = app.snapshot.load_full();
             let now = Instant::now();
+            for provider in snapshot.providers.values() {
+                // Cooldowns end on their own; the gauge follows.
+                for key in &provider.keys {
+                    key.gauge.set(key.health.state(now).gauge());
+                }
+            }
             for target in snapshot.targets.values() {
                 // A DEGRADED target whose window went quiet is healthy again.
                 target.report(target.health.forget(now, &snapshot.health));
@@ -62,7 +68,8 @@ pub async fn probe(target: Arc<Target>) -> bool {
         Some(body) => {
             // Only the status matters; the body is dropped unread (a hostile
             // upstream could send gigabytes).
-            let call = endpoint.send(body, None, false);
+            let credential = target.provider.probe_credential();
+            let call = endpoint.send(Operation::Chat, credential, body, None, false);
             match timeout(target.provider.timeout, call).await {
                 Ok(Ok(resp)) => resp.status().as_u16() < 500,
                 Ok(Err(_)) | Err(_) => false,

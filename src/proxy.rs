@@ -40,13 +40,13 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::body::Body;
-use crate::classify::{Action, AttemptOutcome};
+use crate::classify::{Action, AttemptOutcome, Scope};
 use crate::error::GatewayError;
 use crate::health::Failure;
 use crate::request::ChatRequest;
 use crate::routing::{self, Admission, Admitted, Holdbacks, Needs};
 use crate::schema::{Contract, Mode as ValidateMode, Violation};
-use crate::snapshot::{Snapshot, Target, Task};
+use crate::snapshot::{KeySet, Snapshot, Target, Task};
 use account::{Account, CancelGuard};
 use attempt::{Attempt, Call, Failed};
 use continuation::Recovery;
@@ -288,13 +288,16 @@ impl Walk<'_> {
             target,
             permit,
             body,
+            key,
         } = admitted;
         let mut permit = Some(permit);
         let mut reason = "unknown";
-        let mut tries = Tries::default();
+        let mut tries = Tries::on_key(key);
         loop {
             if let Some(pause) = tries.pause.take() {
-                tokio::time::sleep(pause).await;
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
                 permit = admission.readmit(&target);
             }
             let Some(p) = permit.take() else { break };
@@ -306,7 +309,7 @@ impl Walk<'_> {
             let outcome = match (first, self.task.hedge) {
                 (true, Some(policy)) => {
                     match self
-                        .hedged(&target, body.clone(), p, policy, admission)
+                        .hedged(&target, tries.key, body.clone(), p, policy, admission)
                         .await
                     {
                         Hedged::Alone(outcome) => outcome,
@@ -318,7 +321,7 @@ impl Walk<'_> {
                     }
                 }
                 (true, None) | (false, _) => {
-                    let call = self.call(&target);
+                    let call = self.call(&target, tries.key);
                     attempt::run(&call, body.clone(), p).await
                 }
             };
@@ -376,6 +379,7 @@ impl Walk<'_> {
     async fn hedged(
         &mut self,
         target: &Arc<Target>,
+        key: Option<usize>,
         body: Bytes,
         permit: crate::health::Permit,
         policy: crate::snapshot::HedgePolicy,
@@ -384,11 +388,11 @@ impl Walk<'_> {
         self.task.state.count_request();
         let delay = policy.delay(|q| target.health.ttft_quantile(q));
         let budget_left = self.tally.failovers < self.task.budget.max_failovers;
-        let mut hedge_target: Option<Arc<Target>> = None;
+        let mut hedge_target: Option<(Arc<Target>, Option<usize>)> = None;
         let mut suppressed = false;
         let raced = {
             let walk: &Walk<'_> = self;
-            let call = walk.call(target);
+            let call = walk.call(target, key);
             let start = || {
                 if !budget_left || !walk.task.state.take_hedge(policy.max_share) {
                     suppressed = true;
@@ -398,9 +402,9 @@ impl Walk<'_> {
                     suppressed = true;
                     return None;
                 };
-                hedge_target = Some(Arc::clone(&admitted.target));
+                hedge_target = Some((Arc::clone(&admitted.target), admitted.key));
                 Some(async move {
-                    let call = walk.call(&admitted.target);
+                    let call = walk.call(&admitted.target, admitted.key);
                     attempt::run(&call, admitted.body, admitted.permit).await
                 })
             };
@@ -419,14 +423,14 @@ impl Walk<'_> {
                 None => Hedged::Alone(Attempt::Deadline),
             };
         };
-        self.settle_race(target, &hedge_target, raced)
+        self.settle_race((target, key), (&hedge_target.0, hedge_target.1), raced)
     }
 
     /// After a race that hedged: books both sides and says who answered.
     fn settle_race(
         &mut self,
-        primary: &Arc<Target>,
-        hedge: &Arc<Target>,
+        (primary, primary_key): (&Arc<Target>, Option<usize>),
+        (hedge, hedge_key): (&Arc<Target>, Option<usize>),
         raced: hedge::Raced<Attempt>,
     ) -> Hedged {
         self.tally.attempts += 1;
@@ -440,13 +444,13 @@ impl Walk<'_> {
             ..
         } = raced;
         let mut won = None;
-        for (side, target, out) in [
-            (hedge::Side::Primary, primary, p_out),
-            (hedge::Side::Hedge, hedge, h_out),
+        for (side, target, key, out) in [
+            (hedge::Side::Primary, primary, primary_key, p_out),
+            (hedge::Side::Hedge, hedge, hedge_key, h_out),
         ] {
             match out {
                 Some(answer) if winner == Some(side) => won = Some((Arc::clone(target), answer)),
-                Some(failure) => self.raced_failure(target, failure),
+                Some(failure) => self.raced_failure(target, key, failure),
                 // Cancelled before it answered: no one's failure; its prompt was still sent.
                 None => self.account.settle(target, None, 0),
             }
@@ -468,7 +472,7 @@ impl Walk<'_> {
 
     /// A side of a hedged race that ended without an answer: recorded like
     /// any failed attempt, with no retry.
-    fn raced_failure(&mut self, target: &Arc<Target>, outcome: Attempt) {
+    fn raced_failure(&mut self, target: &Arc<Target>, key: Option<usize>, outcome: Attempt) {
         match outcome {
             Attempt::Failed(failed) => {
                 self.last_status = failed.status.or(self.last_status);
@@ -486,6 +490,7 @@ impl Walk<'_> {
                     &failed.decision,
                     failed.outcome,
                     failed.permit,
+                    key,
                 );
             }
             Attempt::Violated { violation, permit } => self.violated(target, violation, permit),
@@ -495,8 +500,9 @@ impl Walk<'_> {
     }
 
     /// What one attempt of `target` needs.
-    fn call<'c>(&'c self, target: &'c Arc<Target>) -> Call<'c> {
+    fn call<'c>(&'c self, target: &'c Arc<Target>, key: Option<usize>) -> Call<'c> {
         Call {
+            key,
             snapshot: self.snapshot,
             task: self.task,
             target,
@@ -581,11 +587,18 @@ impl Walk<'_> {
             permit,
         } = failed;
         self.last_status = status.or(self.last_status);
-        attempt::record(self.snapshot, target, &decision, outcome, permit);
+        attempt::record(self.snapshot, target, &decision, outcome, permit, tries.key);
         let now = Instant::now();
         match (decision.rate_limited, decision.cooldown) {
             (true, Some(cooldown)) => self.holdbacks.limited(now + cooldown),
             (true, None) | (false, _) => self.holdbacks.failed = true,
+        }
+        if let Some(next) = self.next_key(target, &decision, tries, admission) {
+            info!(target = %target.name, attempt = self.tally.attempts, outcome = outcome.label(),
+                rule = %decision.rule, next = "next_key", key = %target.provider.keys[next].name,
+                "upstream attempt failed");
+            tries.switch_key(next);
+            return Next::Retry;
         }
         // What really happens next: a retry only if the pause fits the
         // deadline and the target will take it (a cooldown or an open
@@ -626,6 +639,25 @@ impl Walk<'_> {
         }
     }
 
+    /// After a key-scoped failure: the provider's next usable key, tried on
+    /// the same target before any failover (same model, same answer).
+    fn next_key(
+        &self,
+        target: &Target,
+        decision: &crate::classify::Decision,
+        tries: &Tries,
+        admission: &mut Admission<'_>,
+    ) -> Option<usize> {
+        if decision.scope != Scope::Key
+            || decision.action == Action::Return
+            || tries.key.is_none()
+            || Instant::now() >= self.deadline
+        {
+            return None;
+        }
+        admission.next_key(target, tries.keys)
+    }
+
     /// Step 6: nothing was served; switchyard's own answer says why.
     fn give_up(&mut self, admission: &mut Admission<'_>) -> Response<Body> {
         let held = admission.holdbacks();
@@ -638,11 +670,12 @@ impl Walk<'_> {
         }
         if !self.holdbacks.failed && !self.deadline_hit && self.violation.is_none() {
             // Nothing failed: only waits stood in the way. Rate limits alone
-            // are a 429; anything else that could not be tried is a 503.
+            // are a 429; anything else that could not be tried (revoked keys
+            // included) is a 503.
             let wait = |until: Instant| until.saturating_duration_since(now);
-            return match (limited, held.unavailable) {
-                (Some(until), None) => self.error(&GatewayError::RateLimited(wait(until))),
-                (limited, unavailable) => self.error(&GatewayError::NoTargetAvailable {
+            return match (limited, held.unavailable, held.revoked) {
+                (Some(until), None, false) => self.error(&GatewayError::RateLimited(wait(until))),
+                (limited, unavailable, _) => self.error(&GatewayError::NoTargetAvailable {
                     retry_after: limited.into_iter().chain(unavailable).min().map(wait),
                 }),
             };
@@ -710,9 +743,14 @@ enum Next {
 }
 
 /// The same-target retries of one target: `retry.max` counted ones with
-/// backoff, plus one waited-out 429 (`wait_retry_after`).
+/// backoff, plus one waited-out 429 (`wait_retry_after`), plus one per other
+/// key of the provider after key-scoped failures.
 #[derive(Debug, Default)]
 struct Tries {
+    /// The key the next attempt goes with.
+    key: Option<usize>,
+    /// Every key tried on this target.
+    keys: KeySet,
     /// Counted retries taken.
     counted: u32,
     /// The one waited retry was taken.
@@ -722,6 +760,25 @@ struct Tries {
 }
 
 impl Tries {
+    fn on_key(key: Option<usize>) -> Self {
+        let mut keys = KeySet::default();
+        if let Some(k) = key {
+            keys.insert(k);
+        }
+        Self {
+            key,
+            keys,
+            ..Self::default()
+        }
+    }
+
+    /// The next attempt goes with `key`, at once.
+    fn switch_key(&mut self, key: usize) {
+        self.keys.insert(key);
+        self.key = Some(key);
+        self.pause = Some(Duration::ZERO);
+    }
+
     /// The pause a retry after `decision` would take, if one is allowed.
     fn pause_after(
         &self,

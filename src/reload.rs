@@ -26,7 +26,7 @@ use tracing::{error, info, warn};
 
 use crate::config::diagnostic::{Diagnostic, Severity};
 use crate::metrics as m;
-use crate::snapshot::{self, Compiled, Snapshot, Startup};
+use crate::snapshot::{self, ApiKey, Compiled, Snapshot, Startup};
 use crate::state::App;
 
 /// Settle time after the first relevant event before the file is read: editors
@@ -97,7 +97,7 @@ impl Watches {
             snapshot
                 .providers
                 .values()
-                .filter_map(|p| p.key_file.clone()),
+                .flat_map(|p| p.key_files().map(Path::to_path_buf)),
         );
         for file in files {
             if let Some(name) = file.file_name() {
@@ -191,7 +191,7 @@ pub fn reload_now(app: &App) -> bool {
             info!(config = %path, hash = format_args!("{:016x}", next.snapshot.hash), "config reloaded");
             publish_info(&next.snapshot);
             app.snapshot.store(Arc::new(next.snapshot));
-            app.live.health.prune();
+            app.live.reloaded();
             count(app.metrics(), true);
             true
         }
@@ -222,28 +222,28 @@ pub fn prepare(app: &App) -> Result<Compiled, Vec<Diagnostic>> {
         .and_then(|next| keeps_keys(&current, next))
 }
 
-/// A reload must not leave a provider sending no key where it needs one: a
-/// key file that vanished (a Secret unmounted mid-rotation) must not turn a
-/// working provider into a keyless one, and a provider added (or given a key
-/// source) whose key cannot be read would answer nothing but 401s. At start
-/// an unreadable key is a warning, since there is no old config to keep; a
-/// provider that has been without its key since then keeps being allowed.
+/// A reload must not leave a key unread where it was read: a key file that
+/// vanished (a Secret unmounted mid-rotation) must not turn a working key
+/// into a missing one, and a key added (or a provider added) whose key cannot
+/// be read would answer nothing but 401s. At start an unreadable key is a
+/// warning, since there is no old config to keep; a key that has been
+/// unreadable since then keeps being allowed.
 fn keeps_keys(current: &Snapshot, next: Compiled) -> Result<Compiled, Vec<Diagnostic>> {
     let mut refused = Vec::new();
     for (name, q) in &next.snapshot.providers {
-        if q.secret.is_some() {
-            continue;
-        }
         let before = current.providers.get(name);
-        if before.is_some_and(|p| p.secret.is_some()) {
-            refused.push(Diagnostic::error(
-                &format!("providers.{name}"),
-                1,
-                1,
-                format!("provider `{name}` had an API key and the new config has none; keeping the old config"),
-            ));
-        } else if q.wants_key() && !before.is_some_and(|p| p.wants_key()) {
-            refused.push(unread_key(name, before.is_none(), &next.warnings));
+        for key in q.keys.iter().filter(|k| k.secret.is_none()) {
+            let old = before.and_then(|p| p.keys.iter().find(|k| k.name == key.name));
+            if old.is_some_and(|k| k.secret.is_some()) {
+                refused.push(Diagnostic::error(
+                    &key.setting,
+                    1,
+                    1,
+                    format!("key `{}` of provider `{name}` was read and now cannot be; keeping the old config", key.name),
+                ));
+            } else if old.is_none() {
+                refused.push(unread_key(name, key, before.is_none(), &next.warnings));
+            }
         }
     }
     if refused.is_empty() {
@@ -253,27 +253,26 @@ fn keeps_keys(current: &Snapshot, next: Compiled) -> Result<Compiled, Vec<Diagno
     }
 }
 
-/// The refusal of a provider whose key cannot be read, where the compile
-/// warning saying why stands.
-fn unread_key(name: &str, added: bool, warnings: &[Diagnostic]) -> Diagnostic {
-    let prefix = format!("providers.{name}.api_key_");
+/// The refusal of a key that cannot be read, where the compile warning
+/// saying why stands.
+fn unread_key(name: &str, key: &ApiKey, added: bool, warnings: &[Diagnostic]) -> Diagnostic {
     let why = warnings
         .iter()
-        .find(|w| w.path.starts_with(&prefix))
-        .map_or_else(
-            || Diagnostic::error(&format!("providers.{name}"), 1, 1, ""),
-            Clone::clone,
-        );
+        .find(|w| w.path == key.setting)
+        .map_or_else(|| Diagnostic::error(&key.setting, 1, 1, ""), Clone::clone);
     let what = if added {
-        "is new in this config"
+        "is new in this config and its"
     } else {
-        "now names a key source"
+        "has a new"
     };
     let mut refusal = Diagnostic::error(
         &why.path,
         why.line,
         why.column,
-        format!("provider `{name}` {what} and its API key cannot be read"),
+        format!(
+            "provider `{name}` {what} API key `{}` that cannot be read",
+            key.name
+        ),
     );
     if !why.message.is_empty() {
         refusal.message.push_str(&format!(" ({})", why.message));

@@ -33,7 +33,7 @@ use tracing::{debug, info};
 
 use crate::health::{Permit, State, Unavailable};
 use crate::request::ChatRequest;
-use crate::snapshot::{Snapshot, Strategy, Target, Task};
+use crate::snapshot::{KeySet, NoKey, Snapshot, Strategy, Target, Task};
 use crate::upstream::TargetModel;
 
 /// Share of first picks (under strategies other than `priority`) in which
@@ -115,6 +115,12 @@ pub enum Exclusion {
     CoolingDown,
     /// Its provider's rpm/tpm bucket is empty.
     ProviderRateLimited,
+    /// Its provider is cooling down (a provider-scoped rule: an account quota).
+    ProviderCoolingDown,
+    /// Every usable key of its provider is cooling down or out of its bucket.
+    KeysLimited,
+    /// Every key of its provider is revoked (401/403 until a reload or rotation).
+    KeysRevoked,
     /// The task's fallback spend this hour reached `usd_per_hour`.
     FallbackBudget,
     /// Its context window is not larger than one that already said "too long".
@@ -133,6 +139,9 @@ impl Exclusion {
             Exclusion::Down => "down",
             Exclusion::CoolingDown => "cooldown",
             Exclusion::ProviderRateLimited => "provider_rate_limit",
+            Exclusion::ProviderCoolingDown => "provider_cooldown",
+            Exclusion::KeysLimited => "keys_limited",
+            Exclusion::KeysRevoked => "keys_revoked",
             Exclusion::FallbackBudget => "fallback_budget",
             Exclusion::Unsupported(_) => "protocol",
         }
@@ -154,6 +163,15 @@ impl Exclusion {
                 "cooling down (429 Retry-After or a rule's cooldown)".to_owned()
             }
             Exclusion::ProviderRateLimited => "provider rate limit bucket is empty".to_owned(),
+            Exclusion::ProviderCoolingDown => {
+                "its provider is cooling down (a provider-scoped rule)".to_owned()
+            }
+            Exclusion::KeysLimited => {
+                "every key of its provider is rate-limited or cooling down".to_owned()
+            }
+            Exclusion::KeysRevoked => {
+                "every key of its provider is revoked (until a reload or a key rotation)".to_owned()
+            }
             Exclusion::FallbackBudget => "fallback_budget usd_per_hour reached".to_owned(),
             Exclusion::SmallerContext => {
                 "context window not larger than one that was too small".to_owned()
@@ -173,6 +191,9 @@ impl Exclusion {
             Exclusion::Down
             | Exclusion::CoolingDown
             | Exclusion::ProviderRateLimited
+            | Exclusion::ProviderCoolingDown
+            | Exclusion::KeysLimited
+            | Exclusion::KeysRevoked
             | Exclusion::FallbackBudget
             | Exclusion::SmallerContext
             | Exclusion::Unsupported(_) => false,
@@ -432,6 +453,9 @@ pub struct Holdbacks {
     pub unavailable: Option<Instant>,
     /// Some attempt failed for real (an error, not a wait).
     pub failed: bool,
+    /// A target was skipped because every key of its provider is revoked
+    /// (no wait would help: not a 429).
+    pub revoked: bool,
 }
 
 impl Holdbacks {
@@ -470,6 +494,8 @@ pub struct Admitted {
     pub permit: Permit,
     /// The request encoded for the target's protocol.
     pub body: Bytes,
+    /// The index of the provider key to send with (`None`: no readable key).
+    pub key: Option<usize>,
 }
 
 /// Walks a plan for one request, handing out admitted targets.
@@ -581,6 +607,11 @@ impl<'a> Admission<'a> {
             skip(self.task, &target, &Exclusion::SmallerContext);
             return None;
         }
+        if let Some(why) = target.provider.health.unavailable(Instant::now()) {
+            self.holdbacks.held(why);
+            skip(self.task, &target, &Exclusion::ProviderCoolingDown);
+            return None;
+        }
         let permit = match target.health.admit(Instant::now()) {
             Ok(p) => p,
             Err(why) => {
@@ -597,6 +628,7 @@ impl<'a> Admission<'a> {
             }
         };
         let body = self.encode(&target)?;
+        let key = self.key(&target)?;
         if let Some(limits) = &target.provider.limits {
             if let Err(wait) = limits.admit(self.needs.total_tokens(&target)) {
                 skip(self.task, &target, &Exclusion::ProviderRateLimited);
@@ -609,7 +641,46 @@ impl<'a> Admission<'a> {
             target,
             permit,
             body,
+            key,
         })
+    }
+
+    /// Another key of `target`'s provider after a key-scoped failure (none
+    /// of `tried`), if one can serve now: the cheapest recovery, same model.
+    pub fn next_key(&mut self, target: &Target, tried: KeySet) -> Option<usize> {
+        let tokens = self.needs.total_tokens(target);
+        match target.provider.pick_key(Instant::now(), tokens, tried) {
+            Ok(Some(key)) => Some(key),
+            Ok(None) | Err(NoKey::Revoked | NoKey::Exhausted) => None,
+            Err(NoKey::Limited(until)) => {
+                self.holdbacks.limited(until);
+                self.snapshot.rate_limited.increment("key", 1);
+                None
+            }
+        }
+    }
+
+    /// The key a first attempt at `target` goes with: `None` skips the
+    /// target (no key can serve); `Some(None)` sends without a key.
+    fn key(&mut self, target: &Target) -> Option<Option<usize>> {
+        let tokens = self.needs.total_tokens(target);
+        let why = match target
+            .provider
+            .pick_key(Instant::now(), tokens, KeySet::default())
+        {
+            Ok(key) => return Some(key),
+            Err(NoKey::Limited(until)) => {
+                self.holdbacks.limited(until);
+                self.snapshot.rate_limited.increment("key", 1);
+                Exclusion::KeysLimited
+            }
+            Err(NoKey::Revoked | NoKey::Exhausted) => {
+                self.holdbacks.revoked = true;
+                Exclusion::KeysRevoked
+            }
+        };
+        skip(self.task, target, &why);
+        None
     }
 
     /// The request in `target`'s protocol; a request it cannot express skips it.
@@ -644,10 +715,12 @@ impl<'a> Admission<'a> {
         let permit = target.health.force_trial(now)?;
         info!(task = %self.task.name, target = %target.name, "all targets unavailable; trying the least recently failed");
         let body = self.encode(&target)?;
+        let key = self.key(&target)?;
         Some(Admitted {
             target,
             permit,
             body,
+            key,
         })
     }
 }

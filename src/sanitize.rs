@@ -94,14 +94,14 @@ impl Sanitizer {
         self.messages.get(&status).map(String::as_str)
     }
 
-    /// Removes only keys (for logging an upstream's original text): the
-    /// provider's own `secret` whole, words holding its first 8 or last 4
+    /// Removes only keys (for logging an upstream's original text): each of
+    /// the provider's own `secrets` whole, words holding its first 8 or last 4
     /// characters next to masking or inside a key-like word, and anything
     /// key-like, masked or not.
     #[must_use]
-    pub fn redact_keys(&self, text: &str, secret: Option<&str>) -> String {
+    pub fn redact_keys(&self, text: &str, secrets: &[&str]) -> String {
         let mut text = text.to_owned();
-        if let Some(key) = secret.filter(|s| s.len() >= 4) {
+        for key in secrets.iter().filter(|s| s.len() >= 4) {
             text = text.replace(key, REDACTED);
             text = self.redact_fragments(&text, key);
         }
@@ -111,8 +111,8 @@ impl Sanitizer {
     /// Scrubs one string: keys as [`Sanitizer::redact_keys`], then the
     /// sensitive words and upstream hosts.
     #[must_use]
-    pub fn clean_text(&self, text: &str, secret: Option<&str>) -> String {
-        let text = self.redact_keys(text, secret);
+    pub fn clean_text(&self, text: &str, secrets: &[&str]) -> String {
+        let text = self.redact_keys(text, secrets);
         match &self.words {
             Some(words) => words.replace_all(&text, REDACTED).into_owned(),
             None => text,
@@ -152,30 +152,25 @@ impl Sanitizer {
     /// puts the configured message for `status` in `error.message`. `None` if
     /// the body is not such an error: the caller then writes its own.
     #[must_use]
-    /// `secret` is the provider's key, removed from the decoded strings too (a
-    /// JSON body may carry it escaped, e.g. `\/` or `\u0073`).
-    pub fn clean_error_body(
-        &self,
-        status: u16,
-        body: &[u8],
-        secret: Option<&str>,
-    ) -> Option<Bytes> {
+    /// `secrets` are the provider's keys, removed from the decoded strings too
+    /// (a JSON body may carry one escaped, e.g. `\/` or `\u0073`).
+    pub fn clean_error_body(&self, status: u16, body: &[u8], secrets: &[&str]) -> Option<Bytes> {
         let mut v: Value = serde_json::from_slice(body).ok()?;
         if !v.get("error").is_some_and(Value::is_object) {
             return None;
         }
-        self.clean_value(&mut v, secret);
+        self.clean_value(&mut v, secrets);
         if let (Some(msg), Some(err)) = (self.message_for(status), v.get_mut("error")) {
             err["message"] = Value::String(msg.to_owned());
         }
         Some(Bytes::from(v.to_string()))
     }
 
-    fn clean_value(&self, v: &mut Value, secret: Option<&str>) {
+    fn clean_value(&self, v: &mut Value, secrets: &[&str]) {
         match v {
-            Value::String(s) => *s = self.clean_text(s, secret),
-            Value::Array(items) => items.iter_mut().for_each(|i| self.clean_value(i, secret)),
-            Value::Object(map) => map.values_mut().for_each(|i| self.clean_value(i, secret)),
+            Value::String(s) => *s = self.clean_text(s, secrets),
+            Value::Array(items) => items.iter_mut().for_each(|i| self.clean_value(i, secrets)),
+            Value::Object(map) => map.values_mut().for_each(|i| self.clean_value(i, secrets)),
             Value::Null | Value::Bool(_) | Value::Number(_) => {}
         }
     }
@@ -197,14 +192,16 @@ fn is_key_like(word: &str) -> bool {
         && word.chars().any(|c| c.is_ascii_alphabetic())
 }
 
-/// Replaces every occurrence of `key` in upstream bytes (a hostile or
-/// careless upstream may echo the provider's key in an error message).
+/// Replaces every occurrence of each of `keys` in upstream bytes (a hostile
+/// or careless upstream may echo the provider's key in an error message).
 #[must_use]
-pub fn redact_secret(body: Bytes, key: Option<&str>) -> Bytes {
-    let Some(key) = key.map(str::as_bytes).filter(|k| k.len() >= 4) else {
-        return body;
-    };
-    if !body.windows(key.len()).any(|w| w == key) {
+pub fn redact_secrets(body: Bytes, keys: &[&str]) -> Bytes {
+    keys.iter().fold(body, |body, key| redact_secret(body, key))
+}
+
+fn redact_secret(body: Bytes, key: &str) -> Bytes {
+    let key = key.as_bytes();
+    if key.len() < 4 || !body.windows(key.len()).any(|w| w == key) {
         return body;
     }
     let mut out = Vec::with_capacity(body.len());
@@ -239,7 +236,7 @@ mod tests {
         let out = s().clean_text(
             "VendorCloud quota hit for key sk-live-abcdefghijklmnop via https://api.vendor-a.example/v1. \
              upgrade to pro at console.vendor.example. Authorization: Bearer abc.def.ghi123",
-            None,
+            &[],
         );
         assert!(
             !out.contains("VendorCloud") && !out.contains("vendor-a") && !out.contains("console."),
@@ -256,41 +253,41 @@ mod tests {
     fn friendly_message_replaces_the_upstream_one() {
         let body =
             br#"{"error":{"message":"VendorCloud says slow down","type":"rate_limit","code":"x"}}"#;
-        let out = s().clean_error_body(429, body, None).unwrap();
+        let out = s().clean_error_body(429, body, &[]).unwrap();
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["error"]["message"], "The model is busy; retry shortly.");
         let out = s()
-            .clean_error_body(400, br#"{"error":{"message":"VendorCloud: bad"}}"#, None)
+            .clean_error_body(400, br#"{"error":{"message":"VendorCloud: bad"}}"#, &[])
             .unwrap();
         assert!(!String::from_utf8_lossy(&out).contains("VendorCloud"));
-        assert!(s().clean_error_body(400, b"<html>", None).is_none());
+        assert!(s().clean_error_body(400, b"<html>", &[]).is_none());
         // The key escaped in JSON (`\/`) is still found once decoded.
         let body = br#"{"error":{"message":"bad key sk\/proj\/AbC+dEf"}}"#;
         let out = s()
-            .clean_error_body(400, body, Some("sk/proj/AbC+dEf"))
+            .clean_error_body(400, body, &["sk/proj/AbC+dEf"])
             .unwrap();
         assert!(!String::from_utf8_lossy(&out).contains("AbC"), "{out:?}");
     }
 
     #[test]
     fn keys_are_redacted_from_returned_bodies() {
-        let out = redact_secret(
-            Bytes::from_static(b"bad key sk-abc, really sk-abc!"),
-            Some("sk-abc"),
+        let out = redact_secrets(
+            Bytes::from_static(b"bad key sk-abc, really sk-abc! and sk-def"),
+            &["sk-abc", "sk-def"],
         );
-        assert_eq!(&out[..], b"bad key *****, really *****!");
+        assert_eq!(&out[..], b"bad key *****, really *****! and *****");
     }
 
     #[test]
     fn ordinary_text_survives() {
-        let key = Some("sk-test-Q7rT9vW2xY4zA6bC8dE0wxyz");
+        let key: &[&str] = &["sk-test-Q7rT9vW2xY4zA6bC8dE0wxyz"];
         for t in [
             "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens.",
             "Rate limit reached for gpt-4o in organization org-abc on tokens per min (TPM): Limit 30000.",
             "Invalid value for 'max_tokens': must be **positive**... see https://platform.openai.com/docs.",
             "Loading… the key-value store is busy; context_length_exceeded",
         ] {
-            assert_eq!(s().clean_text(t, None), t);
+            assert_eq!(s().clean_text(t, &[]), t);
             assert_eq!(s().clean_text(t, key), t);
             assert_eq!(s().redact_keys(t, key), t);
         }
@@ -316,8 +313,8 @@ mod tests {
             "Ab3d••••••••Wx9z",
         ] {
             for out in [
-                s().clean_text(&incorrect_key(shown), None),
-                s().redact_keys(&incorrect_key(shown), None),
+                s().clean_text(&incorrect_key(shown), &[]),
+                s().redact_keys(&incorrect_key(shown), &[]),
             ] {
                 assert_eq!(
                     out,
@@ -341,8 +338,8 @@ mod tests {
         ] {
             let text = incorrect_key(shown);
             for out in [
-                s().clean_text(&text, Some(key)),
-                s().redact_keys(&text, Some(key)),
+                s().clean_text(&text, &[key]),
+                s().redact_keys(&text, &[key]),
             ] {
                 assert!(
                     !out.contains("Ab3dE5gH") && !out.contains("wxyz"),
@@ -358,7 +355,7 @@ mod tests {
         // A fragment on its own, neither masked nor in a key-like word, says
         // too little to be worth mangling the text.
         assert!(s()
-            .clean_text("key ending in 7wxyz", Some(key))
+            .clean_text("key ending in 7wxyz", &[key])
             .contains("7wxyz"));
     }
 }

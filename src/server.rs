@@ -630,6 +630,12 @@ fn targets(s: &Snapshot) -> serde_json::Value {
         .values()
         .map(|t| {
             let v = t.health.view(now, &s.health);
+            let keys: Vec<serde_json::Value> = t
+                .provider
+                .keys
+                .iter()
+                .map(|k| key_view(k, now))
+                .collect();
             serde_json::json!({
                 "target": t.name,
                 "provider": t.provider.name,
@@ -642,8 +648,26 @@ fn targets(s: &Snapshot) -> serde_json::Value {
                 "seconds_since_change": v.since_change.as_secs_f64(),
                 "next_trial_in_seconds": v.next_trial_in.map(|d| d.as_secs_f64()),
                 "cooldown_seconds_left": v.cooldown_left.map(|d| d.as_secs_f64()),
+                "provider_cooldown_seconds_left": t.provider.health.unavailable(now).map(|u| u.until().saturating_duration_since(now).as_secs_f64()),
+                "keys": keys,
             })
         })
         .collect();
     serde_json::json!({"targets": list})
+}
+
+/// A key as `/admin/targets` shows it: its name and state, never the key.
+fn key_view(key: &crate::snapshot::ApiKey, now: Instant) -> serde_json::Value {
+    let state = if key.credential.is_none() {
+        "unreadable"
+    } else {
+        key.health.state(now).as_str()
+    };
+    let left = match key.health.state(now) {
+        crate::health::KeyState::CoolingDown(until) => {
+            Some(until.saturating_duration_since(now).as_secs_f64())
+        }
+        crate::health::KeyState::Usable | crate::health::KeyState::Dead => None,
+    };
+    serde_json::json!({"name": key.name, "state": state, "cooldown_seconds_left": left})
 }

@@ -13,21 +13,23 @@ pub mod live;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics::Counter;
+use metrics::{Counter, Gauge};
 
 use crate::classify::ErrorTable;
 use crate::config::diagnostic::Diagnostic;
 pub use crate::config::Strategy;
-use crate::health::{HealthConfig, TargetHealth, Transition};
+use crate::health::{HealthConfig, KeyHealth, KeyState, ProviderHealth, TargetHealth, Transition};
 use crate::metrics::{Family, Metrics, RouteMetrics, TargetMetrics};
 use crate::ratelimit::{ProviderLimits, TaskLimiter};
 use crate::secret::Secret;
-use crate::upstream::Endpoint;
+use crate::upstream::{Credential, Endpoint};
 pub use compile::CompileOptions;
 pub use live::{LiveState, TaskState};
+use tokio::time::Instant;
 
 /// Default listen address when neither the file nor `--listen` sets one.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -48,14 +50,16 @@ pub struct Provider {
     pub name: String,
     /// `base_url` without a trailing slash (half of the target identity).
     pub base_url: String,
-    /// URL, headers (key included), protocol and pooled client.
+    /// URLs, headers, protocol and pooled client.
     pub endpoint: Endpoint,
-    /// The API key, kept to scrub it from any upstream text passed to a client.
-    pub secret: Option<Secret>,
-    /// Where the key is read from, if from a file (watched for rotation).
-    pub key_file: Option<PathBuf>,
-    /// Where the key is read from, if from the environment.
-    pub key_env: Option<String>,
+    /// Its API keys (none for a keyless upstream), in the file's order.
+    pub keys: Vec<ApiKey>,
+    /// How a request picks one.
+    pub key_selection: KeySelection,
+    /// The round-robin cursor of the pool (live, kept across reloads).
+    pub key_cursor: Arc<AtomicU64>,
+    /// Provider-scoped cooldowns (live, by `base_url`).
+    pub health: Arc<ProviderHealth>,
     /// Per-attempt timeout.
     pub timeout: Duration,
     /// TCP + TLS connect timeout (also how long a silence before a close
@@ -175,12 +179,183 @@ pub struct Target {
 /// The capability that declares a target able to continue an assistant prefix.
 pub const PREFILL: &str = "prefill";
 
+/// Where an API key is read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// An environment variable.
+    Env(String),
+    /// A file (watched for rotation).
+    File(PathBuf),
+}
+
+/// How a request picks a key of a provider's pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeySelection {
+    /// Each usable key in turn.
+    RoundRobin,
+    /// The usable key whose last 429 is oldest (never limited first).
+    LeastRecentlyLimited,
+}
+
+/// One API key of a provider.
+#[derive(Debug)]
+pub struct ApiKey {
+    /// Its name: in metrics, logs and `/admin/targets`, never the key.
+    pub name: String,
+    /// Where it is read from.
+    pub source: KeySource,
+    /// The path of that setting in routes.yaml (for diagnostics).
+    pub setting: String,
+    /// The key, if it could be read (kept to scrub it from upstream text).
+    pub secret: Option<Secret>,
+    /// How it goes on a request, if it could be read.
+    pub credential: Option<Credential>,
+    /// Live: cooldowns and revocation.
+    pub health: Arc<KeyHealth>,
+    /// Its own rpm/tpm buckets, if limited.
+    pub limits: Option<Arc<ProviderLimits>>,
+    /// `switchyard_key_state{provider, key}`.
+    pub gauge: Gauge,
+}
+
+/// Why no key of a provider can serve a request now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoKey {
+    /// Rate-limited (a 429 cooldown or an empty per-key bucket) until then.
+    Limited(Instant),
+    /// Every readable key not yet tried is revoked.
+    Revoked,
+    /// Every readable key was tried for this request.
+    Exhausted,
+}
+
+/// At most this many keys per provider (a [`KeySet`] holds them).
+pub const MAX_KEYS: usize = 64;
+
+/// A set of key indices of one provider (the keys a request tried).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeySet(u64);
+
+impl KeySet {
+    /// Whether key `i` is in the set.
+    #[must_use]
+    pub fn contains(self, i: usize) -> bool {
+        i < MAX_KEYS && self.0 & (1 << i) != 0
+    }
+
+    /// Adds key `i` (ignored past [`MAX_KEYS`]).
+    pub fn insert(&mut self, i: usize) {
+        if i < MAX_KEYS {
+            self.0 |= 1 << i;
+        }
+    }
+}
+
 impl Provider {
-    /// Whether the file names a source for the key (`api_key_env` or
-    /// `api_key_file`), read or not.
+    /// Whether the file names a key source (read or not).
     #[must_use]
     pub fn wants_key(&self) -> bool {
-        self.key_env.is_some() || self.key_file.is_some()
+        !self.keys.is_empty()
+    }
+
+    /// Every key read, to scrub from upstream text.
+    pub fn secrets(&self) -> impl Iterator<Item = &str> {
+        self.keys
+            .iter()
+            .filter_map(|k| k.secret.as_ref().map(Secret::expose))
+    }
+
+    /// The key a probe goes with: the first usable one, else the first read.
+    #[must_use]
+    pub fn probe_credential(&self) -> Option<&Credential> {
+        let now = Instant::now();
+        let readable = || self.keys.iter().filter(|k| k.credential.is_some());
+        readable()
+            .find(|k| k.health.state(now) == KeyState::Usable)
+            .or_else(|| readable().next())
+            .and_then(|k| k.credential.as_ref())
+    }
+
+    /// The key files to watch for rotation.
+    pub fn key_files(&self) -> impl Iterator<Item = &std::path::Path> {
+        self.keys.iter().filter_map(|k| match &k.source {
+            KeySource::File(p) => Some(p.as_path()),
+            KeySource::Env(_) => None,
+        })
+    }
+
+    /// The key for a request of `tokens`, not one of `tried`, by the pool's
+    /// selection policy: `Ok(None)` when the provider has no readable key at
+    /// all (the request goes without one, and the upstream's 401 is handled
+    /// by the error table). Takes a token of the key's own bucket.
+    ///
+    /// # Errors
+    /// No key can serve: each is cooling down, out of its bucket, revoked,
+    /// or already tried.
+    pub fn pick_key(
+        &self,
+        now: Instant,
+        tokens: u64,
+        tried: KeySet,
+    ) -> Result<Option<usize>, NoKey> {
+        let n = self.keys.len();
+        let readable = |i: usize| self.keys[i].credential.is_some();
+        if !(0..n).any(readable) {
+            return Ok(None);
+        }
+        if (0..n).all(|i| !readable(i) || tried.contains(i)) {
+            return Err(NoKey::Exhausted);
+        }
+        let start = match self.key_selection {
+            KeySelection::RoundRobin => {
+                let turn = self.key_cursor.fetch_add(1, Ordering::Relaxed);
+                usize::try_from(turn % n as u64).unwrap_or(0)
+            }
+            KeySelection::LeastRecentlyLimited => 0,
+        };
+        let mut passed = tried;
+        let mut limited: Option<Instant> = None;
+        let mut note_limited =
+            |until: Instant| limited = Some(limited.map_or(until, |t| t.min(until)));
+        loop {
+            let mut best: Option<usize> = None;
+            for i in (0..n).map(|j| (start + j) % n) {
+                if passed.contains(i) || !readable(i) {
+                    continue;
+                }
+                match self.keys[i].health.state(now) {
+                    KeyState::Usable => {}
+                    KeyState::CoolingDown(until) => {
+                        note_limited(until);
+                        passed.insert(i);
+                        continue;
+                    }
+                    KeyState::Dead => {
+                        passed.insert(i);
+                        continue;
+                    }
+                }
+                let better = match (self.key_selection, best) {
+                    (_, None) => true,
+                    (KeySelection::RoundRobin, Some(_)) => false,
+                    (KeySelection::LeastRecentlyLimited, Some(b)) => {
+                        self.keys[i].health.last_limited() < self.keys[b].health.last_limited()
+                    }
+                };
+                if better {
+                    best = Some(i);
+                }
+            }
+            let Some(i) = best else { break };
+            match self.keys[i].limits.as_ref().map(|l| l.admit(tokens)) {
+                Some(Err(wait)) => {
+                    note_limited(now + wait);
+                    passed.insert(i);
+                }
+                Some(Ok(())) | None => return Ok(Some(i)),
+            }
+        }
+        Err(limited.map_or(NoKey::Revoked, NoKey::Limited))
     }
 }
 
@@ -337,10 +512,13 @@ impl Snapshot {
         self.hash == other.hash
             && self.providers.len() == other.providers.len()
             && self.providers.iter().all(|(name, p)| {
-                other
-                    .providers
-                    .get(name)
-                    .is_some_and(|q| p.secret == q.secret)
+                other.providers.get(name).is_some_and(|q| {
+                    p.keys.len() == q.keys.len()
+                        && p.keys
+                            .iter()
+                            .zip(&q.keys)
+                            .all(|(a, b)| a.secret == b.secret)
+                })
             })
     }
 

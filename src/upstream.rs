@@ -20,7 +20,6 @@ use hyper::body::Incoming;
 
 use crate::classify::NetworkKind;
 use crate::request::ChatRequest;
-use crate::secret::Secret;
 use pool::HttpClient;
 
 /// Every protocol, by its `routes.yaml` name.
@@ -73,14 +72,11 @@ pub trait Adapter: Send + Sync + std::fmt::Debug {
     /// `headers` already has them).
     fn required_headers(&self) -> &'static [(&'static str, &'static str)];
 
-    /// The header that carries the API key.
-    ///
-    /// # Errors
-    /// A key with characters a header cannot hold.
-    fn key_header(
-        &self,
-        key: &Secret,
-    ) -> Result<(HeaderName, HeaderValue), http::header::InvalidHeaderValue>;
+    /// The header that carries the API key by default, and the text before it.
+    fn key_header(&self) -> (&'static str, &'static str);
+
+    /// The path under `base_url` of embeddings requests, if the protocol has them.
+    fn embeddings_path(&self) -> Option<&'static str>;
 
     /// The request body for `target`.
     ///
@@ -116,14 +112,62 @@ pub trait StreamTranslator: Send + std::fmt::Debug {
     fn on_event(&mut self, data: &str) -> Result<Vec<Bytes>, Malformed>;
 }
 
-/// One provider's way in: URL, headers (the key included, marked sensitive),
-/// protocol and pooled client.
+/// What a request asks of a provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// A chat completion.
+    Chat,
+    /// Embeddings.
+    Embeddings,
+}
+
+/// The URLs of a provider's operations (with its query parameters).
+#[derive(Debug, Clone)]
+pub struct Urls {
+    /// `{base_url}/{chat_path}?{query}`.
+    pub chat: Uri,
+    /// `{base_url}/{embeddings_path}?{query}`, if the protocol has embeddings.
+    pub embeddings: Option<Uri>,
+}
+
+impl Urls {
+    /// The URL of `op`, if the provider serves it.
+    #[must_use]
+    pub fn of(&self, op: Operation) -> Option<&Uri> {
+        match op {
+            Operation::Chat => Some(&self.chat),
+            Operation::Embeddings => self.embeddings.as_ref(),
+        }
+    }
+}
+
+/// How one API key goes on a request: in a header (marked sensitive), or in
+/// the query string (its own URLs, never logged).
+#[derive(Clone)]
+pub enum Credential {
+    /// A header and its value.
+    Header(HeaderName, HeaderValue),
+    /// URLs with the key as a query parameter.
+    Query(Urls),
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credential::Header(name, _) => write!(f, "Header({name}: *****)"),
+            Credential::Query(_) => f.write_str("Query(*****)"),
+        }
+    }
+}
+
+/// One provider's way in: URLs, headers, protocol and pooled client. The key
+/// comes per request ([`Credential`]): a provider may hold several.
 #[derive(Debug, Clone)]
 pub struct Endpoint {
     /// The wire protocol.
     pub adapter: &'static dyn Adapter,
-    /// `{base_url}/{chat_path}`.
-    pub url: Uri,
+    /// Where each operation goes (without a key in the query).
+    pub urls: Urls,
     /// Sent on every call.
     pub headers: HeaderMap,
     /// Whether the host is a DNS name (to tell DNS failures from others).
@@ -133,23 +177,35 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// Sends one request: `POST url` with the provider's headers, a JSON body,
-    /// the request id and, for streams, `accept: text/event-stream`.
+    /// Sends one request: `POST` to `op`'s URL with the provider's headers,
+    /// the key, a JSON body, the request id and, for streams, `accept:
+    /// text/event-stream`.
     ///
     /// # Errors
-    /// No response head: the failure as a network kind.
+    /// No response head: the failure as a network kind (a protocol error for
+    /// an operation the provider does not serve).
     pub async fn send(
         &self,
+        op: Operation,
+        credential: Option<&Credential>,
         body: Bytes,
         request_id: Option<&HeaderValue>,
         stream: bool,
     ) -> Result<Response<Incoming>, NetworkKind> {
+        let urls = match credential {
+            Some(Credential::Query(urls)) => urls,
+            Some(Credential::Header(..)) | None => &self.urls,
+        };
+        let url = urls.of(op).ok_or(NetworkKind::Protocol)?;
         let build = || {
             let mut req = Request::new(Full::new(body.clone()));
             *req.method_mut() = Method::POST;
-            *req.uri_mut() = self.url.clone();
+            *req.uri_mut() = url.clone();
             let h = req.headers_mut();
             h.clone_from(&self.headers);
+            if let Some(Credential::Header(name, value)) = credential {
+                h.insert(name.clone(), value.clone());
+            }
             h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             // Never ask for a coding we would have to undo on every request; a
             // provider's `headers` may ask for one switchyard decodes.

@@ -34,6 +34,7 @@ mod error_classes;
 mod front_door;
 mod health;
 mod hedging;
+mod keys;
 mod readme;
 mod regressions;
 mod routing;

@@ -65,6 +65,8 @@ pub enum Reply {
 /// What the fake saw of one request.
 #[derive(Clone, Debug)]
 pub struct Seen {
+    /// The request's path and query, e.g. `/v1/chat/completions?api-version=1`.
+    pub uri: String,
     /// Request headers.
     pub headers: HeaderMap,
     /// The JSON body (Null if it was not JSON).
@@ -196,6 +198,10 @@ impl std::error::Error for Abort {}
 
 async fn serve(s: Arc<Shared>, req: http::Request<Incoming>) -> Result<Response<FakeBody>, Abort> {
     let headers = req.headers().clone();
+    let uri = req
+        .uri()
+        .path_and_query()
+        .map_or_else(String::new, ToString::to_string);
     let bytes = req
         .into_body()
         .collect()
@@ -203,6 +209,7 @@ async fn serve(s: Arc<Shared>, req: http::Request<Incoming>) -> Result<Response<
         .map(|c| c.to_bytes())
         .unwrap_or_default();
     let seen = Seen {
+        uri,
         headers,
         body: serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
     };

@@ -216,7 +216,7 @@ impl JsonSchema for CooldownText {
         json_schema!({
             "anyOf": [
                 DurationText::json_schema(generator),
-                { "const": "retry_after" }
+                { "enum": ["retry_after", "until_reload"] }
             ]
         })
     }

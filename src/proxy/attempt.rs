@@ -16,16 +16,16 @@ use http::StatusCode;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use tokio::time::{timeout_at, Instant};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::account::Account;
-use crate::classify::{self, AnswerShape, AttemptOutcome, Decision, NetworkKind, Outcome};
+use crate::classify::{self, AnswerShape, AttemptOutcome, Decision, NetworkKind, Outcome, Scope};
 use crate::health::{Failure, HealthConfig, Permit};
 use crate::schema::{CallAssembler, Contract, Violation, HOLD_MAX_TOOL_BYTES};
-use crate::snapshot::{Provider, Snapshot, Target, Task};
+use crate::snapshot::{ApiKey, Provider, Snapshot, Target, Task};
 use crate::sse::{self, Chunk};
 use crate::upstream::decode::{self, Coding};
-use crate::upstream::{pool, Events};
+use crate::upstream::{pool, Events, Operation};
 
 /// Events held before the commit point, at most; past this the stream commits anyway.
 const HOLD_MAX_EVENTS: usize = 64;
@@ -61,6 +61,8 @@ pub struct Call<'a> {
     pub contract: Option<Arc<Contract>>,
     /// Who pays.
     pub account: &'a Account,
+    /// The index of the provider key to send with, if it has a readable one.
+    pub key: Option<usize>,
 }
 
 /// How one attempt ended.
@@ -128,27 +130,66 @@ pub struct Commit {
     pub permit: Permit,
 }
 
-/// Records a classified failure against its target: the attempt's outcome
-/// metric and the health verdict (with its cooldown).
+/// Records a classified failure where its rule's scope puts it: against
+/// the key it was sent with (a 429 cools the key, a 401 revokes it; the
+/// target is not counted), the whole provider (a cooldown for every target of
+/// it), or the target (its breaker and cooldown). A key-scoped failure of a
+/// call without a key counts against the target.
 pub fn record(
     snapshot: &Snapshot,
     target: &Target,
     decision: &Decision,
     outcome: AttemptOutcome,
     permit: Permit,
+    key: Option<usize>,
 ) {
     target.metrics.attempts.increment(outcome.label(), 1);
+    let now = Instant::now();
+    let provider = &target.provider;
+    let used = key.and_then(|i| provider.keys.get(i));
+    let (counted, cooldown) = match (decision.scope, used) {
+        (Scope::Key, Some(api_key)) => {
+            record_on_key(provider, api_key, decision, now);
+            (false, None)
+        }
+        (Scope::Provider, _) => {
+            if let Some(cooldown) = decision.cooldown {
+                provider
+                    .health
+                    .cool_down(now, cooldown, decision.rate_limited);
+            }
+            (decision.health, None)
+        }
+        (Scope::Key, None) | (Scope::Target, _) => (decision.health, decision.cooldown),
+    };
     let failure = Failure {
-        counted: decision.health,
-        cooldown: decision.cooldown,
+        counted,
+        cooldown,
         rate_limited: decision.rate_limited,
         class: Arc::clone(&decision.rule),
         jitter: rand::random::<f64>() * 2.0 - 1.0,
     };
     let t = target
         .health
-        .record_failure(permit, Instant::now(), &failure, &snapshot.health);
+        .record_failure(permit, now, &failure, &snapshot.health);
     target.report(t);
+}
+
+fn record_on_key(provider: &Provider, key: &ApiKey, decision: &Decision, now: Instant) {
+    key.health.record(
+        now,
+        decision.cooldown,
+        decision.until_reload,
+        decision.rate_limited,
+    );
+    let state = key.health.state(now);
+    key.gauge.set(state.gauge());
+    if decision.until_reload {
+        warn!(provider = %provider.name, key = %key.name, rule = %decision.rule,
+            "API key refused; unusable until a reload or a rotation of its file");
+    } else {
+        debug!(provider = %provider.name, key = %key.name, state = state.as_str(), "API key cooling down");
+    }
 }
 
 /// A classified failure.
@@ -176,9 +217,17 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
         (true, Some(ftt)) => attempt_deadline.min(started + ftt),
         _ => attempt_deadline,
     };
-    let sent = provider
-        .endpoint
-        .send(body, Some(call.request_id), call.stream);
+    let credential = call
+        .key
+        .and_then(|i| provider.keys.get(i))
+        .and_then(|k| k.credential.as_ref());
+    let sent = provider.endpoint.send(
+        Operation::Chat,
+        credential,
+        body,
+        Some(call.request_id),
+        call.stream,
+    );
     let response = match timeout_at(first_deadline, sent).await {
         Err(_) => return timed_out(call, first_deadline, permit),
         Ok(Err(kind)) => {

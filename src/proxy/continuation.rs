@@ -28,11 +28,11 @@ use tracing::{debug, info};
 
 use super::account::Account;
 use super::attempt::{self, Attempt, Call, Commit};
-use crate::classify::{AttemptOutcome, Interruption};
+use crate::classify::{AttemptOutcome, Interruption, Scope};
 use crate::metrics as m;
 use crate::request::ChatRequest;
 use crate::routing::{self, Admission, Needs};
-use crate::snapshot::{Snapshot, Target, Task};
+use crate::snapshot::{KeySet, Snapshot, Target, Task};
 use crate::sse::{self, Event};
 use crate::upstream::TargetModel;
 
@@ -255,7 +255,12 @@ impl Recovery {
                 Mode::Restart
             };
             let mut permit = Some(admitted.permit);
+            let mut key = admitted.key;
+            let mut keys = KeySet::default();
             while let Some(p) = permit.take() {
+                if let Some(k) = key {
+                    keys.insert(k);
+                }
                 let sent = match mode {
                     Mode::Prefill => self.prefill_body(&target),
                     Mode::Restart => None,
@@ -269,7 +274,7 @@ impl Recovery {
                 } else {
                     Mode::Restart
                 };
-                let call = self.call(&snapshot, &task, &target, &account);
+                let call = self.call(&snapshot, &task, &target, &account, key);
                 match attempt::run(&call, sent, p).await {
                     Attempt::Committed(commit) => {
                         let seam = Seam {
@@ -293,8 +298,16 @@ impl Recovery {
                             &failed.decision,
                             failed.outcome,
                             failed.permit,
+                            key,
                         );
-                        if rejected {
+                        let key_failed = failed.decision.scope == Scope::Key && key.is_some();
+                        if key_failed {
+                            // Another key of the same provider first.
+                            key = admission.next_key(&target, keys);
+                            if key.is_some() {
+                                permit = admission.readmit(&target);
+                            }
+                        } else if rejected {
                             // Unable to prefill after all: restart and verify on it instead.
                             debug!(target = %target.name, "prefill rejected; restarting and verifying");
                             mode = Mode::Restart;
@@ -322,8 +335,10 @@ impl Recovery {
         task: &'c Arc<Task>,
         target: &'c Arc<Target>,
         account: &'c Account,
+        key: Option<usize>,
     ) -> Call<'c> {
         Call {
+            key,
             snapshot,
             task,
             target,

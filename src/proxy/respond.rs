@@ -128,7 +128,7 @@ pub fn gateway_error(
 
 /// An upstream error given to the client (`return`, or a context-length
 /// error with no larger target): an OpenAI-format body scrubbed of the
-/// provider's key (whole, or its first 8 / last 4 characters in a masked or
+/// provider's keys (whole, or its first 8 / last 4 characters in a masked or
 /// key-like word), sensitive words, upstream hosts and key-like strings,
 /// masked ones included (with the configured friendly message, if any);
 /// anything else (HTML, text) is replaced, never copied raw. The original
@@ -141,16 +141,12 @@ pub fn upstream_error(
     target: &Target,
 ) -> Response<Body> {
     let sanitizer = &snapshot.sanitizer;
-    let key = target
-        .provider
-        .secret
-        .as_ref()
-        .map(crate::secret::Secret::expose);
-    let body = crate::sanitize::redact_secret(body.clone(), key);
+    let keys: Vec<&str> = target.provider.secrets().collect();
+    let body = crate::sanitize::redact_secrets(body.clone(), &keys);
     debug!(target = %target.name, status = status.as_u16(),
-        body = %sanitizer.redact_keys(&String::from_utf8_lossy(&body), key), "upstream error returned to the client");
+        body = %sanitizer.redact_keys(&String::from_utf8_lossy(&body), &keys), "upstream error returned to the client");
     let bytes = sanitizer
-        .clean_error_body(status.as_u16(), &body, key)
+        .clean_error_body(status.as_u16(), &body, &keys)
         .unwrap_or_else(|| {
             let reason = status.canonical_reason().unwrap_or("error");
             let generic = format!(

@@ -24,13 +24,14 @@ use std::time::Duration;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::Uri;
 
-use super::live::{CallerLimitKey, LiveState, ProviderLimitsKey, TaskLimitKey};
+use super::live::{CallerLimitKey, KeyId, LiveState, ProviderLimitsKey, TaskLimitKey};
 use super::{
-    After, Budget, Compiled, Cost, HedgePolicy, Prefill, Provider, RetryPolicy, Snapshot, Startup,
-    Strategy, StreamRecovery, Target, Task, DEFAULT_LISTEN,
+    After, ApiKey, Budget, Compiled, Cost, HedgePolicy, KeySelection, KeySource, Prefill, Provider,
+    RetryPolicy, Snapshot, Startup, Strategy, StreamRecovery, Target, Task, DEFAULT_LISTEN,
+    MAX_KEYS,
 };
 use crate::classify::{
-    self, Action, Cooldown, ErrorTable, Match, NetworkKind, Rule, StatusPattern,
+    self, Action, Cooldown, ErrorTable, Match, NetworkKind, Rule, Scope, StatusPattern,
 };
 use crate::config::diagnostic::{Diagnostic, Severity};
 use crate::config::validate::Checks;
@@ -39,7 +40,7 @@ use crate::health::{AllDown, HealthConfig, TargetId};
 use crate::metrics::{self as m, RouteMetrics};
 use crate::ratelimit::{ProviderLimits, Rate, TaskLimiter};
 use crate::secret::Secret;
-use crate::upstream::{self, Endpoint};
+use crate::upstream::{self, Credential, Endpoint, Urls};
 
 /// Options for compiling.
 #[derive(Debug, Clone, Copy, Default)]
@@ -362,7 +363,9 @@ fn error_rule(r: &RawRule, path: &str, c: &mut Checks<'_>) -> Rule {
         Action::Failover
     });
     let cooldown = r.cooldown.as_deref().map(|cd| {
-        if cd == "retry_after" {
+        if cd == "until_reload" {
+            Cooldown::UntilReload
+        } else if cd == "retry_after" {
             Cooldown::RetryAfter(Duration::from_secs(1))
         } else {
             Cooldown::Fixed(c.duration(
@@ -379,6 +382,22 @@ fn error_rule(r: &RawRule, path: &str, c: &mut Checks<'_>) -> Rule {
             Duration::from_secs(1),
         )
     });
+    let scope = match r.scope.as_deref() {
+        None => Scope::Target,
+        Some(s) => Scope::parse(s).unwrap_or_else(|| {
+            c.error(
+                &format!("{path}.scope"),
+                format!("unknown scope `{s}`, expected key, target or provider"),
+            );
+            Scope::Target
+        }),
+    };
+    if cooldown == Some(Cooldown::UntilReload) && scope != Scope::Key {
+        c.error(
+            &format!("{path}.cooldown"),
+            "`until_reload` cools down a key (a revoked one); set `scope: key`",
+        );
+    }
     Rule {
         name: Arc::from(path),
         matcher,
@@ -387,6 +406,7 @@ fn error_rule(r: &RawRule, path: &str, c: &mut Checks<'_>) -> Rule {
         cooldown,
         context_window: false,
         wait_retry_after,
+        scope,
     }
 }
 
@@ -505,16 +525,11 @@ fn provider(
         ),
     };
     let base_url = p.base_url.trim_end_matches('/').to_owned();
-    let secret = api_key(p, path, c);
-    let endpoint = endpoint(
-        p,
-        &base_url,
-        secret.as_ref(),
-        path,
-        connect_timeout,
-        live,
-        c,
-    );
+    let endpoint = endpoint(p, &base_url, path, connect_timeout, live, c);
+    let keys = endpoint
+        .as_ref()
+        .map(|e| keys(name, p, path, &base_url, e, live, c))
+        .unwrap_or_default();
     let limits = provider_limits(name, &base_url, p, path, live, c);
     let mut rules = error_rules(&p.error_classes, &format!("{path}.error_classes"), c);
     rules.extend_from_slice(shared_rules);
@@ -529,11 +544,12 @@ fn provider(
     };
     Some(Provider {
         name: name.to_owned(),
-        base_url,
         endpoint: endpoint?,
-        secret,
-        key_file: p.api_key_file.as_ref().map(PathBuf::from),
-        key_env: p.api_key_env.clone(),
+        key_selection: key_selection(p, path, c),
+        key_cursor: live.key_cursors.get((base_url.clone(), keys.len())),
+        health: live.providers.get(base_url.clone()),
+        base_url,
+        keys,
         timeout,
         connect_timeout,
         idle_timeout,
@@ -552,11 +568,10 @@ fn provider(
     })
 }
 
-/// A provider's protocol, URL and headers (the key included).
+/// A provider's protocol, URLs and headers (the keys come per request).
 fn endpoint(
     p: &RawProvider,
     base_url: &str,
-    secret: Option<&Secret>,
     path: &str,
     connect_timeout: Duration,
     live: &LiveState,
@@ -602,34 +617,290 @@ fn endpoint(
             );
         }
     }
-    if let Some(key) = secret {
-        match adapter.key_header(key) {
-            Ok((name, value)) => {
-                headers.insert(name, value);
-            }
-            Err(_) => c.error(
-                path,
-                "the API key contains characters not allowed in a header",
-            ),
-        }
-    }
-    let url = format!("{base_url}/{}", adapter.chat_path())
-        .parse::<Uri>()
-        .map_err(|e| c.error(&url_path, format!("bad URL: {e}")))
-        .ok();
-    let url = base.and(url)?;
-    let host_is_name = url.host().is_some_and(|h| {
+    let query = query_string(&p.query);
+    let urls =
+        urls(base_url, adapter, &query).map_err(|e| c.error(&url_path, format!("bad URL: {e}")));
+    let urls = base.and(urls.ok())?;
+    let host_is_name = urls.chat.host().is_some_and(|h| {
         h.trim_matches(['[', ']'])
             .parse::<std::net::IpAddr>()
             .is_err()
     });
     Some(Endpoint {
         adapter,
-        url,
+        urls,
         headers,
         host_is_name,
         client: live.clients.get(connect_timeout),
     })
+}
+
+/// The URLs of a provider's operations, with `query` (already encoded) appended.
+fn urls(
+    base_url: &str,
+    adapter: &dyn upstream::Adapter,
+    query: &str,
+) -> Result<Urls, http::uri::InvalidUri> {
+    let url = |path: &str| {
+        let sep = if query.is_empty() { "" } else { "?" };
+        format!("{base_url}/{path}{sep}{query}").parse::<Uri>()
+    };
+    Ok(Urls {
+        chat: url(adapter.chat_path())?,
+        embeddings: adapter.embeddings_path().map(url).transpose()?,
+    })
+}
+
+/// `a=1&b=2`, percent-encoded.
+fn query_string(params: &BTreeMap<String, String>) -> String {
+    params
+        .iter()
+        .map(|(k, v)| format!("{}={}", percent_encode(k), percent_encode(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// Percent-encodes all but the unreserved characters of RFC 3986.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A provider's key selection policy.
+fn key_selection(p: &RawProvider, path: &str, c: &mut Checks<'_>) -> KeySelection {
+    match p.key_selection.as_deref() {
+        None | Some("round_robin") => KeySelection::RoundRobin,
+        Some("least_recently_limited") => KeySelection::LeastRecentlyLimited,
+        Some(other) => {
+            c.error(
+                &format!("{path}.key_selection"),
+                format!("unknown key selection `{other}`, expected round_robin or least_recently_limited"),
+            );
+            KeySelection::RoundRobin
+        }
+    }
+}
+
+/// One key as the file declares it.
+struct KeySpec {
+    name: String,
+    source: KeySource,
+    /// The path of the source setting (`...api_key_env`, `...keys[1].file`).
+    setting: String,
+    /// The path of the key's entry, for its other settings.
+    at: String,
+    rate_limit: Option<crate::config::RawProviderLimit>,
+}
+
+/// Where each key is read from: the single `api_key_env`/`api_key_file`, or
+/// the `keys` pool.
+fn key_sources(p: &RawProvider, path: &str, c: &mut Checks<'_>) -> Vec<KeySpec> {
+    let single = match (&p.api_key_env, &p.api_key_file) {
+        (Some(_), Some(_)) => {
+            c.error(
+                &format!("{path}.api_key_file"),
+                "set either api_key_env or api_key_file, not both",
+            );
+            None
+        }
+        (Some(var), None) => Some((KeySource::Env(var.clone()), format!("{path}.api_key_env"))),
+        (None, Some(file)) => Some((
+            KeySource::File(PathBuf::from(file)),
+            format!("{path}.api_key_file"),
+        )),
+        (None, None) => None,
+    };
+    if single.is_some() && !p.keys.is_empty() {
+        c.error(
+            &format!("{path}.keys"),
+            "set either `keys` or api_key_env/api_key_file, not both",
+        );
+    }
+    if let Some((source, setting)) = single {
+        return vec![KeySpec {
+            name: "default".to_owned(),
+            source,
+            setting,
+            at: path.to_owned(),
+            rate_limit: None,
+        }];
+    }
+    if p.keys.len() > MAX_KEYS {
+        c.error(
+            &format!("{path}.keys"),
+            format!(
+                "at most {MAX_KEYS} keys per provider ({} given)",
+                p.keys.len()
+            ),
+        );
+    }
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for (i, k) in p.keys.iter().enumerate().take(MAX_KEYS) {
+        let at = format!("{path}.keys[{i}]");
+        let name = k.name.clone().unwrap_or_else(|| format!("key{i}"));
+        if !seen.insert(name.clone()) {
+            c.error(
+                &format!("{at}.name"),
+                format!("key name `{name}` appears twice"),
+            );
+        }
+        let (source, setting) = match (&k.env, &k.file) {
+            (Some(var), None) => (KeySource::Env(var.clone()), format!("{at}.env")),
+            (None, Some(file)) => (KeySource::File(PathBuf::from(file)), format!("{at}.file")),
+            (Some(_), Some(_)) | (None, None) => {
+                c.error(&at, "a key needs exactly one of `env` or `file`");
+                continue;
+            }
+        };
+        out.push(KeySpec {
+            name,
+            source,
+            setting,
+            at,
+            rate_limit: k.rate_limit.clone(),
+        });
+    }
+    out
+}
+
+/// A provider's keys, each read, with its credential and live state.
+fn keys(
+    provider: &str,
+    p: &RawProvider,
+    path: &str,
+    base_url: &str,
+    endpoint: &Endpoint,
+    live: &LiveState,
+    c: &mut Checks<'_>,
+) -> Vec<ApiKey> {
+    let mut out = Vec::new();
+    for KeySpec {
+        name,
+        source,
+        setting,
+        at,
+        rate_limit,
+    } in key_sources(p, path, c)
+    {
+        let secret = read_key(&source, &setting, c);
+        let credential = secret
+            .as_ref()
+            .and_then(|s| credential(p, path, endpoint, s, c));
+        let id = KeyId {
+            base_url: base_url.to_owned(),
+            name: name.clone(),
+            fingerprint: secret.as_ref().map_or(0, |s| hash(s.expose())),
+        };
+        let limits = rate_limit.as_ref().and_then(|rl| {
+            if rl.rpm == Some(0) || rl.tpm == Some(0) {
+                c.error(
+                    &format!("{at}.rate_limit"),
+                    "rpm and tpm must be at least 1",
+                );
+                return None;
+            }
+            live.key_limits
+                .get_or_make((id.clone(), rl.rpm, rl.tpm, rl.burst), || {
+                    Some(ProviderLimits::new(rl.rpm, rl.tpm, rl.burst))
+                })
+        });
+        let health = live.keys.get(id);
+        let gauge = live.metrics.gauge(
+            m::KEY_STATE,
+            &[
+                ("provider", provider.to_owned().into()),
+                ("key", name.clone().into()),
+            ],
+        );
+        gauge.set(health.state(tokio::time::Instant::now()).gauge());
+        out.push(ApiKey {
+            gauge,
+            health,
+            name,
+            source,
+            setting,
+            secret,
+            credential,
+            limits,
+        });
+    }
+    out
+}
+
+/// Reads one key. A missing key is a warning (an error under `--strict`):
+/// the upstream will answer 401, which the error table handles.
+fn read_key(source: &KeySource, at: &str, c: &mut Checks<'_>) -> Option<Secret> {
+    match source {
+        KeySource::Env(var) => env_secret(var).or_else(|| {
+            c.warn(at, format!("environment variable `{var}` is not set"));
+            None
+        }),
+        KeySource::File(file) => match file_secret(&file.to_string_lossy()) {
+            Ok(Some(key)) => Some(key),
+            Ok(None) => {
+                c.warn(at, format!("key file `{}` is empty", file.display()));
+                None
+            }
+            Err(e) => {
+                c.warn(
+                    at,
+                    format!("cannot read key file `{}`: {e}", file.display()),
+                );
+                None
+            }
+        },
+    }
+}
+
+/// How a key goes on a request: the provider's key header (with its prefix),
+/// or its query parameter.
+fn credential(
+    p: &RawProvider,
+    path: &str,
+    endpoint: &Endpoint,
+    secret: &Secret,
+    c: &mut Checks<'_>,
+) -> Option<Credential> {
+    if let Some(param) = &p.key_query {
+        let mut params = p.query.clone();
+        params.insert(param.clone(), secret.expose().to_owned());
+        let base_url = p.base_url.trim_end_matches('/');
+        return urls(base_url, endpoint.adapter, &query_string(&params))
+            .ok()
+            .map(Credential::Query);
+    }
+    let (default_name, default_prefix) = endpoint.adapter.key_header();
+    let name = p.key_header.as_deref().unwrap_or(default_name);
+    let prefix = p
+        .key_prefix
+        .as_deref()
+        .unwrap_or(if name.eq_ignore_ascii_case(default_name) {
+            default_prefix
+        } else {
+            ""
+        });
+    let name = c.header_name(&format!("{path}.key_header"), name)?;
+    match HeaderValue::from_str(&format!("{prefix}{}", secret.expose())) {
+        Ok(mut value) => {
+            value.set_sensitive(true);
+            Some(Credential::Header(name, value))
+        }
+        Err(_) => {
+            c.error(
+                path,
+                "the API key contains characters not allowed in a header",
+            );
+            None
+        }
+    }
 }
 
 /// An `accept-encoding` a provider sends may only ask for codings switchyard
@@ -683,46 +954,6 @@ fn provider_limits(
     };
     live.provider_limits
         .get_or_make(key, || Some(ProviderLimits::new(rl.rpm, rl.tpm, rl.burst)))
-}
-
-/// Reads the provider's key from its env var or file. A missing key is a
-/// warning (an error under `--strict`): the upstream will answer 401, which
-/// the error table handles.
-fn api_key(p: &RawProvider, path: &str, c: &mut Checks<'_>) -> Option<Secret> {
-    match (&p.api_key_env, &p.api_key_file) {
-        (Some(_), Some(_)) => {
-            c.error(
-                &format!("{path}.api_key_file"),
-                "set either api_key_env or api_key_file, not both",
-            );
-            None
-        }
-        (Some(var), None) => env_secret(var).or_else(|| {
-            c.warn(
-                &format!("{path}.api_key_env"),
-                format!("environment variable `{var}` is not set"),
-            );
-            None
-        }),
-        (None, Some(file)) => match file_secret(file) {
-            Ok(Some(key)) => Some(key),
-            Ok(None) => {
-                c.warn(
-                    &format!("{path}.api_key_file"),
-                    format!("key file `{file}` is empty"),
-                );
-                None
-            }
-            Err(e) => {
-                c.warn(
-                    &format!("{path}.api_key_file"),
-                    format!("cannot read key file `{file}`: {e}"),
-                );
-                None
-            }
-        },
-        (None, None) => None,
-    }
 }
 
 /// A probe interval: a duration, or `0` to disable probing.
@@ -1171,7 +1402,7 @@ fn sanitizer(
     }
     let hosts: Vec<String> = providers
         .values()
-        .filter_map(|p| p.endpoint.url.host().map(str::to_owned))
+        .filter_map(|p| p.endpoint.urls.chat.host().map(str::to_owned))
         .filter(|h| h != "127.0.0.1" && h != "localhost" && h != "[::1]")
         .collect();
     crate::sanitize::Sanitizer::new(&raw.sanitize.sensitive_words, &hosts, messages)
@@ -1204,7 +1435,7 @@ mod tests {
         assert_eq!(task.name, "chat");
         assert_eq!(task.budget.max_failovers, 1);
         assert_eq!(
-            task.chain[0].provider.endpoint.url.to_string(),
+            task.chain[0].provider.endpoint.urls.chat.to_string(),
             "http://127.0.0.1:9/v1/chat/completions"
         );
         assert!(s.route(None, Some("nope")).is_none());

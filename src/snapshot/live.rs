@@ -57,9 +57,35 @@ pub struct CallerLimitKey {
     pub max_callers: Option<usize>,
 }
 
+/// What an API key's state is kept by: its provider's URL, its name, and a
+/// fingerprint of the key (never the key): a rotated key starts fresh.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeyId {
+    /// The provider's `base_url`.
+    pub base_url: String,
+    /// The key's name.
+    pub name: String,
+    /// FNV-1a of the key material (0 for a key that could not be read).
+    pub fingerprint: u64,
+}
+
+/// A key's own buckets are kept while the key and its rpm, tpm and burst stay.
+pub type KeyLimitsKey = (KeyId, Option<u32>, Option<u32>, Option<u32>);
+
+/// Key-pool cursors, by provider `base_url` and pool size.
+pub type Cursors = Keyed<(String, usize), AtomicU64>;
+
 /// State that outlives snapshots.
 #[derive(Debug, Default)]
 pub struct LiveState {
+    /// Per API key: cooldowns and revocations.
+    pub keys: Keyed<KeyId, crate::health::KeyHealth>,
+    /// Per key: its own rpm/tpm buckets, kept while the key and its limits stay.
+    pub key_limits: Keyed<KeyLimitsKey, ProviderLimits>,
+    /// Per provider `base_url`: provider-scoped cooldowns.
+    pub providers: Keyed<String, crate::health::ProviderHealth>,
+    /// Round-robin cursors of key pools.
+    pub key_cursors: Cursors,
     /// Health per target identity.
     pub health: health::Registry,
     /// Upstream client pools.
@@ -72,6 +98,23 @@ pub struct LiveState {
     pub task_limits: Keyed<TaskLimitKey, TaskLimiter>,
     /// The gateway's metrics registry.
     pub metrics: Metrics,
+}
+
+impl LiveState {
+    /// After a reload was applied: revoked keys get another chance (the
+    /// operator may have fixed the account), and state no snapshot uses any
+    /// more is dropped.
+    pub fn reloaded(&self) {
+        self.keys.for_each(crate::health::KeyHealth::revive);
+        self.health.prune();
+        self.keys.prune();
+        self.key_limits.prune();
+        self.providers.prune();
+        self.key_cursors.prune();
+        self.tasks.prune();
+        self.provider_limits.prune();
+        self.task_limits.prune();
+    }
 }
 
 /// Shared values by key, created on first use.
@@ -98,6 +141,20 @@ impl<K: Eq + Hash, V> Keyed<K, V> {
         let made = Arc::new(make()?);
         map.insert(key, Arc::clone(&made));
         Some(made)
+    }
+}
+
+impl<K: Eq + Hash, V> Keyed<K, V> {
+    /// Calls `f` on every value (e.g. to revive every key after a reload).
+    pub fn for_each(&self, mut f: impl FnMut(&V)) {
+        for v in self.map.lock().values() {
+            f(v);
+        }
+    }
+
+    /// Forgets the values no snapshot holds any more.
+    pub fn prune(&self) {
+        self.map.lock().retain(|_, v| Arc::strong_count(v) > 1);
     }
 }
 

@@ -15,13 +15,11 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, InvalidHeaderValue};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::{Adapter, Malformed, TargetModel, Unsupported};
 use crate::request::ChatRequest;
-use crate::secret::Secret;
 
 /// The `anthropic-version` header sent unless a provider sets its own.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -47,10 +45,12 @@ impl Adapter for Anthropic {
         &[("anthropic-version", ANTHROPIC_VERSION)]
     }
 
-    fn key_header(&self, key: &Secret) -> Result<(HeaderName, HeaderValue), InvalidHeaderValue> {
-        let mut value = HeaderValue::from_str(key.expose())?;
-        value.set_sensitive(true);
-        Ok((HeaderName::from_static("x-api-key"), value))
+    fn key_header(&self) -> (&'static str, &'static str) {
+        ("x-api-key", "")
+    }
+
+    fn embeddings_path(&self) -> Option<&'static str> {
+        None
     }
 
     fn encode(

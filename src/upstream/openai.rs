@@ -3,11 +3,9 @@
 //! answers, errors and stream events come back untranslated.
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, InvalidHeaderValue, AUTHORIZATION};
 
 use super::{Adapter, Malformed, StreamTranslator, TargetModel, Unsupported};
 use crate::request::ChatRequest;
-use crate::secret::Secret;
 
 /// The OpenAI-compatible protocol (`protocol: openai`, the default).
 #[derive(Debug)]
@@ -26,10 +24,12 @@ impl Adapter for OpenAi {
         &[]
     }
 
-    fn key_header(&self, key: &Secret) -> Result<(HeaderName, HeaderValue), InvalidHeaderValue> {
-        let mut value = HeaderValue::from_str(&format!("Bearer {}", key.expose()))?;
-        value.set_sensitive(true);
-        Ok((AUTHORIZATION, value))
+    fn key_header(&self) -> (&'static str, &'static str) {
+        ("authorization", "Bearer ")
+    }
+
+    fn embeddings_path(&self) -> Option<&'static str> {
+        Some("embeddings")
     }
 
     fn encode(

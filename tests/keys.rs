@@ -1,0 +1,537 @@
+//! Key pools: failures scoped to the key that caused them (a 429 cools the
+//! key, a 401 revokes it until a reload or rotation), the next key tried on
+//! the same target before any failover, per-key buckets, provider-scoped
+//! cooldowns, and Azure-shaped providers (query parameters, the key's header
+//! or query parameter) whose key never leaks.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::binary::{free_addr, Served};
+use crate::support::fake::{self, Fake, Reply, Seen};
+use crate::support::*;
+
+/// Writes one key file per `(name, key)` in `dir`; returns the YAML `keys:`
+/// list for them (with `extra` inline fields on each).
+fn key_files(dir: &Path, keys: &[(&str, &str)], extra: &str) -> String {
+    let mut yaml = String::from("keys:\n");
+    for (name, key) in keys {
+        let file = dir.join(format!("{name}.key"));
+        std::fs::write(&file, key).unwrap();
+        yaml.push_str(&format!(
+            "  - {{ name: {name}, file: '{}'{extra} }}\n",
+            file.display()
+        ));
+    }
+    yaml
+}
+
+fn bearer(seen: &Seen) -> String {
+    seen.headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn limited(retry_after: &str) -> Reply {
+    Reply::Json {
+        status: 429,
+        body: r#"{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}"#.into(),
+        headers: vec![("retry-after".into(), retry_after.into())],
+    }
+}
+
+fn keys_of(target: &serde_json::Value) -> Vec<(String, String)> {
+    target["keys"]
+        .as_array()
+        .expect("a keys list")
+        .iter()
+        .map(|k| {
+            (
+                k["name"].as_str().unwrap().to_owned(),
+                k["state"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_429_on_one_key_moves_the_request_to_the_next_key_without_a_failover() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::start(|_, seen| match bearer(seen).as_str() {
+        "Bearer key-one" => limited("30"),
+        _ => fake::completion("upstream-a", "from key two"),
+    })
+    .await;
+    let b = Fake::always(fake::completion("upstream-b", "from b")).await;
+    let pool = key_files(keys.path(), &[("one", "key-one"), ("two", "key-two")], "");
+    let gw = gateway(&routes(
+        &[hop("a", &a.url()).provider(&pool), hop("b", &b.url())],
+        "",
+        "",
+    ))
+    .await;
+
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-target"), "a");
+    assert_eq!(ans.header("x-switchyard-failovers"), "0");
+    assert_eq!(ans.header("x-switchyard-attempts"), "2");
+    let used: Vec<String> = a.seen().iter().map(bearer).collect();
+    assert_eq!(used, ["Bearer key-one", "Bearer key-two"]);
+
+    // Key one cools down (30 s); the next requests go to key two at once.
+    for _ in 0..3 {
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200);
+        assert_eq!(ans.header("x-switchyard-attempts"), "1");
+    }
+    let used: Vec<String> = a.seen().iter().map(bearer).collect();
+    assert_eq!(used[2..], ["Bearer key-two"; 3]);
+    assert_eq!(b.calls(), 0, "the target itself never failed over");
+    let target = admin_target(&gw, "a").await;
+    assert_eq!(target["state"], "healthy", "{target}");
+    assert_eq!(
+        keys_of(&target),
+        [
+            ("one".to_owned(), "cooling_down".to_owned()),
+            ("two".to_owned(), "usable".to_owned())
+        ]
+    );
+    let page = metrics_page(&gw).await;
+    assert_eq!(
+        series_value(&page, r#"switchyard_key_state{provider="p-a",key="one"}"#),
+        Some(1.0),
+        "{page}"
+    );
+    assert!(!page.contains("key-one") && !page.contains("key-two"));
+}
+
+#[tokio::test]
+async fn a_revoked_key_is_skipped_until_its_file_rotates() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::start(|_, seen| match bearer(seen).as_str() {
+        "Bearer old-one" => fake::error(401, "Incorrect API key provided"),
+        _ => fake::completion("upstream-a", "ok"),
+    })
+    .await;
+    let pool = key_files(keys.path(), &[("one", "old-one"), ("two", "key-two")], "");
+    let gw = gateway(&routes(&[hop("a", &a.url()).provider(&pool)], "", "")).await;
+
+    for _ in 0..6 {
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+    }
+    let used: Vec<String> = a.seen().iter().map(bearer).collect();
+    assert_eq!(
+        used.iter().filter(|k| *k == "Bearer old-one").count(),
+        1,
+        "the revoked key was sent once: {used:?}"
+    );
+    let target = admin_target(&gw, "a").await;
+    assert_eq!(
+        target["state"], "healthy",
+        "a key's 401 is not the target's"
+    );
+    assert_eq!(keys_of(&target)[0], ("one".to_owned(), "dead".to_owned()));
+    let page = metrics_page(&gw).await;
+    assert_eq!(
+        series_value(&page, r#"switchyard_key_state{provider="p-a",key="one"}"#),
+        Some(2.0)
+    );
+
+    // The operator rotates key one's file: it serves again.
+    std::fs::write(keys.path().join("one.key"), "new-one").unwrap();
+    let back = eventually(Duration::from_secs(10), || async {
+        keys_of(&admin_target(&gw, "a").await)[0].1 == "usable"
+    })
+    .await;
+    assert!(back, "the rotated key is usable again");
+    for _ in 0..4 {
+        assert_eq!(chat(gw.addr, hello("gpt-4o")).await.status, 200);
+    }
+    let used: Vec<String> = a.seen().iter().map(bearer).collect();
+    assert!(used.contains(&"Bearer new-one".to_owned()), "{used:?}");
+    assert_eq!(used.iter().filter(|k| *k == "Bearer old-one").count(), 1);
+}
+
+#[tokio::test]
+async fn when_every_key_is_limited_the_target_is_skipped_and_the_chain_fails_over() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::always(limited("30")).await;
+    let b = Fake::always(fake::completion("upstream-b", "from b")).await;
+    let pool = key_files(keys.path(), &[("one", "k-1"), ("two", "k-2")], "");
+    let gw = gateway(&routes(
+        &[hop("a", &a.url()).provider(&pool), hop("b", &b.url())],
+        "",
+        "",
+    ))
+    .await;
+
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    assert_eq!(ans.header("x-switchyard-failovers"), "1");
+    assert_eq!(a.calls(), 2, "each key was tried once before the failover");
+
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    assert_eq!(
+        a.calls(),
+        2,
+        "a target without a usable key is skipped, not called"
+    );
+    assert_eq!(
+        metric(
+            &gw,
+            r#"switchyard_route_exclusions_total{task="chat",target="a",reason="keys_limited"}"#
+        )
+        .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn a_chain_whose_keys_are_all_limited_answers_429_with_the_earliest_wait() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::start(|_, seen| match bearer(seen).as_str() {
+        "Bearer k-1" => limited("40"),
+        _ => limited("20"),
+    })
+    .await;
+    let pool = key_files(keys.path(), &[("one", "k-1"), ("two", "k-2")], "");
+    let gw = gateway(&routes(&[hop("a", &a.url()).provider(&pool)], "", "")).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 429, "{}", ans.text());
+    let wait: u64 = ans.header("retry-after").parse().unwrap();
+    assert!(
+        (19..=20).contains(&wait),
+        "the earliest key frees up in 20 s: {wait}"
+    );
+    // Nothing is sent while both cool down; the answer is still a 429.
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 429);
+    assert_eq!(a.calls(), 2);
+}
+
+#[tokio::test]
+async fn each_key_has_its_own_rpm_bucket() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::always(fake::completion("upstream-a", "ok")).await;
+    let b = Fake::always(fake::completion("upstream-b", "ok")).await;
+    let pool = key_files(
+        keys.path(),
+        &[("one", "k-1"), ("two", "k-2")],
+        ", rate_limit: { rpm: 1 }",
+    );
+    let gw = gateway(&routes(
+        &[hop("a", &a.url()).provider(&pool), hop("b", &b.url())],
+        "",
+        "",
+    ))
+    .await;
+    let served: Vec<String> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            let ans = chat(gw.addr, hello("gpt-4o")).await;
+            assert_eq!(ans.status, 200);
+            v.push(ans.header("x-switchyard-target"));
+        }
+        v
+    };
+    assert_eq!(
+        served,
+        ["a", "a", "b"],
+        "one request per key, then a is out"
+    );
+    let mut used: Vec<String> = a.seen().iter().map(bearer).collect();
+    used.sort();
+    assert_eq!(used, ["Bearer k-1", "Bearer k-2"]);
+}
+
+#[tokio::test]
+async fn least_recently_limited_prefers_keys_that_were_never_limited() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::start(|n, seen| match (n, bearer(seen).as_str()) {
+        // Key one's 429 advertises no wait: it is usable again at once, but
+        // it was the last one limited.
+        (0, _) => limited("0"),
+        _ => fake::completion("upstream-a", "ok"),
+    })
+    .await;
+    let pool = key_files(
+        keys.path(),
+        &[("one", "k-1"), ("two", "k-2"), ("three", "k-3")],
+        "",
+    );
+    let gw = gateway(&routes(
+        &[hop("a", &a.url()).provider(&format!("key_selection: least_recently_limited\n{pool}"))],
+        "",
+        "",
+    ))
+    .await;
+    for _ in 0..4 {
+        assert_eq!(chat(gw.addr, hello("gpt-4o")).await.status, 200);
+    }
+    let used: Vec<String> = a.seen().iter().map(bearer).collect();
+    assert_eq!(used[0], "Bearer k-1");
+    assert!(
+        used[1..].iter().all(|k| k != "Bearer k-1"),
+        "the limited key waits behind the others: {used:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_provider_scoped_rule_holds_back_every_target_of_the_provider() {
+    let shared = Fake::start(|_, seen| match seen.body["model"].as_str() {
+        Some("m1") => fake::error(429, "You exceeded your current quota"),
+        _ => fake::completion("m2", "never"),
+    })
+    .await;
+    let b = Fake::always(fake::completion("upstream-b", "from b")).await;
+    let yaml = format!(
+        "version: 1
+providers:
+  acct:
+    base_url: '{}'
+    error_classes:
+      - {{ match: {{ status: 429, body: 'quota' }}, action: failover, scope: provider, cooldown: 60s }}
+  other: {{ base_url: '{}' }}
+targets:
+  one: {{ provider: acct, model: m1 }}
+  two: {{ provider: acct, model: m2 }}
+  b: {{ provider: other, model: upstream-b }}
+tasks:
+  chat: {{ aliases: [gpt-4o], chain: [one, two, b] }}
+",
+        shared.url(),
+        b.url()
+    );
+    let gw = gateway(&yaml).await;
+    for _ in 0..2 {
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert_eq!(ans.header("x-switchyard-target"), "b");
+    }
+    assert_eq!(
+        shared.calls(),
+        1,
+        "the account's other target was never called"
+    );
+    assert_eq!(
+        metric(
+            &gw,
+            r#"switchyard_route_exclusions_total{task="chat",target="two",reason="provider_cooldown"}"#
+        )
+        .await,
+        2.0
+    );
+}
+
+#[tokio::test]
+async fn an_azure_shaped_provider_gets_its_query_path_and_api_key_header() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::always(fake::completion("gpt-4o", "from azure")).await;
+    let file = keys.path().join("azure.key");
+    std::fs::write(&file, "azure-key-123\n").unwrap();
+    let provider = format!(
+        "key_header: api-key\nquery: {{ api-version: '2024-10-21' }}\napi_key_file: '{}'",
+        file.display()
+    );
+    let base = format!(
+        "{}/openai/deployments/gpt4o-prod",
+        a.url().trim_end_matches("/v1")
+    );
+    let gw = gateway(&routes(&[hop("a", &base).provider(&provider)], "", "")).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let seen = &a.seen()[0];
+    assert_eq!(
+        seen.uri,
+        "/openai/deployments/gpt4o-prod/chat/completions?api-version=2024-10-21"
+    );
+    assert_eq!(seen.headers["api-key"], "azure-key-123");
+    assert!(seen.headers.get("authorization").is_none());
+}
+
+#[tokio::test]
+async fn a_key_can_go_in_the_query_string_with_other_parameters() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::always(fake::completion("m", "ok")).await;
+    let pool = key_files(keys.path(), &[("one", "q/k+1"), ("two", "q-k-2")], "");
+    let provider = format!("key_query: key\nquery: {{ alt: json }}\n{pool}");
+    let gw = gateway(&routes(&[hop("a", &a.url()).provider(&provider)], "", "")).await;
+    for _ in 0..2 {
+        assert_eq!(chat(gw.addr, hello("gpt-4o")).await.status, 200);
+    }
+    let mut uris: Vec<String> = a.seen().iter().map(|s| s.uri.clone()).collect();
+    uris.sort();
+    assert_eq!(
+        uris,
+        [
+            "/v1/chat/completions?alt=json&key=q%2Fk%2B1",
+            "/v1/chat/completions?alt=json&key=q-k-2"
+        ]
+    );
+    assert!(a
+        .seen()
+        .iter()
+        .all(|s| s.headers.get("authorization").is_none()));
+}
+
+/// A key in a URL's query string shows up nowhere: not in the answer to a
+/// connection error, not in an upstream's echo of the URL, not in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_in_the_query_string_never_leaks() {
+    const KEY: &str = "qsSECRET987zyx";
+    let echo = Fake::start(|_, seen| {
+        fake::error(400, &format!("no deployment at {} (key {KEY})", seen.uri))
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("k");
+    std::fs::write(&key, KEY).unwrap();
+    let dead = free_addr();
+    let yaml = format!(
+        "version: 1
+providers:
+  gone:
+    base_url: 'http://{dead}/v1'
+    key_query: code
+    query: {{ api-version: '1' }}
+    api_key_file: '{key}'
+    connect_timeout: 300ms
+  echo:
+    base_url: '{}'
+    key_query: code
+    api_key_file: '{key}'
+targets:
+  gone: {{ provider: gone, model: m }}
+  echo: {{ provider: echo, model: m }}
+tasks:
+  down: {{ aliases: [m-gone], chain: [gone] }}
+  echo: {{ aliases: [m-echo], chain: [echo] }}
+",
+        echo.url(),
+        key = key.display()
+    );
+    let config = dir.path().join("routes.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    let mut served = Served::start(&config, dir.path(), &[("RUST_LOG", "debug")]);
+    let mut everything = String::new();
+    for model in ["m-gone", "m-echo"] {
+        let ans = chat(served.addr, hello(model)).await;
+        assert!(ans.status.is_client_error() || ans.status.is_server_error());
+        everything.push_str(&format!("{:?}\n{}\n", ans.headers, ans.text()));
+    }
+    for path in ["/metrics", "/admin/targets"] {
+        everything.push_str(&get(served.addr, path).await.text());
+    }
+    assert_eq!(echo.calls(), 1);
+    assert!(
+        echo.seen()[0].uri.contains(KEY),
+        "the upstream did get the key"
+    );
+    let status = tokio::task::block_in_place(|| served.terminate(Duration::from_secs(5)));
+    assert_eq!(status.code(), Some(0));
+    everything.push_str(&std::fs::read_to_string(dir.path().join("stderr.log")).unwrap());
+    assert!(
+        everything.contains("upstream attempt failed"),
+        "{everything}"
+    );
+    for fragment in [KEY, "SECRET987"] {
+        assert!(
+            !everything.contains(fragment),
+            "`{fragment}` leaked:\n{everything}"
+        );
+    }
+}
+
+fn pool_config(provider: &str, top: &str) -> String {
+    format!(
+        "version: 1
+providers:
+  p:
+    base_url: 'http://127.0.0.1:9/v1'
+{provider}
+targets:
+  t: {{ provider: p, model: m }}
+tasks:
+  chat: {{ aliases: [gpt-4o], chain: [t] }}
+{top}"
+    )
+}
+
+fn problems(text: &str) -> Vec<(String, String)> {
+    compile_errors(text)
+        .into_iter()
+        .map(|d| (d.path, d.message))
+        .collect()
+}
+
+#[test]
+fn key_pools_that_cannot_work_are_refused_where_they_are_written() {
+    let cases = [
+        (
+            "    keys:\n      - { name: a, env: A, file: /k }\n",
+            "providers.p.keys[0]",
+            "exactly one of `env` or `file`",
+        ),
+        (
+            "    keys:\n      - { name: a, env: A }\n      - { name: a, env: B }\n",
+            "providers.p.keys[1].name",
+            "appears twice",
+        ),
+        (
+            "    api_key_env: A\n    keys:\n      - { env: B }\n",
+            "providers.p.keys",
+            "not both",
+        ),
+        (
+            "    key_selection: random\n",
+            "providers.p.key_selection",
+            "round_robin or least_recently_limited",
+        ),
+        (
+            "    keys:\n      - { env: A, rate_limit: { rpm: 0 } }\n",
+            "providers.p.keys[0].rate_limit",
+            "at least 1",
+        ),
+    ];
+    for (provider, path, says) in cases {
+        let found = problems(&pool_config(provider, ""));
+        assert!(
+            found.iter().any(|(p, m)| p == path && m.contains(says)),
+            "{provider}: expected `{says}` at {path}, got {found:?}"
+        );
+    }
+    let many: String = (0..65)
+        .map(|i| format!("      - {{ env: K{i} }}\n"))
+        .collect();
+    let found = problems(&pool_config(&format!("    keys:\n{many}"), ""));
+    assert!(
+        found
+            .iter()
+            .any(|(p, m)| p == "providers.p.keys" && m.contains("at most 64")),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn until_reload_is_a_key_cooldown() {
+    let rule = "error_classes:\n  - { match: { status: 401 }, action: failover, cooldown: until_reload }\n";
+    let found = problems(&pool_config("", rule));
+    assert!(
+        found
+            .iter()
+            .any(|(p, m)| p == "error_classes[0].cooldown" && m.contains("scope: key")),
+        "{found:?}"
+    );
+    let rule = "error_classes:\n  - { match: { status: 401 }, action: failover, scope: account }\n";
+    let found = problems(&pool_config("", rule));
+    assert!(
+        found.iter().any(|(p, _)| p == "error_classes[0].scope"),
+        "{found:?}"
+    );
+}
