@@ -27,8 +27,9 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::account::Account;
-use super::attempt::{self, Attempt, Call, Commit};
+use super::attempt::{self, Attempt, Call, Commit, Failed};
 use crate::classify::{AttemptOutcome, Interruption, Scope};
+use crate::health::Permit;
 use crate::metrics as m;
 use crate::request::ChatRequest;
 use crate::routing::{self, Admission, Needs};
@@ -249,19 +250,21 @@ impl Recovery {
         while let Some(admitted) = admission.next(false) {
             let target = Arc::clone(&admitted.target);
             self.tried.push(Arc::clone(&target));
-            let mut mode = if target.can_prefill() {
-                Mode::Prefill
-            } else {
-                Mode::Restart
+            let mut turn = Turn {
+                mode: if target.can_prefill() {
+                    Mode::Prefill
+                } else {
+                    Mode::Restart
+                },
+                key: admitted.key,
+                keys: KeySet::default(),
             };
             let mut permit = Some(admitted.permit);
-            let mut key = admitted.key;
-            let mut keys = KeySet::default();
             while let Some(p) = permit.take() {
-                if let Some(k) = key {
-                    keys.insert(k);
+                if let Some(k) = turn.key {
+                    turn.keys.insert(k);
                 }
-                let sent = match mode {
+                let sent = match turn.mode {
                     Mode::Prefill => self.prefill_body(&target),
                     Mode::Restart => None,
                 };
@@ -269,20 +272,20 @@ impl Recovery {
                     Some(b) => (b, true),
                     None => (admitted.body.clone(), false),
                 };
-                mode = if prefilled {
+                turn.mode = if prefilled {
                     Mode::Prefill
                 } else {
                     Mode::Restart
                 };
-                let call = self.call(&snapshot, &task, &target, &account, key);
+                let call = self.call(&snapshot, &task, &target, &account, turn.key);
                 match attempt::run(&call, sent, p).await {
                     Attempt::Committed(commit) => {
                         let seam = Seam {
                             from: Arc::clone(broken),
                             to: target,
-                            mode,
+                            mode: turn.mode,
                         };
-                        let splice = self.splice(mode, &seam.to);
+                        let splice = self.splice(turn.mode, &seam.to);
                         return Ok(Resumed {
                             commit: *commit,
                             splice,
@@ -290,29 +293,13 @@ impl Recovery {
                         });
                     }
                     Attempt::Failed(failed) => {
-                        let rejected =
-                            prefilled && failed.status.is_some_and(|s| (400..500).contains(&s));
-                        attempt::record(
+                        permit = turn.after_failure(
                             &snapshot,
                             &target,
-                            &failed.decision,
-                            failed.outcome,
-                            failed.permit,
-                            key,
+                            failed,
+                            prefilled,
+                            &mut admission,
                         );
-                        let key_failed = failed.decision.scope == Scope::Key && key.is_some();
-                        if key_failed {
-                            // Another key of the same provider first.
-                            key = admission.next_key(&target, keys);
-                            if key.is_some() {
-                                permit = admission.readmit(&target);
-                            }
-                        } else if rejected {
-                            // Unable to prefill after all: restart and verify on it instead.
-                            debug!(target = %target.name, "prefill rejected; restarting and verifying");
-                            mode = Mode::Restart;
-                            permit = admission.readmit(&target);
-                        }
                     }
                     Attempt::Answer { .. } => {
                         // A whole body to a streaming request cannot be spliced in.
@@ -570,6 +557,52 @@ fn only_role(chunk: &Map<String, Value>) -> bool {
                     })
                 })
         })
+}
+
+/// One target's turn at taking over a broken stream.
+struct Turn {
+    mode: Mode,
+    /// The key the next attempt goes with.
+    key: Option<usize>,
+    /// The keys tried on this target.
+    keys: KeySet,
+}
+
+impl Turn {
+    /// Records a failed attempt and says whether the target gets another:
+    /// with the provider's next key after a key-scoped failure, or as a
+    /// restart after a rejected prefill.
+    fn after_failure(
+        &mut self,
+        snapshot: &Snapshot,
+        target: &Arc<Target>,
+        failed: Failed,
+        prefilled: bool,
+        admission: &mut Admission<'_>,
+    ) -> Option<Permit> {
+        let rejected = prefilled && failed.status.is_some_and(|s| (400..500).contains(&s));
+        let key_failed = failed.decision.scope == Scope::Key && self.key.is_some();
+        attempt::record(
+            snapshot,
+            target,
+            &failed.decision,
+            failed.outcome,
+            failed.permit,
+            self.key,
+        );
+        if key_failed {
+            // Another key of the same provider first.
+            self.key = admission.next_key(target, self.keys);
+            return self.key.and_then(|_| admission.readmit(target));
+        }
+        if rejected {
+            // Unable to prefill after all: restart and verify on it instead.
+            debug!(target = %target.name, "prefill rejected; restarting and verifying");
+            self.mode = Mode::Restart;
+            return admission.readmit(target);
+        }
+        None
+    }
 }
 
 #[cfg(test)]
