@@ -44,7 +44,7 @@ use crate::classify::{Action, AttemptOutcome, Scope};
 use crate::error::GatewayError;
 use crate::health::Failure;
 use crate::request::ChatRequest;
-use crate::routing::{self, Admission, Admitted, Holdbacks, Needs};
+use crate::routing::{self, Admission, Admitted, Holdbacks, Needs, Payload};
 use crate::schema::{Contract, Mode as ValidateMode, Violation};
 use crate::snapshot::{KeySet, Snapshot, Target, Task};
 use account::{Account, CancelGuard};
@@ -122,7 +122,8 @@ pub async fn chat_completions(
     let response = match plan.ineligible() {
         Some(why) => walk.error(&GatewayError::NoEligibleTarget(why.describe())),
         None => {
-            let mut admission = Admission::new(&snapshot, &task, plan, &needs, &request);
+            let mut admission =
+                Admission::new(&snapshot, &task, plan, &needs, Payload::Chat(&request));
             walk.run(&mut admission).await
         }
     };

@@ -15,6 +15,9 @@ use serde_json::value::RawValue;
 
 use crate::tokens;
 
+mod embeddings;
+pub use embeddings::EmbeddingsRequest;
+
 /// Why a body is not a request the gateway can take.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
@@ -149,24 +152,8 @@ impl<'a> ChatRequest<'a> {
     /// # Errors
     /// The first such problem, naming its field.
     pub fn parse(body: &'a [u8]) -> Result<Self, RequestError> {
-        let not_object = |detail: String| RequestError {
-            param: None,
-            message: format!("body is not a JSON object: {detail}"),
-        };
-        // serde would read a JSON array into the struct field by field.
-        match body.iter().find(|b| !b.is_ascii_whitespace()) {
-            Some(b'{') => {}
-            Some(_) => return Err(not_object("it does not start with `{`".into())),
-            None => return Err(not_object("it is empty".into())),
-        }
-        let wire: Wire<'a> = serde_json::from_slice(body).map_err(|e| not_object(e.to_string()))?;
-        let model = match wire.model.filter(|raw| raw.get() != "null") {
-            None => None,
-            Some(raw) => Some(
-                string(raw)
-                    .ok_or_else(|| RequestError::field("model", "`model` must be a string"))?,
-            ),
-        };
+        let wire: Wire<'a> = object(body)?;
+        let model = model(wire.model)?;
         let stream = match wire.stream {
             None => false,
             Some(raw) => serde_json::from_str::<bool>(raw.get())
@@ -206,30 +193,7 @@ impl<'a> ChatRequest<'a> {
     /// value replaced (or the key added first when the client sent none).
     #[must_use]
     pub fn with_model(&self, model: &str) -> Bytes {
-        let quoted = serde_json::Value::from(model).to_string();
-        let mut out = BytesMut::with_capacity(self.body.len() + quoted.len() + 10);
-        match &self.model_span {
-            Some(span) => {
-                out.extend_from_slice(&self.body[..span.start]);
-                out.extend_from_slice(quoted.as_bytes());
-                out.extend_from_slice(&self.body[span.end..]);
-            }
-            None => {
-                // The body parsed as an object, so it starts (after blanks)
-                // with `{`, and it has `messages`, so a comma always follows.
-                let open = self
-                    .body
-                    .iter()
-                    .position(|b| *b == b'{')
-                    .map_or(0, |i| i + 1);
-                out.extend_from_slice(&self.body[..open]);
-                out.extend_from_slice(b"\"model\":");
-                out.extend_from_slice(quoted.as_bytes());
-                out.extend_from_slice(b",");
-                out.extend_from_slice(&self.body[open..]);
-            }
-        }
-        out.freeze()
+        with_model(self.body, self.model_span.as_ref(), model)
     }
 
     /// Whether the request offers tools (`tools` or legacy `functions`, non-empty).
@@ -285,6 +249,56 @@ where
     D: serde::Deserializer<'de>,
 {
     <&'de RawValue>::deserialize(d).map(Some)
+}
+
+/// Reads `body` as a JSON object into `T`.
+fn object<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, RequestError> {
+    let not_object = |detail: String| RequestError {
+        param: None,
+        message: format!("body is not a JSON object: {detail}"),
+    };
+    // serde would read a JSON array into the struct field by field.
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {}
+        Some(_) => return Err(not_object("it does not start with `{`".into())),
+        None => return Err(not_object("it is empty".into())),
+    }
+    serde_json::from_slice(body).map_err(|e| not_object(e.to_string()))
+}
+
+/// `model`: a string, or absent (`null` counts as absent).
+fn model(raw: Option<&RawValue>) -> Result<Option<Cow<'_, str>>, RequestError> {
+    match raw.filter(|raw| raw.get() != "null") {
+        None => Ok(None),
+        Some(raw) => string(raw)
+            .map(Some)
+            .ok_or_else(|| RequestError::field("model", "`model` must be a string")),
+    }
+}
+
+/// `body` (a JSON object with at least one other field) with `model` set to
+/// `model`: only the value at `span` replaced, or the key added first.
+fn with_model(body: &[u8], span: Option<&Range<usize>>, model: &str) -> Bytes {
+    let quoted = serde_json::Value::from(model).to_string();
+    let mut out = BytesMut::with_capacity(body.len() + quoted.len() + 10);
+    match span {
+        Some(span) => {
+            out.extend_from_slice(&body[..span.start]);
+            out.extend_from_slice(quoted.as_bytes());
+            out.extend_from_slice(&body[span.end..]);
+        }
+        None => {
+            // The body parsed as an object, so it starts (after blanks) with
+            // `{`, and it has a required field, so a comma always follows.
+            let open = body.iter().position(|b| *b == b'{').map_or(0, |i| i + 1);
+            out.extend_from_slice(&body[..open]);
+            out.extend_from_slice(b"\"model\":");
+            out.extend_from_slice(quoted.as_bytes());
+            out.extend_from_slice(b",");
+            out.extend_from_slice(&body[open..]);
+        }
+    }
+    out.freeze()
 }
 
 /// A raw value as a string (borrowed when it has no escapes), if it is one.

@@ -32,9 +32,9 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::health::{Permit, State, Unavailable};
-use crate::request::ChatRequest;
+use crate::request::{ChatRequest, EmbeddingsRequest};
 use crate::snapshot::{KeySet, NoKey, Snapshot, Strategy, Target, Task};
-use crate::upstream::TargetModel;
+use crate::upstream::{Operation, TargetModel};
 
 /// Share of first picks (under strategies other than `priority`) in which
 /// DEGRADED targets compete with HEALTHY ones.
@@ -485,6 +485,26 @@ impl Holdbacks {
     }
 }
 
+/// What a request asks for, as the protocol adapters encode it.
+#[derive(Debug, Clone, Copy)]
+pub enum Payload<'a> {
+    /// A chat completion.
+    Chat(&'a ChatRequest<'a>),
+    /// Embeddings.
+    Embeddings(&'a EmbeddingsRequest<'a>),
+}
+
+impl Payload<'_> {
+    /// The provider operation it calls.
+    #[must_use]
+    pub fn operation(self) -> Operation {
+        match self {
+            Payload::Chat(_) => Operation::Chat,
+            Payload::Embeddings(_) => Operation::Embeddings,
+        }
+    }
+}
+
 /// A target admitted for one attempt (and its same-target retries).
 #[derive(Debug)]
 pub struct Admitted {
@@ -504,7 +524,7 @@ pub struct Admission<'a> {
     snapshot: &'a Snapshot,
     task: &'a Task,
     needs: &'a Needs,
-    request: &'a ChatRequest<'a>,
+    request: Payload<'a>,
     candidates: std::vec::IntoIter<Arc<Target>>,
     /// DOWN targets seen (for the all-down trial).
     down: Vec<Arc<Target>>,
@@ -525,7 +545,7 @@ impl<'a> Admission<'a> {
         task: &'a Task,
         plan: Plan,
         needs: &'a Needs,
-        request: &'a ChatRequest<'a>,
+        request: Payload<'a>,
     ) -> Self {
         let mut down = Vec::new();
         let mut holdbacks = Holdbacks::default();
@@ -689,7 +709,12 @@ impl<'a> Admission<'a> {
             model: &target.model,
             max_output: target.max_output,
         };
-        match target.provider.endpoint.adapter.encode(self.request, model) {
+        let adapter = target.provider.endpoint.adapter;
+        let encoded = match self.request {
+            Payload::Chat(request) => adapter.encode(request, model),
+            Payload::Embeddings(request) => adapter.encode_embeddings(request, &target.model),
+        };
+        match encoded {
             Ok(body) => Some(body),
             Err(why) => {
                 skip(self.task, target, &Exclusion::Unsupported(why.0.clone()));

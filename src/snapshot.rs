@@ -174,6 +174,25 @@ pub struct Target {
     pub health: Arc<TargetHealth>,
     /// This target's own series.
     pub metrics: TargetMetrics,
+    /// The embedding space its `/v1/embeddings` answers live in, if it is an
+    /// embeddings target.
+    pub embedding: Option<EmbeddingSpace>,
+}
+
+/// An embedding space: vectors of one model family and length. Two targets
+/// of one space are interchangeable; of two spaces, never.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmbeddingSpace {
+    /// The model family, e.g. `text-embedding-3-small`.
+    pub family: String,
+    /// Vector length.
+    pub dimensions: u32,
+}
+
+impl std::fmt::Display for EmbeddingSpace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.family, self.dimensions)
+    }
 }
 
 /// The capability that declares a target able to continue an assistant prefix.
@@ -443,6 +462,9 @@ pub struct Task {
     pub hedge: Option<HedgePolicy>,
     /// `switchyard_hedges_total{task, result}`.
     pub hedges: Family<&'static str>,
+    /// The embedding space of its chain, when it serves `/v1/embeddings`
+    /// (every target declares the same one); `None` for a chat task.
+    pub embedding: Option<EmbeddingSpace>,
 }
 
 impl Task {

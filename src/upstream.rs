@@ -19,7 +19,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 
 use crate::classify::NetworkKind;
-use crate::request::ChatRequest;
+use crate::request::{ChatRequest, EmbeddingsRequest};
 use pool::HttpClient;
 
 /// Every protocol, by its `routes.yaml` name.
@@ -86,6 +86,16 @@ pub trait Adapter: Send + Sync + std::fmt::Debug {
         &self,
         request: &ChatRequest<'_>,
         target: TargetModel<'_>,
+    ) -> Result<Bytes, Unsupported>;
+
+    /// The embeddings request body for the target's `model`.
+    ///
+    /// # Errors
+    /// The protocol has no embeddings.
+    fn encode_embeddings(
+        &self,
+        request: &EmbeddingsRequest<'_>,
+        model: &str,
     ) -> Result<Bytes, Unsupported>;
 
     /// A 2xx body as a `chat.completion` JSON.

@@ -32,7 +32,7 @@ use crate::classify::{AttemptOutcome, Interruption, Scope};
 use crate::health::Permit;
 use crate::metrics as m;
 use crate::request::ChatRequest;
-use crate::routing::{self, Admission, Needs};
+use crate::routing::{self, Admission, Needs, Payload};
 use crate::snapshot::{KeySet, Snapshot, Target, Task};
 use crate::sse::{self, Event};
 use crate::upstream::TargetModel;
@@ -241,7 +241,7 @@ impl Recovery {
         plan.excluded.clear();
         plan.candidates
             .retain(|t| !self.tried.iter().any(|u| Arc::ptr_eq(t, u)));
-        let mut admission = Admission::new(&snapshot, &task, plan, &needs, &request);
+        let mut admission = Admission::new(&snapshot, &task, plan, &needs, Payload::Chat(&request));
         let account = Account {
             task: Arc::clone(&task),
             prompt_estimate: needs.prompt_tokens,

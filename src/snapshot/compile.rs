@@ -26,9 +26,9 @@ use http::Uri;
 
 use super::live::{CallerLimitKey, KeyId, LiveState, ProviderLimitsKey, TaskLimitKey};
 use super::{
-    After, ApiKey, Budget, Compiled, Cost, HedgePolicy, KeySelection, KeySource, Prefill, Provider,
-    RetryPolicy, Snapshot, Startup, Strategy, StreamRecovery, Target, Task, DEFAULT_LISTEN,
-    MAX_KEYS,
+    After, ApiKey, Budget, Compiled, Cost, EmbeddingSpace, HedgePolicy, KeySelection, KeySource,
+    Prefill, Provider, RetryPolicy, Snapshot, Startup, Strategy, StreamRecovery, Target, Task,
+    DEFAULT_LISTEN, MAX_KEYS,
 };
 use crate::classify::{
     self, Action, Cooldown, ErrorTable, Match, NetworkKind, Rule, Scope, StatusPattern,
@@ -1030,10 +1030,76 @@ fn targets(
             weight,
             health: live.health.get(&id),
             metrics: live.metrics.target(name),
+            embedding: embedding(t, provider, &path, c),
         };
         targets.insert(name.clone(), Arc::new(target));
     }
     targets
+}
+
+/// A target's embedding space; its protocol must have embeddings.
+fn embedding(
+    t: &crate::config::RawTarget,
+    provider: &Provider,
+    path: &str,
+    c: &mut Checks<'_>,
+) -> Option<EmbeddingSpace> {
+    let raw = t.embedding.as_ref()?;
+    let adapter = provider.endpoint.adapter;
+    if adapter.embeddings_path().is_none() {
+        c.error(
+            &format!("{path}.embedding"),
+            format!("protocol `{}` has no embeddings endpoint", adapter.name()),
+        );
+    }
+    if raw.model_family.trim().is_empty() {
+        c.error(
+            &format!("{path}.embedding.model_family"),
+            "empty model family",
+        );
+    }
+    if raw.dimensions == 0 {
+        c.error(
+            &format!("{path}.embedding.dimensions"),
+            "dimensions must be at least 1",
+        );
+    }
+    Some(EmbeddingSpace {
+        family: raw.model_family.clone(),
+        dimensions: raw.dimensions,
+    })
+}
+
+/// A chain's embedding space: every target's the same, or none has one.
+/// Vectors from two spaces are not interchangeable, so a chain mixing them
+/// (or mixing embeddings and chat targets) is refused.
+fn chain_embedding(
+    chain: &[Arc<Target>],
+    path: &str,
+    c: &mut Checks<'_>,
+) -> Option<EmbeddingSpace> {
+    let first = chain.first()?;
+    for (i, target) in chain.iter().enumerate().skip(1) {
+        if target.embedding != first.embedding {
+            let show = |t: &Target| {
+                t.embedding.as_ref().map_or_else(
+                    || "chat (no `embedding`)".to_owned(),
+                    |e| format!("embedding {e}"),
+                )
+            };
+            c.error(
+                &format!("{path}.chain[{i}]"),
+                format!(
+                    "target `{}` is {} but `{}` is {}: a chain fails over only within one embedding space",
+                    target.name,
+                    show(target),
+                    first.name,
+                    show(first)
+                ),
+            );
+        }
+    }
+    first.embedding.clone()
 }
 
 /// Tasks by name, and by name or alias.
@@ -1155,6 +1221,7 @@ fn task(
         stream_recovery: stream_recovery(t, path, c),
         hedge: hedge(t, path, c),
         hedges: metrics.family(m::HEDGES, &[("task", name.to_owned().into())], &["result"]),
+        embedding: chain_embedding(&chain, path, c),
         chain,
     }
 }

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::{Adapter, Malformed, TargetModel, Unsupported};
-use crate::request::ChatRequest;
+use crate::request::{ChatRequest, EmbeddingsRequest};
 
 /// The `anthropic-version` header sent unless a provider sets its own.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -68,6 +68,16 @@ impl Adapter for Anthropic {
         )
         .map_err(|e| Unsupported(e.to_string()))?;
         Ok(Bytes::from(body.to_string()))
+    }
+
+    fn encode_embeddings(
+        &self,
+        _request: &EmbeddingsRequest<'_>,
+        _model: &str,
+    ) -> Result<Bytes, Unsupported> {
+        Err(Unsupported(
+            "the anthropic protocol has no embeddings".into(),
+        ))
     }
 
     fn decode_answer(&self, body: Bytes) -> Result<Bytes, Malformed> {

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 
 use super::{Adapter, Malformed, StreamTranslator, TargetModel, Unsupported};
-use crate::request::ChatRequest;
+use crate::request::{ChatRequest, EmbeddingsRequest};
 
 /// The OpenAI-compatible protocol (`protocol: openai`, the default).
 #[derive(Debug)]
@@ -38,6 +38,14 @@ impl Adapter for OpenAi {
         target: TargetModel<'_>,
     ) -> Result<Bytes, Unsupported> {
         Ok(request.with_model(target.model))
+    }
+
+    fn encode_embeddings(
+        &self,
+        request: &EmbeddingsRequest<'_>,
+        model: &str,
+    ) -> Result<Bytes, Unsupported> {
+        Ok(request.with_model(model))
     }
 
     fn decode_answer(&self, body: Bytes) -> Result<Bytes, Malformed> {
