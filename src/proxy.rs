@@ -34,7 +34,7 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::body::Body;
 use crate::classify::{Action, AttemptOutcome};
@@ -44,6 +44,7 @@ use crate::request::ChatRequest;
 use crate::routing::{self, Admission, Admitted, Holdbacks, Needs};
 use crate::schema::{Contract, Mode as ValidateMode, Violation};
 use crate::snapshot::{Snapshot, Target, Task};
+use crate::telemetry::{self, AttemptFailure, AttemptInfo, RequestTrace};
 use account::{Account, CancelGuard};
 use attempt::{Attempt, Call, Failed};
 use respond::{Tally, H_TARGET, H_TASK_TYPE};
@@ -51,13 +52,15 @@ use respond::{Tally, H_TARGET, H_TASK_TYPE};
 /// Longest backoff between two retries of one target.
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
 
-/// Handles one chat completion request against `snapshot`.
+/// Handles one chat completion request against `snapshot`; what it learns
+/// on the way goes into `trace`.
 pub async fn chat_completions(
     snapshot: Arc<Snapshot>,
     headers: &HeaderMap,
     body: Bytes,
     request_id: HeaderValue,
     arrival: Instant,
+    trace: RequestTrace,
 ) -> Response<Body> {
     let request = match ChatRequest::parse(&body) {
         Ok(r) => r,
@@ -73,6 +76,7 @@ pub async fn chat_completions(
         Ok(task) => Arc::clone(task),
         Err(e) => return rejected(&snapshot, &e, &request_id),
     };
+    trace.routed(&task.name, request.model.as_deref(), request.stream);
     if let Err(e) = front_door(&snapshot, &task, headers) {
         let resp = respond::plain_error(&e, &request_id);
         account::answered(&task, None, resp.status().as_u16(), arrival);
@@ -99,6 +103,7 @@ pub async fn chat_completions(
             task: Arc::clone(&task),
             prompt_estimate: needs.prompt_tokens,
             max_tokens: needs.max_tokens,
+            trace,
         },
         tally: Tally::default(),
         holdbacks: Holdbacks::default(),
@@ -125,6 +130,12 @@ pub async fn chat_completions(
         served.map(|t| &**t),
         response.status().as_u16(),
         arrival,
+    );
+    walk.account.trace.served(
+        served.map(|t| (t.name.as_str(), t.provider.name.as_str())),
+        walk.tally.attempts,
+        walk.tally.failovers,
+        served.is_some_and(|t| walk.degraded(t)),
     );
     response
 }
@@ -242,6 +253,7 @@ impl Walk<'_> {
     fn failover(&mut self, from: &Target, to: &Target, reason: &'static str) {
         self.tally.failovers += 1;
         info!(task = %self.task.name, from = %from.name, to = %to.name, reason, "failover");
+        telemetry::failover(&from.name, &to.name, reason);
         self.snapshot
             .metrics
             .counter(
@@ -274,18 +286,29 @@ impl Walk<'_> {
             let Some(p) = permit.take() else { break };
             self.tally.attempts += 1;
             let call = self.call(&target);
-            match attempt::run(&call, body.clone(), p).await {
+            let span = self
+                .account
+                .trace
+                .attempt(&attempt_info(&target, self.tally.attempts));
+            let attempted = attempt::run(&call, body.clone(), p).instrument(span.clone());
+            match attempted.await {
                 Attempt::Answer { status, body } => {
+                    telemetry::attempt_served(&span, status.as_u16());
                     return TargetEnd::Served(
                         self.serve(respond::completion(status, body), &target),
-                    )
+                    );
                 }
                 Attempt::Committed(relay) => {
+                    telemetry::attempt_served(&span, StatusCode::OK.as_u16());
                     let resp = respond::stream(relay.into_body());
                     return TargetEnd::Served(self.serve(resp, &target));
                 }
-                Attempt::Deadline => return TargetEnd::Deadline,
+                Attempt::Deadline => {
+                    telemetry::attempt_abandoned(&span, "deadline", "return");
+                    return TargetEnd::Deadline;
+                }
                 Attempt::Violated { violation, permit } => {
+                    telemetry::attempt_abandoned(&span, "contract_violation", "failover");
                     self.violated(&target, violation, permit);
                     return TargetEnd::Exhausted {
                         reason: AttemptOutcome::ContractViolation.label(),
@@ -293,7 +316,7 @@ impl Walk<'_> {
                 }
                 Attempt::Failed(failed) => {
                     reason = failed.outcome.label();
-                    match self.failed(&target, failed, &mut tries, admission) {
+                    match self.failed(&target, failed, &mut tries, admission, &span) {
                         Next::Retry => {}
                         Next::Failover => break,
                         Next::Return(resp) => return TargetEnd::Served(resp),
@@ -378,6 +401,7 @@ impl Walk<'_> {
         failed: Failed,
         tries: &mut Tries,
         admission: &mut Admission<'_>,
+        span: &tracing::Span,
     ) -> Next {
         let Failed {
             decision,
@@ -420,6 +444,13 @@ impl Walk<'_> {
         };
         info!(target = %target.name, attempt = self.tally.attempts, outcome = outcome.label(),
             rule = %decision.rule, next, "upstream attempt failed");
+        let failure = AttemptFailure {
+            outcome: outcome.label(),
+            status,
+            rule: &decision.rule,
+            action: next,
+        };
+        telemetry::attempt_failed(span, &failure);
         if decision.context_window {
             admission.raise_context_floor(target);
             self.context_answer = answer.as_ref().map(|(status, bytes)| {
@@ -484,7 +515,25 @@ impl Walk<'_> {
 
     fn error(&self, e: &GatewayError) -> Response<Body> {
         warn!(task = %self.task.name, attempts = self.tally.attempts, code = e.code(), "{e}");
+        self.account.trace.error(e.code());
         respond::gateway_error(self.snapshot, e, self.tally, self.request_id)
+    }
+}
+
+/// What an attempt span says about its target (`number`: the request's nth call).
+fn attempt_info(target: &Target, number: u32) -> AttemptInfo<'_> {
+    let url = &target.provider.endpoint.url;
+    AttemptInfo {
+        target: &target.name,
+        provider: &target.provider.name,
+        protocol: target.provider.endpoint.adapter.name(),
+        model: &target.model,
+        host: url.host(),
+        port: url.port_u16().or(match url.scheme_str() {
+            Some("https") => Some(443),
+            Some(_) | None => Some(80),
+        }),
+        number,
     }
 }
 

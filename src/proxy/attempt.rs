@@ -125,6 +125,7 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
         }
         Ok(Ok(r)) => r,
     };
+    call.account.trace.upstream_head(response.headers());
     if !call.stream {
         call.target
             .health
@@ -251,6 +252,7 @@ fn answered(
             permit,
         });
     }
+    let _ = call.account.trace.answer_meta(&bytes);
     let cfg = &call.snapshot.health;
     target.report(target.health.record_success(permit, Instant::now(), cfg));
     target
@@ -356,6 +358,8 @@ struct Held {
     calls: CallAssembler,
     finished: bool,
     done: bool,
+    /// A chunk naming the answering model was seen (for telemetry).
+    meta_seen: bool,
 }
 
 /// Reads a stream up to its commit point, then hands it to a [`Relay`].
@@ -380,6 +384,7 @@ async fn hold(
         calls: CallAssembler::default(),
         finished: false,
         done: false,
+        meta_seen: false,
     };
     let mut eof = false;
     let mut last_read = started;
@@ -448,7 +453,16 @@ fn take_events(
     while let Some(event) = events.next_event(eof) {
         let mut commit = false;
         let mut tool = false;
-        match sse::classify_event(&event) {
+        let chunk = sse::classify_event(&event);
+        let finishes = matches!(
+            chunk,
+            Chunk::Content { finished: true } | Chunk::NoContent { finished: true }
+        );
+        if let (Some(data), true) = (&event.data, !held.meta_seen || finishes) {
+            // The model that answered is in the first chunk; finish reasons in the last.
+            held.meta_seen = call.account.trace.answer_meta(data.as_bytes());
+        }
+        match chunk {
             Chunk::Empty | Chunk::NoContent { finished: false } => {}
             Chunk::NoContent { finished: true } => held.finished = true,
             Chunk::Content { finished } => {
@@ -526,6 +540,7 @@ fn commit(
         .route_metrics(Some(target))
         .ttft
         .record(call.arrival.elapsed().as_secs_f64());
+    call.account.trace.committed();
     debug!(target = %target.name, ttft_ms = started.elapsed().as_millis() as u64, "stream committed");
     target
         .health
