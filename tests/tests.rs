@@ -37,3 +37,4 @@ mod routing;
 mod sanitize;
 mod semantics;
 mod stream_edges;
+mod telemetry;

@@ -140,6 +140,8 @@ impl RequestTrace {
             if let Some(parent) = super::extract(headers) {
                 let _ = span.set_parent(parent);
             }
+            let id = String::from_utf8_lossy(request_id.as_bytes()).into_owned();
+            span.set_attribute("switchyard.request_id", id);
             let cx = span.context();
             log.record(
                 "trace_id",
@@ -190,8 +192,10 @@ impl RequestTrace {
         f.requested_model = requested_model.map(clip);
         f.stream = stream;
         if !self.0.span.is_disabled() {
+            // GenAI's `{operation} {model}`; the span started on arrival,
+            // before the body named the model, so it is renamed.
             let name = format!("chat {}", requested_model.map_or(task, clip_str));
-            self.0.span.record("otel.name", name);
+            self.0.span.context().span().update_name(name);
         }
     }
 
@@ -400,6 +404,10 @@ impl Drop for Inner {
         }
         let trace_id = (!self.span.is_disabled()).then(|| {
             record_server_span(&self.span, f, elapsed);
+            // A span ends when it was last exited: a stream's server span
+            // was last entered at its commit point, so it is entered once
+            // more now, to end with the stream.
+            drop(self.span.enter());
             self.span
                 .context()
                 .span()
