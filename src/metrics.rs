@@ -63,6 +63,9 @@ pub const CONFIG_HASH: &str = "switchyard_config_hash";
 /// Gauge: Unix time (seconds) the loaded config was applied.
 pub const CONFIG_LOADED_AT: &str = "switchyard_config_loaded_timestamp_seconds";
 
+/// Gauge `{task}`: targets of the task's chain that are not DOWN, set at each
+/// scrape (0: every target is DOWN, and `/readyz` says so too).
+pub const TASK_TARGETS_AVAILABLE: &str = "switchyard_task_targets_available";
 /// Counter: spans dropped because the trace export queue was full (collector
 /// down or slow); process-wide, shown with tracing on.
 pub const TRACE_SPANS_DROPPED: &str = "switchyard_trace_spans_dropped_total";
@@ -284,6 +287,11 @@ impl Metrics {
             COST.into(),
             None,
             "USD spent by task and target, from usage x cost.".into(),
+        );
+        r.describe_gauge(
+            TASK_TARGETS_AVAILABLE.into(),
+            None,
+            "Targets of the task's chain that are not DOWN (set at each scrape).".into(),
         );
         r.describe_gauge(
             CONFIG_HASH.into(),

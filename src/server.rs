@@ -368,6 +368,7 @@ async fn handle(
         (&Method::GET, "/readyz") => readiness(&app.snapshot.load()),
         (&Method::GET, "/metrics") => {
             crate::telemetry::publish(app.metrics());
+            publish_availability(&app.snapshot.load());
             let mut resp = Response::new(body::full(Bytes::from(app.metrics().render())));
             resp.headers_mut().insert(
                 CONTENT_TYPE,
@@ -614,6 +615,24 @@ fn model(s: &Snapshot, id: &str, request_id: &HeaderValue) -> Response<Body> {
             &GatewayError::UnknownModel(id.chars().take(128).collect()),
             request_id,
         ),
+    }
+}
+
+/// `switchyard_task_targets_available{task}`: what `/readyz` judges, as a
+/// gauge an alert can watch (set when scraped, so it is always current).
+fn publish_availability(s: &Snapshot) {
+    for task in s.tasks.values() {
+        let up = task
+            .chain
+            .iter()
+            .filter(|target| target.health.state() != State::Down)
+            .count();
+        s.metrics
+            .gauge(
+                crate::metrics::TASK_TARGETS_AVAILABLE,
+                &[("task", task.name.clone().into())],
+            )
+            .set(up as f64);
     }
 }
 

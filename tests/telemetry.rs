@@ -493,3 +493,109 @@ async fn a_collector_that_never_answers_never_slows_a_request() {
     let status = tokio::task::block_in_place(|| served.terminate(Duration::from_secs(10)));
     assert_eq!(status.code(), Some(0), "{}", served.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_whose_targets_are_all_down_shows_zero_available() {
+    let a = Fake::always(fake::error(503, "down")).await;
+    let yaml = routes(
+        &[hop("a", &a.url()).provider("retry: { max: 0 }")],
+        "",
+        "health: { degraded_after: 1, down_after: 1 }\n",
+    );
+    let gw = gateway(&yaml).await;
+    let series = "switchyard_task_targets_available{task=\"chat\"}";
+    assert_eq!(metric(&gw, series).await, 1.0);
+    assert_eq!(chat(gw.addr, hello("gpt-4o")).await.status, 502);
+    assert_eq!(
+        metric(&gw, series).await,
+        0.0,
+        "{}",
+        metrics_page(&gw).await
+    );
+}
+
+/// The metric names `src/metrics.rs` exports (histograms with their series).
+fn exported_metrics() -> std::collections::BTreeSet<String> {
+    let src = include_str!("../src/metrics.rs");
+    let mut names = std::collections::BTreeSet::new();
+    let mut histogram = false;
+    for line in src.lines() {
+        if line.starts_with("/// Histogram") {
+            histogram = true;
+        }
+        if let Some(rest) = line.strip_prefix("pub const ") {
+            if let Some(name) = rest
+                .split('"')
+                .nth(1)
+                .filter(|n| n.starts_with("switchyard_"))
+            {
+                names.insert(name.to_owned());
+                if histogram {
+                    for suffix in ["_bucket", "_sum", "_count"] {
+                        names.insert(format!("{name}{suffix}"));
+                    }
+                }
+            }
+            histogram = false;
+        }
+    }
+    names
+}
+
+#[test]
+fn the_alert_rules_are_well_formed_and_use_only_exported_metrics() {
+    let text = include_str!("../examples/prometheus/alerts.yaml");
+    let doc: serde_yaml::Value = serde_yaml::from_str(text).unwrap();
+    let exported = exported_metrics();
+    assert!(
+        exported.contains("switchyard_request_duration_seconds_bucket"),
+        "{exported:?}"
+    );
+    let mut alerts = Vec::new();
+    for group in doc["groups"].as_sequence().expect("groups") {
+        assert!(group["name"].is_string());
+        for rule in group["rules"].as_sequence().expect("rules") {
+            let name = rule["alert"].as_str().expect("every rule is an alert");
+            let expr = rule["expr"].as_str().expect("expr");
+            let severity = rule["labels"]["severity"].as_str().unwrap_or_default();
+            assert!(
+                ["critical", "warning", "info"].contains(&severity),
+                "{name}: {severity}"
+            );
+            assert!(rule["annotations"]["summary"].is_string(), "{name}");
+            if let Some(f) = rule["for"].as_str() {
+                assert!(f.ends_with('m') || f.ends_with('s'), "{name}: for {f}");
+            }
+            let used = expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("switchyard_"));
+            for metric in used {
+                assert!(
+                    exported.contains(metric),
+                    "{name} uses {metric}, which switchyard does not export"
+                );
+            }
+            alerts.push(name.to_owned());
+        }
+    }
+    for wanted in [
+        "SwitchyardTargetFailingOver",
+        "SwitchyardTaskAllTargetsDown",
+        "SwitchyardRequestsSlow",
+        "SwitchyardStreamInterruptsRising",
+        "SwitchyardConfigReloadFailed",
+    ] {
+        assert!(
+            alerts.iter().any(|a| a == wanted),
+            "{wanted} missing: {alerts:?}"
+        );
+    }
+    assert!(
+        text.contains("# - alert: SwitchyardProviderKeyDead"),
+        "the dead-key placeholder"
+    );
+    assert!(
+        text.contains("> 0.2") && text.contains(">= 60"),
+        "the seeds' thresholds"
+    );
+}
