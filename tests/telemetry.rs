@@ -599,3 +599,35 @@ fn the_alert_rules_are_well_formed_and_use_only_exported_metrics() {
         "the seeds' thresholds"
     );
 }
+
+#[test]
+fn the_telemetry_section_is_checked_and_located() {
+    let text = "version: 1\ntelemetry:\n  access_log: false\n  traces:\n    endpoint: collector:4318\n    protocol: http/json\n    timeout: soon\n";
+    let errors: Vec<String> = compile_errors(text)
+        .iter()
+        .filter(|d| d.severity == switchyard::config::diagnostic::Severity::Error)
+        .map(|d| format!("{}:{} {}", d.line, d.column, d.message))
+        .collect();
+    assert_eq!(errors.len(), 3, "{errors:#?}");
+    assert!(errors[0].starts_with("5:15 bad URL"), "{errors:#?}");
+    assert!(
+        errors[1].starts_with("6:15 unknown protocol `http/json`"),
+        "{errors:#?}"
+    );
+    assert!(errors[2].starts_with("7:14 bad duration"), "{errors:#?}");
+    let good = "version: 1\ntelemetry:\n  traces: { endpoint: 'http://c:4317/', protocol: grpc, service_name: gw, timeout: 2s }\n";
+    let parsed = switchyard::config::parse(good).unwrap();
+    let compiled = switchyard::snapshot::compile::compile(
+        &parsed,
+        good,
+        &switchyard::snapshot::LiveState::default(),
+        switchyard::snapshot::CompileOptions::default(),
+    )
+    .unwrap();
+    let t = &compiled.startup.traces;
+    assert_eq!(t.endpoint.as_deref(), Some("http://c:4317"));
+    assert_eq!(t.protocol, Some(switchyard::telemetry::Protocol::Grpc));
+    assert_eq!(t.service_name.as_deref(), Some("gw"));
+    assert_eq!(t.timeout, Some(Duration::from_secs(2)));
+    assert!(compiled.snapshot.access_log, "on by default");
+}
