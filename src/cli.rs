@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::config::diagnostic::Severity;
 use crate::server::Gateway;
 use crate::snapshot::{self, CompileOptions, LiveState};
+use crate::telemetry::{self, export::Pipeline};
 
 /// switchyard: a sidecar LLM gateway with failover along declared degradation chains.
 #[derive(Debug, Parser)]
@@ -91,21 +92,91 @@ pub enum LogFormat {
 /// Sets up tracing to stderr. `RUST_LOG` overrides the default `info` level.
 /// Text lines are coloured only on a terminal, and never with `NO_COLOR` set
 /// (<https://no-color.org>): escape codes in a file or a log collector are noise.
-pub fn init_tracing(format: LogFormat) {
+///
+/// With a `tracer` (traces exported), spans of [`telemetry::OTEL_TARGET`]
+/// go to OpenTelemetry and nowhere else, and the log lines go on as they
+/// were; without one the subscriber is the plain formatter, as cheap as before.
+pub fn init_tracing(format: LogFormat, tracer: Option<opentelemetry_sdk::trace::Tracer>) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let ansi = use_colour(
         std::io::IsTerminal::is_terminal(&std::io::stderr()),
         std::env::var_os("NO_COLOR").as_deref(),
     );
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let Some(tracer) = tracer else {
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr);
+        let _ = match format {
+            LogFormat::Text => builder.try_init(),
+            LogFormat::Json => builder.json().try_init(),
+        };
+        return;
+    };
+    let quiet = format!("{}=off", telemetry::OTEL_TARGET)
+        .parse()
+        .map_or(filter, |d| {
+            // The exported spans are not log lines.
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+                .add_directive(d)
+        });
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let fmt = match format {
+        LogFormat::Text => fmt.with_filter(quiet).boxed(),
+        LogFormat::Json => fmt.json().with_filter(quiet).boxed(),
     };
+    let otel = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_location(false)
+        .with_threads(false)
+        .with_level(false)
+        .with_target(false)
+        .with_tracked_inactivity(false)
+        .with_filter(
+            tracing_subscriber::filter::Targets::new()
+                .with_target(telemetry::OTEL_TARGET, tracing::Level::TRACE),
+        );
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(otel)
+        .try_init();
+}
+
+/// Builds the OTLP exporter if the environment or the file's
+/// `telemetry.traces` asks for one; logs (once tracing is up) why not if it
+/// cannot be built. Runs inside the runtime, where the exporter's
+/// connections live.
+fn start_telemetry(config: &std::path::Path, format: LogFormat) -> Option<Pipeline> {
+    let settings = snapshot::read_traces(config);
+    let Some(plan) = telemetry::export::plan(&settings, &|name| std::env::var(name).ok()) else {
+        init_tracing(format, None);
+        return None;
+    };
+    match Pipeline::start(&plan) {
+        Ok(pipeline) => {
+            init_tracing(format, Some(pipeline.tracer()));
+            for w in &plan.warnings {
+                tracing::warn!("{w}");
+            }
+            tracing::info!(
+                protocol = plan.protocol.as_str(),
+                "exporting OpenTelemetry traces"
+            );
+            Some(pipeline)
+        }
+        Err(e) => {
+            init_tracing(format, None);
+            tracing::error!("{e}; running without traces");
+            None
+        }
+    }
 }
 
 /// Whether log lines get ANSI colour: on a terminal, unless `NO_COLOR` is
@@ -201,8 +272,24 @@ pub fn explain(config: &std::path::Path, args: &ExplainArgs) -> ExitCode {
     }
 }
 
-/// Runs `serve` until SIGTERM or Ctrl-C.
+/// Runs `serve` until SIGTERM or Ctrl-C: sets up logging (and the trace
+/// exporter, flushed before returning), then the gateway.
 pub async fn serve(
+    config: PathBuf,
+    listen: Option<SocketAddr>,
+    admin_listen: Option<SocketAddr>,
+    log_format: LogFormat,
+) -> ExitCode {
+    let pipeline = start_telemetry(&config, log_format);
+    let code = run_gateway(config, listen, admin_listen).await;
+    if let Some(pipeline) = pipeline {
+        // Blocks until the last spans are out (bounded): off the runtime's threads.
+        let _ = tokio::task::spawn_blocking(move || pipeline.shutdown()).await;
+    }
+    code
+}
+
+async fn run_gateway(
     config: PathBuf,
     listen: Option<SocketAddr>,
     admin_listen: Option<SocketAddr>,

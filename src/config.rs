@@ -73,6 +73,38 @@ pub struct RawConfig {
     /// What upstream error text may reach clients.
     #[serde(default)]
     pub sanitize: RawSanitize,
+    /// The access log and OpenTelemetry traces.
+    #[serde(default)]
+    pub telemetry: RawTelemetry,
+}
+
+/// The access log and OpenTelemetry trace export.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawTelemetry {
+    /// One structured log line per chat request, at info (default true; applied on reload).
+    pub access_log: Option<bool>,
+    /// OTLP trace export (read at start). The standard `OTEL_*` environment
+    /// variables take precedence over these keys.
+    pub traces: Option<RawTraces>,
+}
+
+/// OTLP trace export.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawTraces {
+    /// Collector base URL, as `OTEL_EXPORTER_OTLP_ENDPOINT` (e.g.
+    /// `http://otel-collector:4318`; `/v1/traces` is appended for HTTP).
+    /// Setting it turns export on.
+    pub endpoint: Option<String>,
+    /// `http/protobuf` (default) or `grpc`, as `OTEL_EXPORTER_OTLP_PROTOCOL`.
+    pub protocol: Option<String>,
+    /// The `service.name` resource attribute (default `switchyard`), as `OTEL_SERVICE_NAME`.
+    pub service_name: Option<String>,
+    /// Longest wait for the collector per export (default 10s), as `OTEL_EXPORTER_OTLP_TIMEOUT`.
+    #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<schema_parts::DurationText>")]
+    pub timeout: Option<String>,
 }
 
 /// What upstream error text may reach clients.

@@ -25,6 +25,7 @@
 //! - [`error`], [`body`], [`secret`], [`sanitize`], [`tokens`], [`metrics`]:
 //!   switchyard's own errors, response bodies, keys as a type, what upstream
 //!   text may reach clients, the token estimate, metric names and registry.
+//! - [`telemetry`]: the access log, OpenTelemetry spans and their OTLP export.
 //! - [`cli`]: the command line.
 
 pub mod body;
@@ -47,5 +48,6 @@ pub mod server;
 pub mod snapshot;
 pub mod sse;
 pub mod state;
+pub mod telemetry;
 pub mod tokens;
 pub mod upstream;

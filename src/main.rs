@@ -37,7 +37,6 @@ fn main() -> ExitCode {
             admin_listen,
             log_format,
         } => {
-            cli::init_tracing(log_format);
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -48,7 +47,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            runtime.block_on(cli::serve(config, listen, admin_listen))
+            runtime.block_on(cli::serve(config, listen, admin_listen, log_format))
         }
     }
 }

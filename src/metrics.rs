@@ -75,6 +75,17 @@ pub const CONFIG_HASH: &str = "switchyard_config_hash";
 /// Gauge: Unix time (seconds) the loaded config was applied.
 pub const CONFIG_LOADED_AT: &str = "switchyard_config_loaded_timestamp_seconds";
 
+/// Gauge `{task}`: targets of the task's chain that are not DOWN, set at each
+/// scrape (0: every target is DOWN, and `/readyz` says so too).
+pub const TASK_TARGETS_AVAILABLE: &str = "switchyard_task_targets_available";
+/// Counter: spans dropped because the trace export queue was full (collector
+/// down or slow); process-wide, shown with tracing on.
+pub const TRACE_SPANS_DROPPED: &str = "switchyard_trace_spans_dropped_total";
+/// Counter: spans the collector accepted; process-wide, shown with tracing on.
+pub const TRACE_SPANS_EXPORTED: &str = "switchyard_trace_spans_exported_total";
+/// Counter: trace export calls that failed; process-wide, shown with tracing on.
+pub const TRACE_EXPORT_FAILURES: &str = "switchyard_trace_export_failures_total";
+
 /// Bucket bounds of every `_seconds` histogram.
 const SECONDS_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -267,6 +278,12 @@ impl Metrics {
         counter(BREAKER_TRANSITIONS, "Health state changes per target.");
         counter(PROBES, "Active probes of DOWN targets by result.");
         counter(CONFIG_RELOADS, "Config loads and reloads by result.");
+        counter(
+            TRACE_SPANS_DROPPED,
+            "Spans dropped because the trace export queue was full.",
+        );
+        counter(TRACE_SPANS_EXPORTED, "Spans the trace collector accepted.");
+        counter(TRACE_EXPORT_FAILURES, "Trace export calls that failed.");
         let seconds = |name: &'static str, text: &'static str| {
             r.describe_histogram(name.into(), Some(Unit::Seconds), text.into());
         };
@@ -292,6 +309,11 @@ impl Metrics {
             COST.into(),
             None,
             "USD spent by task and target, from usage x cost.".into(),
+        );
+        r.describe_gauge(
+            TASK_TARGETS_AVAILABLE.into(),
+            None,
+            "Targets of the task's chain that are not DOWN (set at each scrape).".into(),
         );
         r.describe_gauge(
             CONFIG_HASH.into(),

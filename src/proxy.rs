@@ -37,7 +37,7 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::body::Body;
 use crate::classify::{Action, AttemptOutcome, Scope};
@@ -47,9 +47,10 @@ use crate::request::ChatRequest;
 use crate::routing::{self, Admission, Admitted, Holdbacks, Needs, Payload};
 use crate::schema::{Contract, Mode as ValidateMode, Violation};
 use crate::snapshot::{KeySet, Snapshot, Target, Task};
+use crate::telemetry::{self, AttemptFailure, RequestTrace};
 use account::{Account, CancelGuard};
 use attempt::{Attempt, Call, Failed};
-use continuation::Recovery;
+use continuation::{Origin, Recovery};
 use respond::{Tally, H_TARGET, H_TASK_TYPE};
 use stream::Relay;
 
@@ -58,7 +59,7 @@ const BACKOFF_CAP: Duration = Duration::from_secs(10);
 
 /// Handles one chat completion request from `peer` (the client's address,
 /// which keys its rate-limit bucket when it sends no caller header) against
-/// `snapshot`.
+/// `snapshot`; what it learns on the way goes into `trace`.
 pub async fn chat_completions(
     snapshot: Arc<Snapshot>,
     headers: &HeaderMap,
@@ -66,6 +67,7 @@ pub async fn chat_completions(
     body: Bytes,
     request_id: HeaderValue,
     arrival: Instant,
+    trace: RequestTrace,
 ) -> Response<Body> {
     let request = match ChatRequest::parse(&body) {
         Ok(r) => r,
@@ -81,6 +83,7 @@ pub async fn chat_completions(
         Ok(task) => Arc::clone(task),
         Err(e) => return rejected(&snapshot, &e, &request_id),
     };
+    trace.routed(&task.name, request.model.as_deref(), request.stream);
     if let Err(e) = front_door(&snapshot, &task, headers, peer) {
         let resp = respond::plain_error(&e, &request_id);
         account::answered(&task, None, resp.status().as_u16(), arrival);
@@ -110,6 +113,7 @@ pub async fn chat_completions(
             task: Arc::clone(&task),
             prompt_estimate: needs.prompt_tokens,
             max_tokens: needs.max_tokens,
+            trace,
         },
         tally: Tally::default(),
         holdbacks: Holdbacks::default(),
@@ -138,6 +142,12 @@ pub async fn chat_completions(
         served.map(|t| &**t),
         response.status().as_u16(),
         arrival,
+    );
+    walk.account.trace.served(
+        served.map(|t| (t.name.as_str(), t.provider.name.as_str())),
+        walk.tally.attempts,
+        walk.tally.failovers,
+        served.is_some_and(|t| walk.degraded(t)),
     );
     response
 }
@@ -269,6 +279,7 @@ impl Walk<'_> {
     fn failover(&mut self, from: &Target, to: &Target, reason: &'static str) {
         self.tally.failovers += 1;
         info!(task = %self.task.name, from = %from.name, to = %to.name, reason, "failover");
+        telemetry::failover(&from.name, &to.name, reason);
         self.snapshot
             .metrics
             .counter(
@@ -307,15 +318,28 @@ impl Walk<'_> {
             if !self.tried.iter().any(|t| Arc::ptr_eq(t, &target)) {
                 self.tried.push(Arc::clone(&target));
             }
+            let span = self
+                .account
+                .trace
+                .attempt(&attempt::span_info(&target, self.tally.attempts));
             let outcome = match (first, self.task.hedge) {
                 (true, Some(policy)) => {
+                    let primary = Racer {
+                        target: &target,
+                        key: tries.key,
+                        span: &span,
+                    };
                     match self
-                        .hedged(&target, tries.key, body.clone(), p, policy, admission)
+                        .hedged(primary, body.clone(), p, policy, admission)
                         .await
                     {
                         Hedged::Alone(outcome) => outcome,
-                        Hedged::Won { target, attempt } => {
-                            let served = self.deliver(&target, attempt);
+                        Hedged::Won {
+                            target,
+                            attempt,
+                            span,
+                        } => {
+                            let served = self.deliver(&target, attempt, &span);
                             return served.map_or(TargetEnd::Deadline, TargetEnd::Served);
                         }
                         Hedged::BothFailed { reason } => return TargetEnd::Exhausted { reason },
@@ -323,16 +347,22 @@ impl Walk<'_> {
                 }
                 (true, None) | (false, _) => {
                     let call = self.call(&target, tries.key);
-                    attempt::run(&call, body.clone(), p).await
+                    attempt::run(&call, body.clone(), p)
+                        .instrument(span.clone())
+                        .await
                 }
             };
             match outcome {
                 answer @ (Attempt::Answer { .. } | Attempt::Committed(_)) => {
-                    let served = self.deliver(&target, answer);
+                    let served = self.deliver(&target, answer, &span);
                     return served.map_or(TargetEnd::Deadline, TargetEnd::Served);
                 }
-                Attempt::Deadline => return TargetEnd::Deadline,
+                Attempt::Deadline => {
+                    telemetry::attempt_abandoned(&span, "deadline", "return");
+                    return TargetEnd::Deadline;
+                }
                 Attempt::Violated { violation, permit } => {
+                    telemetry::attempt_abandoned(&span, "contract_violation", "failover");
                     self.violated(&target, violation, permit);
                     return TargetEnd::Exhausted {
                         reason: AttemptOutcome::ContractViolation.label(),
@@ -340,7 +370,7 @@ impl Walk<'_> {
                 }
                 Attempt::Failed(failed) => {
                     reason = failed.outcome.label();
-                    match self.failed(&target, failed, &mut tries, admission) {
+                    match self.failed(&target, failed, &mut tries, admission, &span) {
                         Next::Retry => {}
                         Next::Failover => break,
                         Next::Return(resp) => return TargetEnd::Served(resp),
@@ -353,22 +383,40 @@ impl Walk<'_> {
 
     /// An answer from `target` (a body, or a committed stream) as the
     /// client's response; `None` for anything else.
-    fn deliver(&self, target: &Arc<Target>, attempt: Attempt) -> Option<Response<Body>> {
+    fn deliver(
+        &self,
+        target: &Arc<Target>,
+        attempt: Attempt,
+        span: &tracing::Span,
+    ) -> Option<Response<Body>> {
         let resp = match attempt {
-            Attempt::Answer { status, body } => respond::completion(status, body),
+            Attempt::Answer { status, body } => {
+                telemetry::attempt_served(span, status.as_u16());
+                respond::completion(status, body)
+            }
             Attempt::Committed(commit) => {
+                telemetry::attempt_served(span, StatusCode::OK.as_u16());
+                let origin = Origin {
+                    body: self.body.clone(),
+                    request_id: self.request_id.clone(),
+                    arrival: self.arrival,
+                    deadline: self.deadline,
+                    include_usage: self.request.include_usage,
+                    trace: self.account.trace.clone(),
+                };
                 let recovery = Recovery::new(
                     Arc::clone(self.shared),
                     Arc::clone(self.task),
-                    self.body.clone(),
-                    self.request_id.clone(),
-                    self.arrival,
-                    self.deadline,
-                    self.request.include_usage,
+                    origin,
                     self.tried.clone(),
                 )
                 .map(Box::new);
-                respond::stream(Relay::new(*commit, recovery).into_body())
+                let relay_span = if telemetry::tracing_on() {
+                    span.clone()
+                } else {
+                    tracing::Span::current()
+                };
+                respond::stream(Relay::new(*commit, recovery, relay_span).into_body())
             }
             Attempt::Failed(_) | Attempt::Deadline | Attempt::Violated { .. } => return None,
         };
@@ -379,21 +427,20 @@ impl Walk<'_> {
     /// target if it has not committed after the policy's delay.
     async fn hedged(
         &mut self,
-        target: &Arc<Target>,
-        key: Option<usize>,
+        primary: Racer<'_>,
         body: Bytes,
         permit: crate::health::Permit,
         policy: crate::snapshot::HedgePolicy,
         admission: &mut Admission<'_>,
     ) -> Hedged {
         self.task.state.count_request();
-        let delay = policy.delay(|q| target.health.ttft_quantile(q));
+        let delay = policy.delay(|q| primary.target.health.ttft_quantile(q));
         let budget_left = self.tally.failovers < self.task.budget.max_failovers;
-        let mut hedge_target: Option<(Arc<Target>, Option<usize>)> = None;
+        let mut hedge: Option<(Arc<Target>, Option<usize>, tracing::Span)> = None;
         let mut suppressed = false;
         let raced = {
             let walk: &Walk<'_> = self;
-            let call = walk.call(target, key);
+            let call = walk.call(primary.target, primary.key);
             let start = || {
                 if !budget_left || !walk.task.state.take_hedge(policy.max_share) {
                     suppressed = true;
@@ -403,13 +450,21 @@ impl Walk<'_> {
                     suppressed = true;
                     return None;
                 };
-                hedge_target = Some((Arc::clone(&admitted.target), admitted.key));
-                Some(async move {
-                    let call = walk.call(&admitted.target, admitted.key);
-                    attempt::run(&call, admitted.body, admitted.permit).await
-                })
+                let span = walk.account.trace.attempt(&attempt::span_info(
+                    &admitted.target,
+                    walk.tally.attempts + 1,
+                ));
+                hedge = Some((Arc::clone(&admitted.target), admitted.key, span.clone()));
+                Some(
+                    async move {
+                        let call = walk.call(&admitted.target, admitted.key);
+                        attempt::run(&call, admitted.body, admitted.permit).await
+                    }
+                    .instrument(span),
+                )
             };
-            hedge::race(attempt::run(&call, body, permit), delay, start, |a| {
+            let first = attempt::run(&call, body, permit).instrument(primary.span.clone());
+            hedge::race(first, delay, start, |a| {
                 matches!(a, Attempt::Answer { .. } | Attempt::Committed(_))
             })
             .await
@@ -417,27 +472,33 @@ impl Walk<'_> {
         if suppressed {
             self.task.hedges.increment("suppressed", 1);
         }
-        let (Some(hedge_target), true) = (hedge_target, raced.hedged) else {
+        let (Some((target, key, span)), true) = (hedge, raced.hedged) else {
             // Not hedged: the primary ran alone to its end.
             return match raced.primary {
                 Some(outcome) => Hedged::Alone(outcome),
                 None => Hedged::Alone(Attempt::Deadline),
             };
         };
-        self.settle_race((target, key), (&hedge_target.0, hedge_target.1), raced)
+        let hedge = Racer {
+            target: &target,
+            key,
+            span: &span,
+        };
+        self.settle_race(primary, hedge, raced)
     }
 
     /// After a race that hedged: books both sides and says who answered.
     fn settle_race(
         &mut self,
-        (primary, primary_key): (&Arc<Target>, Option<usize>),
-        (hedge, hedge_key): (&Arc<Target>, Option<usize>),
+        primary: Racer<'_>,
+        hedge: Racer<'_>,
         raced: hedge::Raced<Attempt>,
     ) -> Hedged {
         self.tally.attempts += 1;
         self.tally.failovers += 1;
-        self.tried.push(Arc::clone(hedge));
-        info!(task = %self.task.name, primary = %primary.name, hedge = %hedge.name, "hedged the first attempt");
+        self.tried.push(Arc::clone(hedge.target));
+        info!(task = %self.task.name, primary = %primary.target.name, hedge = %hedge.target.name, "hedged the first attempt");
+        telemetry::failover(&primary.target.name, &hedge.target.name, "hedge");
         let hedge::Raced {
             primary: p_out,
             hedge: h_out,
@@ -445,15 +506,18 @@ impl Walk<'_> {
             ..
         } = raced;
         let mut won = None;
-        for (side, target, key, out) in [
-            (hedge::Side::Primary, primary, primary_key, p_out),
-            (hedge::Side::Hedge, hedge, hedge_key, h_out),
+        for (side, racer, out) in [
+            (hedge::Side::Primary, primary, p_out),
+            (hedge::Side::Hedge, hedge, h_out),
         ] {
             match out {
-                Some(answer) if winner == Some(side) => won = Some((Arc::clone(target), answer)),
-                Some(failure) => self.raced_failure(target, key, failure),
-                // Cancelled before it answered: no one's failure; its prompt was still sent.
-                None => self.account.settle(target, None, 0),
+                Some(answer) if winner == Some(side) => won = Some((racer, answer)),
+                Some(failure) => self.raced_failure(racer, failure),
+                None => {
+                    // Cancelled before it answered: no one's failure; its prompt was still sent.
+                    telemetry::attempt_abandoned(racer.span, "cancelled", "hedge");
+                    self.account.settle(racer.target, None, 0);
+                }
             }
         }
         let result = match winner {
@@ -464,7 +528,11 @@ impl Walk<'_> {
         self.task.hedges.increment(result, 1);
         self.hedge_result = Some(result);
         match won {
-            Some((target, attempt)) => Hedged::Won { target, attempt },
+            Some((racer, attempt)) => Hedged::Won {
+                target: Arc::clone(racer.target),
+                attempt,
+                span: racer.span.clone(),
+            },
             None => Hedged::BothFailed {
                 reason: AttemptOutcome::Network(crate::classify::NetworkKind::Timeout).label(),
             },
@@ -473,7 +541,8 @@ impl Walk<'_> {
 
     /// A side of a hedged race that ended without an answer: recorded like
     /// any failed attempt, with no retry.
-    fn raced_failure(&mut self, target: &Arc<Target>, key: Option<usize>, outcome: Attempt) {
+    fn raced_failure(&mut self, racer: Racer<'_>, outcome: Attempt) {
+        let target = racer.target;
         match outcome {
             Attempt::Failed(failed) => {
                 self.last_status = failed.status.or(self.last_status);
@@ -485,17 +554,32 @@ impl Walk<'_> {
                     self.holdbacks.failed = true;
                 }
                 info!(target = %target.name, outcome = failed.outcome.label(), rule = %failed.decision.rule, "hedged attempt failed");
+                telemetry::attempt_failed(
+                    racer.span,
+                    &AttemptFailure {
+                        outcome: failed.outcome.label(),
+                        status: failed.status,
+                        rule: &failed.decision.rule,
+                        action: "failover",
+                    },
+                );
                 attempt::record(
                     self.snapshot,
                     target,
                     &failed.decision,
                     failed.outcome,
                     failed.permit,
-                    key,
+                    racer.key,
                 );
             }
-            Attempt::Violated { violation, permit } => self.violated(target, violation, permit),
-            Attempt::Deadline => self.deadline_hit = true,
+            Attempt::Violated { violation, permit } => {
+                telemetry::attempt_abandoned(racer.span, "contract_violation", "failover");
+                self.violated(target, violation, permit);
+            }
+            Attempt::Deadline => {
+                telemetry::attempt_abandoned(racer.span, "deadline", "return");
+                self.deadline_hit = true;
+            }
             Attempt::Answer { .. } | Attempt::Committed(_) => {}
         }
     }
@@ -579,6 +663,7 @@ impl Walk<'_> {
         failed: Failed,
         tries: &mut Tries,
         admission: &mut Admission<'_>,
+        span: &tracing::Span,
     ) -> Next {
         let Failed {
             decision,
@@ -594,29 +679,39 @@ impl Walk<'_> {
             (true, Some(cooldown)) => self.holdbacks.limited(now + cooldown),
             (true, None) | (false, _) => self.holdbacks.failed = true,
         }
-        if let Some(next) = self.next_key(target, &decision, tries, admission) {
-            info!(target = %target.name, attempt = self.tally.attempts, outcome = outcome.label(),
-                rule = %decision.rule, next = "next_key", key = %target.provider.keys[next].name,
-                "upstream attempt failed");
-            tries.switch_key(next);
-            return Next::Retry;
-        }
-        // What really happens next: a retry only if the pause fits the
+        // What really happens next: the provider's next key after a
+        // key-scoped failure; else a retry only if the pause fits the
         // deadline and the target will take it (a cooldown or an open
         // breaker turns it into a failover).
-        let retry = tries
-            .pause_after(&decision, &target.provider.retry)
-            .filter(|pause| {
-                let at = now + *pause;
-                at < self.deadline && target.health.unavailable(at).is_none()
-            });
-        let next = match (decision.action, retry) {
-            (Action::Return, _) => "return",
-            (Action::Retry | Action::Failover, Some(_)) => "retry",
-            (Action::Retry | Action::Failover, None) => "failover",
+        let switch = self.next_key(target, &decision, tries, admission);
+        let retry = match switch {
+            Some(_) => None,
+            None => tries
+                .pause_after(&decision, &target.provider.retry)
+                .filter(|pause| {
+                    let at = now + *pause;
+                    at < self.deadline && target.health.unavailable(at).is_none()
+                }),
+        };
+        let next = match (switch, decision.action, retry) {
+            (Some(_), _, _) => "next_key",
+            (None, Action::Return, _) => "return",
+            (None, Action::Retry | Action::Failover, Some(_)) => "retry",
+            (None, Action::Retry | Action::Failover, None) => "failover",
         };
         info!(target = %target.name, attempt = self.tally.attempts, outcome = outcome.label(),
             rule = %decision.rule, next, "upstream attempt failed");
+        let failure = AttemptFailure {
+            outcome: outcome.label(),
+            status,
+            rule: &decision.rule,
+            action: next,
+        };
+        telemetry::attempt_failed(span, &failure);
+        if let Some(key) = switch {
+            tries.switch_key(key);
+            return Next::Retry;
+        }
         if decision.context_window {
             admission.raise_context_floor(target);
             self.context_answer = answer.as_ref().map(|(status, bytes)| ContextAnswer {
@@ -709,6 +804,7 @@ impl Walk<'_> {
 
     fn error(&self, e: &GatewayError) -> Response<Body> {
         warn!(task = %self.task.name, attempts = self.tally.attempts, code = e.code(), "{e}");
+        self.account.trace.error(e.code());
         respond::gateway_error(self.snapshot, e, self.tally, self.request_id)
     }
 }
@@ -722,6 +818,14 @@ struct ContextAnswer {
     attempts: u32,
 }
 
+/// One side of a hedged race: its target, key and attempt span.
+#[derive(Clone, Copy)]
+struct Racer<'s> {
+    target: &'s Arc<Target>,
+    key: Option<usize>,
+    span: &'s tracing::Span,
+}
+
 /// How a hedging task's first attempt went.
 enum Hedged {
     /// No hedge ran: the primary's own outcome, handled as usual.
@@ -730,6 +834,7 @@ enum Hedged {
     Won {
         target: Arc<Target>,
         attempt: Attempt,
+        span: tracing::Span,
     },
     /// A hedge ran and both sides failed (both recorded).
     BothFailed { reason: &'static str },

@@ -290,6 +290,9 @@ fn warn_startup_changes(running: &Startup, file: &Startup) {
     if running.admin_listen != file.admin_listen {
         warn!(running = ?running.admin_listen, file = ?file.admin_listen, "`admin_listen` changed: it is read at start; restart to apply it");
     }
+    if running.traces != file.traces {
+        warn!("`telemetry.traces` changed: it is read at start; restart to apply it");
+    }
     if running.max_concurrent_requests != file.max_concurrent_requests {
         warn!(
             running = running.max_concurrent_requests,

@@ -753,6 +753,7 @@ impl<'a> Admission<'a> {
 /// Counts a target left out without a call.
 fn skip(task: &Task, target: &Target, why: &Exclusion) {
     debug!(target = %target.name, reason = why.reason(), "target skipped without a call: {}", why.describe());
+    crate::telemetry::skipped(&target.name, why.reason());
     task.route_metrics(Some(target))
         .exclusions
         .increment(why.reason(), 1);

@@ -57,6 +57,7 @@ use crate::reload;
 use crate::request::ChatRequest;
 use crate::snapshot::{self as snap, CompileOptions, LiveState, Snapshot};
 use crate::state::App;
+use crate::telemetry::RequestTrace;
 
 /// Largest request body accepted; larger gets 413.
 pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -366,6 +367,8 @@ async fn handle(
         (&Method::GET, "/healthz") => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
         (&Method::GET, "/readyz") => readiness(&app.snapshot.load()),
         (&Method::GET, "/metrics") => {
+            crate::telemetry::publish(app.metrics());
+            publish_availability(&app.snapshot.load());
             let mut resp = Response::new(body::full(Bytes::from(app.metrics().render())));
             resp.headers_mut().insert(
                 CONTENT_TYPE,
@@ -407,8 +410,18 @@ async fn chat(
     arrival: Instant,
 ) -> Response<Body> {
     let snapshot = app.snapshot.load_full();
+    let span = tracing::info_span!("request", request_id = %request_id.to_str().unwrap_or("-"),
+        trace_id = tracing::field::Empty);
+    let trace = RequestTrace::start(
+        req.headers(),
+        &request_id,
+        arrival,
+        snapshot.access_log,
+        span,
+    );
     let rejected = |e: &GatewayError, request_id: &HeaderValue| {
         snapshot.unrouted.increment(e.status().as_u16(), 1);
+        trace.status(e.status().as_u16());
         respond::plain_error(e, request_id)
     };
     let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
@@ -419,12 +432,21 @@ async fn chat(
         Ok(bytes) => bytes,
         Err(e) => return rejected(&e, &request_id),
     };
-    let span = tracing::info_span!("request", request_id = %request_id.to_str().unwrap_or("-"));
     let snapshot = Arc::clone(&snapshot);
-    let response =
-        proxy::chat_completions(snapshot, &parts.headers, peer, bytes, request_id, arrival)
-            .instrument(span)
-            .await;
+    let (log_span, server_span) = (trace.log_span().clone(), trace.span().clone());
+    let call = proxy::chat_completions(
+        snapshot,
+        &parts.headers,
+        peer,
+        bytes,
+        request_id,
+        arrival,
+        trace.clone(),
+    );
+    // The server span innermost: routing and the attempts record into it,
+    // and log lines still find the request's id further out.
+    let response = call.instrument(server_span).instrument(log_span).await;
+    trace.status(response.status().as_u16());
     response.map(|inner| body::holding(inner, permit))
 }
 
@@ -596,6 +618,24 @@ fn model(s: &Snapshot, id: &str, request_id: &HeaderValue) -> Response<Body> {
             &GatewayError::UnknownModel(id.chars().take(128).collect()),
             request_id,
         ),
+    }
+}
+
+/// `switchyard_task_targets_available{task}`: what `/readyz` judges, as a
+/// gauge an alert can watch (set when scraped, so it is always current).
+fn publish_availability(s: &Snapshot) {
+    for task in s.tasks.values() {
+        let up = task
+            .chain
+            .iter()
+            .filter(|target| target.health.state() != State::Down)
+            .count();
+        s.metrics
+            .gauge(
+                crate::metrics::TASK_TARGETS_AVAILABLE,
+                &[("task", task.name.clone().into())],
+            )
+            .set(up as f64);
     }
 }
 

@@ -485,7 +485,7 @@ impl Task {
 }
 
 /// Settings read once at start; a reload that changes one is reported, not applied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Startup {
     /// Listen address from the file (`--listen` overrides it).
     pub listen: SocketAddr,
@@ -493,6 +493,8 @@ pub struct Startup {
     pub admin_listen: Option<SocketAddr>,
     /// Most chat requests in progress at once.
     pub max_concurrent_requests: usize,
+    /// `telemetry.traces`: where OpenTelemetry traces go (with the `OTEL_*` environment).
+    pub traces: crate::telemetry::TraceSettings,
 }
 
 /// Everything a request needs, immutable; swapped whole on reload.
@@ -502,6 +504,8 @@ pub struct Snapshot {
     pub admin_token: Option<Secret>,
     /// Shutdown drain limit.
     pub drain_timeout: Duration,
+    /// `telemetry.access_log`: one log line per chat request.
+    pub access_log: bool,
     /// Tasks by name.
     pub tasks: BTreeMap<String, Arc<Task>>,
     /// Task by name or alias.
@@ -566,6 +570,23 @@ pub struct Compiled {
     pub startup: Startup,
     /// Warnings and notes (the file is accepted).
     pub warnings: Vec<Diagnostic>,
+}
+
+/// The `telemetry.traces` settings of the file at `path`, read before the
+/// gateway starts (the exporter must exist before the first log line).
+/// Defaults when the file cannot be read or the section is invalid: the
+/// load that follows reports every problem, located.
+#[must_use]
+pub fn read_traces(path: &Path) -> crate::telemetry::TraceSettings {
+    let Ok((parsed, _)) = crate::config::load(path) else {
+        return crate::telemetry::TraceSettings::default();
+    };
+    let mut checks = crate::config::validate::Checks::new(&parsed.index);
+    let settings = compile::trace_settings(&parsed.raw, &mut checks);
+    if checks.has_errors() {
+        return crate::telemetry::TraceSettings::default();
+    }
+    settings
 }
 
 /// Reads, parses and compiles `path` against the live state: the one

@@ -228,6 +228,8 @@ impl Endpoint {
             if stream {
                 h.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
             }
+            // The attempt's span as the upstream's parent (tracing on only).
+            crate::telemetry::inject(h);
             req
         };
         pool::send(&self.client, build)

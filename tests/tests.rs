@@ -41,3 +41,4 @@ mod routing;
 mod sanitize;
 mod semantics;
 mod stream_edges;
+mod telemetry;

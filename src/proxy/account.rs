@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::snapshot::{Target, Task};
+use crate::telemetry::RequestTrace;
 
 /// Books one answer's usage.
 #[derive(Debug, Clone)]
@@ -17,6 +18,8 @@ pub struct Account {
     pub prompt_estimate: u64,
     /// The request's `max_tokens`, if given.
     pub max_tokens: Option<u64>,
+    /// The request's telemetry record (its access-log line, its spans).
+    pub trace: RequestTrace,
 }
 
 impl Account {
@@ -27,6 +30,7 @@ impl Account {
         target.metrics.prompt_tokens.increment(prompt);
         target.metrics.completion_tokens.increment(completion);
         let usd = target.usd(prompt, completion);
+        self.trace.usage(prompt, completion, usd);
         if usd > 0.0 {
             self.task.route_metrics(Some(target)).cost.increment(usd);
         }

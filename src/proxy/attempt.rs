@@ -24,6 +24,7 @@ use crate::health::{Failure, HealthConfig, Permit};
 use crate::schema::{CallAssembler, Contract, Violation, HOLD_MAX_TOOL_BYTES};
 use crate::snapshot::{ApiKey, Provider, Snapshot, Target, Task};
 use crate::sse::{self, Chunk};
+use crate::telemetry::AttemptInfo;
 use crate::upstream::decode::{self, Coding};
 use crate::upstream::{pool, Events, Operation};
 
@@ -192,6 +193,24 @@ fn record_on_key(provider: &Provider, key: &ApiKey, decision: &Decision, now: In
     }
 }
 
+/// What an attempt span says about its target (`number`: the request's nth call).
+#[must_use]
+pub fn span_info(target: &Target, number: u32) -> AttemptInfo<'_> {
+    let url = &target.provider.endpoint.urls.chat;
+    AttemptInfo {
+        target: &target.name,
+        provider: &target.provider.name,
+        protocol: target.provider.endpoint.adapter.name(),
+        model: &target.model,
+        host: url.host(),
+        port: url.port_u16().or(match url.scheme_str() {
+            Some("https") => Some(443),
+            Some(_) | None => Some(80),
+        }),
+        number,
+    }
+}
+
 /// A classified failure.
 #[derive(Debug)]
 pub struct Failed {
@@ -236,6 +255,7 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
         }
         Ok(Ok(r)) => r,
     };
+    call.account.trace.upstream_head(response.headers());
     if !call.stream {
         call.target
             .health
@@ -362,6 +382,7 @@ fn answered(
             permit,
         });
     }
+    let _ = call.account.trace.answer_meta(&bytes);
     let cfg = &call.snapshot.health;
     target.report(target.health.record_success(permit, Instant::now(), cfg));
     target
@@ -467,6 +488,8 @@ struct Held {
     calls: CallAssembler,
     finished: bool,
     done: bool,
+    /// A chunk naming the answering model was seen (for telemetry).
+    meta_seen: bool,
 }
 
 /// Reads a stream up to its commit point, then hands it to a [`Relay`].
@@ -491,6 +514,7 @@ async fn hold(
         calls: CallAssembler::default(),
         finished: false,
         done: false,
+        meta_seen: false,
     };
     let mut eof = false;
     let mut last_read = started;
@@ -559,7 +583,16 @@ fn take_events(
     while let Some(event) = events.next_event(eof) {
         let mut commit = false;
         let mut tool = false;
-        match sse::classify_event(&event) {
+        let chunk = sse::classify_event(&event);
+        let finishes = matches!(
+            chunk,
+            Chunk::Content { finished: true } | Chunk::NoContent { finished: true }
+        );
+        if let (Some(data), true) = (&event.data, !held.meta_seen || finishes) {
+            // The model that answered is in the first chunk; finish reasons in the last.
+            held.meta_seen = call.account.trace.answer_meta(data.as_bytes());
+        }
+        match chunk {
             Chunk::Empty | Chunk::NoContent { finished: false } => {}
             Chunk::NoContent { finished: true } => held.finished = true,
             Chunk::Content { finished } => {
@@ -637,6 +670,7 @@ fn commit(
         .route_metrics(Some(target))
         .ttft
         .record(call.arrival.elapsed().as_secs_f64());
+    call.account.trace.committed();
     debug!(target = %target.name, ttft_ms = started.elapsed().as_millis() as u64, "stream committed");
     target
         .health

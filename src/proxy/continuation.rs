@@ -35,6 +35,7 @@ use crate::request::ChatRequest;
 use crate::routing::{self, Admission, Needs, Payload};
 use crate::snapshot::{KeySet, Snapshot, Target, Task};
 use crate::sse::{self, Event};
+use crate::telemetry::RequestTrace;
 use crate::upstream::TargetModel;
 
 /// How a continuation asks its target to go on.
@@ -70,12 +71,7 @@ struct Envelope {
 pub struct Recovery {
     snapshot: Arc<Snapshot>,
     task: Arc<Task>,
-    /// The client's request, as it sent it.
-    body: Bytes,
-    request_id: HeaderValue,
-    arrival: Instant,
-    deadline: Instant,
-    include_usage: bool,
+    origin: Origin,
     /// Targets this stream was served or tried on: never continued on.
     tried: Vec<Arc<Target>>,
     /// The text delivered so far.
@@ -84,6 +80,23 @@ pub struct Recovery {
     continuable: bool,
     envelope: Option<Envelope>,
     used: u32,
+}
+
+/// The request a stream belongs to, as a continuation needs it.
+#[derive(Debug)]
+pub struct Origin {
+    /// The client's request, as it sent it.
+    pub body: Bytes,
+    /// Sent upstream as `x-request-id`.
+    pub request_id: HeaderValue,
+    /// When the request arrived.
+    pub arrival: Instant,
+    /// `total_timeout` from arrival.
+    pub deadline: Instant,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// The request's telemetry record.
+    pub trace: RequestTrace,
 }
 
 /// A continuation that committed: its stream, and how to rewrite it.
@@ -111,26 +124,17 @@ pub struct Seam {
 impl Recovery {
     /// The continuation context of a stream served by `served`, when its task
     /// continues broken streams.
-    #[allow(clippy::too_many_arguments)]
     #[must_use]
     pub fn new(
         snapshot: Arc<Snapshot>,
         task: Arc<Task>,
-        body: Bytes,
-        request_id: HeaderValue,
-        arrival: Instant,
-        deadline: Instant,
-        include_usage: bool,
+        origin: Origin,
         tried: Vec<Arc<Target>>,
     ) -> Option<Self> {
         task.stream_recovery.continues.then(|| Self {
             snapshot,
             task,
-            body,
-            request_id,
-            arrival,
-            deadline,
-            include_usage,
+            origin,
             tried,
             transcript: String::new(),
             continuable: true,
@@ -176,7 +180,7 @@ impl Recovery {
             && !under_validation
             && !self.transcript.is_empty()
             && self.used < self.task.stream_recovery.max_continuations
-            && Instant::now() < self.deadline
+            && Instant::now() < self.origin.deadline
     }
 
     /// How many characters of text went out.
@@ -231,7 +235,7 @@ impl Recovery {
     /// No target could take over (none left, each failed, the deadline).
     pub async fn resume(&mut self, broken: &Arc<Target>) -> Result<Resumed, ()> {
         self.used += 1;
-        let body = self.body.clone();
+        let body = self.origin.body.clone();
         let request = ChatRequest::parse(&body).map_err(|_| ())?;
         let needs = Needs::of(&request);
         let task = Arc::clone(&self.task);
@@ -246,6 +250,7 @@ impl Recovery {
             task: Arc::clone(&task),
             prompt_estimate: needs.prompt_tokens,
             max_tokens: needs.max_tokens,
+            trace: self.origin.trace.clone(),
         };
         while let Some(admitted) = admission.next(false) {
             let target = Arc::clone(&admitted.target);
@@ -330,10 +335,10 @@ impl Recovery {
             task,
             target,
             stream: true,
-            include_usage: self.include_usage,
-            request_id: &self.request_id,
-            arrival: self.arrival,
-            deadline: self.deadline,
+            include_usage: self.origin.include_usage,
+            request_id: &self.origin.request_id,
+            arrival: self.origin.arrival,
+            deadline: self.origin.deadline,
             contract: None,
             account,
         }
@@ -342,7 +347,8 @@ impl Recovery {
     /// The original request plus one trailing assistant message holding the
     /// delivered text (and the provider's prefill fields), in `target`'s protocol.
     fn prefill_body(&self, target: &Target) -> Option<Bytes> {
-        let Ok(Value::Object(mut request)) = serde_json::from_slice::<Value>(&self.body) else {
+        let Ok(Value::Object(mut request)) = serde_json::from_slice::<Value>(&self.origin.body)
+        else {
             return None;
         };
         let prefill = &target.provider.prefill;

@@ -62,7 +62,9 @@ enum Continued {
 impl Relay {
     /// A relay whose first bytes are what the commit point held back.
     #[must_use]
-    pub fn new(commit: Commit, recovery: Option<Box<Recovery>>) -> Self {
+    /// `span` is what the relay runs in: the attempt's span with tracing on
+    /// (so it lasts to the stream's end), else the request's.
+    pub fn new(commit: Commit, recovery: Option<Box<Recovery>>, span: tracing::Span) -> Self {
         let mut relay = Self {
             state: commit.state,
             permit: Some(commit.permit),
@@ -71,7 +73,7 @@ impl Relay {
             usage: None,
             content_chunks: 0,
             over: false,
-            span: tracing::Span::current(),
+            span,
             recovery,
             splice: None,
             seam: None,
@@ -91,13 +93,27 @@ impl Relay {
     pub fn into_body(self) -> Body {
         let stream = futures_util::stream::unfold(self, |mut relay| {
             let span = relay.span.clone();
+            // With tracing on, `span` is the attempt's (which log lines do
+            // not show): enter the request's own around it.
+            let log = relay.log_span();
             async move {
                 let bytes = relay.next().await?;
                 Some((bytes, relay))
             }
             .instrument(span)
+            .instrument(log)
         });
         body::streamed(stream)
+    }
+
+    /// The request's log span when the relay's own span is an attempt span
+    /// (tracing on); else none (the relay's span is the request's already).
+    fn log_span(&self) -> tracing::Span {
+        if crate::telemetry::tracing_on() {
+            self.state.account.trace.log_span().clone()
+        } else {
+            tracing::Span::none()
+        }
     }
 
     /// The next bytes for the client; `None` once the stream is over.
@@ -202,6 +218,9 @@ impl Relay {
                 Chunk::Content { finished } => {
                     self.content_chunks += 1;
                     self.state.finished |= finished;
+                    if let (true, Some(data)) = (finished, &event.data) {
+                        let _ = self.state.account.trace.answer_meta(data.as_bytes());
+                    }
                     if let (Some(_), Some(data)) = (&self.state.contract, &event.data) {
                         let (tool, text) = self.state.calls.push_chunk(data);
                         if tool && !text && !finished {
@@ -217,6 +236,9 @@ impl Relay {
                     if let Some(data) = &event.data {
                         if data.contains("\"usage\"") {
                             self.usage = sse::usage(data.as_bytes()).or(self.usage);
+                        }
+                        if finished {
+                            let _ = self.state.account.trace.answer_meta(data.as_bytes());
                         }
                     }
                     self.state.finished |= finished;
@@ -382,6 +404,12 @@ impl Relay {
         self.state
             .account
             .settle(&target, self.usage, self.content_chunks);
+        let (end, interrupted) = match verdict {
+            StreamVerdict::Complete { .. } => ("complete", false),
+            StreamVerdict::Interrupted(why) => (why.label(), true),
+            StreamVerdict::ClientGone => ("client_gone", false),
+        };
+        self.state.account.trace.stream_end(end, interrupted);
         match verdict {
             StreamVerdict::Complete { .. } => {
                 target
@@ -428,6 +456,7 @@ impl Relay {
 impl Drop for Relay {
     fn drop(&mut self) {
         if !self.over {
+            let _log = self.log_span().entered();
             let _entered = self.span.clone().entered();
             self.record(StreamVerdict::ClientGone);
         }

@@ -4,7 +4,7 @@
 //!
 //! 1. [`check_version`]
 //! 2. [`startup_settings`]: read once at start (`listen`, `admin_listen`,
-//!    `max_concurrent_requests`)
+//!    `max_concurrent_requests`, `telemetry.traces` in [`trace_settings`])
 //! 3. [`health_settings`], [`admin_token`], `drain_timeout`
 //! 4. [`error_rules`]: the file's `error_classes`
 //! 5. [`providers`]: URL, protocol adapter, key, timeouts, limits, rules
@@ -40,6 +40,7 @@ use crate::health::{AllDown, HealthConfig, TargetId};
 use crate::metrics::{self as m, RouteMetrics};
 use crate::ratelimit::{ProviderLimits, Rate, TaskLimiter};
 use crate::secret::Secret;
+use crate::telemetry::{Protocol, TraceSettings};
 use crate::upstream::{self, Credential, Endpoint, Urls};
 
 /// Options for compiling.
@@ -108,6 +109,7 @@ pub fn compile(
         snapshot: Snapshot {
             admin_token,
             drain_timeout,
+            access_log: raw.telemetry.access_log.unwrap_or(true),
             tasks,
             models,
             default_task,
@@ -198,6 +200,57 @@ fn startup_settings(raw: &RawConfig, c: &mut Checks<'_>) -> Startup {
         listen,
         admin_listen,
         max_concurrent_requests,
+        traces: trace_settings(raw, c),
+    }
+}
+
+/// Pass 2b: `telemetry.traces`, the OTLP export (the `OTEL_*` environment,
+/// read when the exporter starts, takes precedence).
+pub fn trace_settings(raw: &RawConfig, c: &mut Checks<'_>) -> TraceSettings {
+    let Some(t) = &raw.telemetry.traces else {
+        return TraceSettings::default();
+    };
+    c.note(
+        "telemetry.traces",
+        "`telemetry.traces` is read at start: a changed value takes a restart, not a reload",
+    );
+    let endpoint = t.endpoint.as_deref().and_then(|e| {
+        c.url("telemetry.traces.endpoint", e)
+            .map(|_| e.trim_end_matches('/').to_owned())
+    });
+    let protocol = t.protocol.as_deref().and_then(|p| {
+        let parsed = Protocol::parse(p);
+        if parsed.is_none() {
+            c.error(
+                "telemetry.traces.protocol",
+                format!("unknown protocol `{p}` (expected `http/protobuf` or `grpc`)"),
+            );
+        }
+        parsed
+    });
+    let service_name = t.service_name.clone().filter(|n| {
+        let ok = !n.trim().is_empty();
+        if !ok {
+            c.error("telemetry.traces.service_name", "must not be empty");
+        }
+        ok
+    });
+    let timeout = t
+        .timeout
+        .as_deref()
+        .map(|_| {
+            c.duration(
+                "telemetry.traces.timeout",
+                t.timeout.as_deref(),
+                Duration::ZERO,
+            )
+        })
+        .filter(|d| !d.is_zero());
+    TraceSettings {
+        endpoint,
+        protocol,
+        service_name,
+        timeout,
     }
 }
 

@@ -70,6 +70,11 @@ impl Served {
     /// extra env vars, stderr to `DIR/stderr.log`, and waits (up to 10 s)
     /// until the port accepts connections.
     pub fn start(config: &Path, dir: &Path, envs: &[(&str, &str)]) -> Served {
+        Self::start_with(config, dir, &[], envs)
+    }
+
+    /// As [`Served::start`], with extra arguments after `serve` (`--log-format json`).
+    pub fn start_with(config: &Path, dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Served {
         let addr = free_addr();
         let stderr = dir.join("stderr.log");
         let file = std::fs::File::create(&stderr).expect("create stderr log");
@@ -79,6 +84,7 @@ impl Served {
             .arg(config)
             .arg("--listen")
             .arg(addr.to_string())
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(file));

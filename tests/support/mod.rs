@@ -9,6 +9,8 @@
 //! - `sse.rs`: SSE event builders and strict readers;
 //! - `observe.rs`: `/admin/targets` entries and exact `/metrics` values;
 //! - `wait.rs`: bounded waits for a condition;
+//! - `otlp.rs`: an OTLP trace collector (HTTP and gRPC) decoding spans, and
+//!   one that never answers;
 //! - `fake`: the fake upstreams (`Fake`, scriptable; `RawFake`, raw TCP),
 //!   shared with the examples.
 #![allow(dead_code)]
@@ -19,6 +21,7 @@ pub use crate::fake_upstream::fake;
 
 mod gateway;
 mod observe;
+pub mod otlp;
 mod requests;
 mod routes;
 mod sse;

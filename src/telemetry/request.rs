@@ -1,0 +1,569 @@
+//! One chat request's telemetry: the fields of its access-log line and,
+//! with tracing on, its OpenTelemetry spans.
+//!
+//! A [`RequestTrace`] is made when the request arrives and shared (one
+//! `Arc`) by everything that learns something about it: the walk (task,
+//! serving target, counts), the attempts (the upstream's request id, the
+//! model that answered), the accounting (tokens, cost) and, for a stream,
+//! the relay (time to first token, the end-of-stream verdict). When the last
+//! holder lets go — the response head is out, or the stream has ended — the
+//! access-log line is written and the server span gets its attributes and
+//! ends. So a line is written exactly once for every request, cancelled ones
+//! included.
+//!
+//! Span layout (GenAI semantic conventions, plus `switchyard.*`):
+//!
+//! ```text
+//! chat {requested model}     SERVER  one per request; parent: the caller's traceparent
+//!   ├ event skip             a target left out without a call, and why
+//!   ├ chat {upstream model}  CLIENT  attempt 1: rule and action when it failed
+//!   ├ event failover         from, to, reason
+//!   └ chat {upstream model}  CLIENT  attempt 2, ...; its context goes upstream as traceparent
+//! ```
+//!
+//! Later kinds of attempt (a continuation after a broken stream, a hedged
+//! second call) are further CLIENT spans made with [`RequestTrace::attempt`]
+//! and told apart by an attribute (`switchyard.attempt.kind`); events on the
+//! server span about them go through [`event`]. Neither exists yet.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{HeaderMap, HeaderValue};
+use opentelemetry::trace::{Status, TraceContextExt};
+use opentelemetry::{Array, KeyValue, StringValue, Value};
+use parking_lot::Mutex;
+use serde::Deserialize;
+use tokio::time::Instant;
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use super::{tracing_on, ACCESS_TARGET, OTEL_TARGET};
+
+/// Response headers that carry an upstream's own id for the call, in the
+/// order they are looked for (OpenAI, Azure / others, Anthropic).
+const UPSTREAM_ID_HEADERS: [&str; 3] = ["x-request-id", "request-id", "anthropic-request-id"];
+/// Longest upstream id or model name recorded (the rest is cut).
+const MAX_TEXT: usize = 128;
+
+/// One request's telemetry record; clones share it.
+#[derive(Debug, Clone)]
+pub struct RequestTrace(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    /// The span log lines of the request carry (`request{request_id=...}`).
+    log: Span,
+    /// The server span; `Span::none()` with tracing off.
+    span: Span,
+    request_id: HeaderValue,
+    arrival: Instant,
+    access_log: bool,
+    fields: Mutex<Fields>,
+}
+
+/// What is known about the request so far.
+#[derive(Debug, Default)]
+struct Fields {
+    task: Option<String>,
+    requested_model: Option<String>,
+    stream: bool,
+    status: u16,
+    target: Option<String>,
+    provider: Option<String>,
+    attempts: u32,
+    failovers: u32,
+    degraded: bool,
+    error: Option<Cow<'static, str>>,
+    ttft: Option<Duration>,
+    /// Prompt and completion tokens (reported, else estimated) and their cost.
+    usage: Option<(u64, u64, f64)>,
+    model: Option<String>,
+    finish_reasons: Vec<String>,
+    upstream_id: Option<String>,
+    stream_end: Option<&'static str>,
+}
+
+/// What the attempt spans need to know about their target.
+#[derive(Debug, Clone, Copy)]
+pub struct AttemptInfo<'a> {
+    /// The target's name in routes.yaml.
+    pub target: &'a str,
+    /// Its provider's name.
+    pub provider: &'a str,
+    /// The provider's protocol (`openai`, `anthropic`): `gen_ai.provider.name`.
+    pub protocol: &'static str,
+    /// The upstream's model name.
+    pub model: &'a str,
+    /// The upstream's host and port.
+    pub host: Option<&'a str>,
+    /// The port, if the URL names or implies one.
+    pub port: Option<u16>,
+    /// 1 for the request's first upstream call, then 2, 3, ... across targets.
+    pub number: u32,
+}
+
+/// What the loop decided about a failed attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct AttemptFailure<'a> {
+    /// The outcome label (`5xx`, `reset`, `in_band_error`, ...): `error.type`.
+    pub outcome: &'static str,
+    /// The upstream status, if it answered one.
+    pub status: Option<u16>,
+    /// The error-class rule that classified it.
+    pub rule: &'a str,
+    /// What happens next: `retry`, `failover` or `return`.
+    pub action: &'static str,
+}
+
+impl RequestTrace {
+    /// The record of a request that just arrived, whose log lines carry
+    /// `log` (which gets a `trace_id` field with tracing on). With tracing
+    /// on, its server span too: the child of the caller's `traceparent` if
+    /// valid, else a new trace's root.
+    #[must_use]
+    pub fn start(
+        headers: &HeaderMap,
+        request_id: &HeaderValue,
+        arrival: Instant,
+        access_log: bool,
+        log: Span,
+    ) -> Self {
+        let span = if tracing_on() {
+            // Inside `log`, so that log lines written in it (relayed streams
+            // included) still carry the request's id.
+            let span = log.in_scope(|| {
+                tracing::info_span!(target: OTEL_TARGET, "request",
+                    otel.name = "chat", otel.kind = "server")
+            });
+            if let Some(parent) = super::extract(headers) {
+                let _ = span.set_parent(parent);
+            }
+            let id = String::from_utf8_lossy(request_id.as_bytes()).into_owned();
+            span.set_attribute("switchyard.request_id", id);
+            let cx = span.context();
+            log.record(
+                "trace_id",
+                tracing::field::display(cx.span().span_context().trace_id()),
+            );
+            span
+        } else {
+            Span::none()
+        };
+        Self(Arc::new(Inner {
+            log,
+            span,
+            request_id: request_id.clone(),
+            arrival,
+            access_log,
+            fields: Mutex::new(Fields::default()),
+        }))
+    }
+
+    /// The server span, to run the request in (disabled with tracing off).
+    #[must_use]
+    pub fn span(&self) -> &Span {
+        &self.0.span
+    }
+
+    /// The span the request's log lines carry; a relayed stream enters it
+    /// around its attempt span, which log lines do not show.
+    #[must_use]
+    pub fn log_span(&self) -> &Span {
+        &self.0.log
+    }
+
+    /// The trace id, with tracing on (for log lines).
+    #[must_use]
+    pub fn trace_id(&self) -> Option<String> {
+        if self.0.span.is_disabled() {
+            return None;
+        }
+        let cx = self.0.span.context();
+        let id = cx.span().span_context().trace_id();
+        Some(id.to_string())
+    }
+
+    /// The task the request selected, the model it asked for, and whether it streams.
+    pub fn routed(&self, task: &str, requested_model: Option<&str>, stream: bool) {
+        let mut f = self.0.fields.lock();
+        f.task = Some(task.to_owned());
+        f.requested_model = requested_model.map(clip);
+        f.stream = stream;
+        if !self.0.span.is_disabled() {
+            // GenAI's `{operation} {model}`; the span started on arrival,
+            // before the body named the model, so it is renamed.
+            let name = format!("chat {}", requested_model.map_or(task, clip_str));
+            self.0.span.context().span().update_name(name);
+        }
+    }
+
+    /// The status the client got (a stream: at its commit point).
+    pub fn status(&self, status: u16) {
+        self.0.fields.lock().status = status;
+    }
+
+    /// Who served and how the walk went.
+    pub fn served(
+        &self,
+        target: Option<(&str, &str)>,
+        attempts: u32,
+        failovers: u32,
+        degraded: bool,
+    ) {
+        let mut f = self.0.fields.lock();
+        f.target = target.map(|(t, _)| t.to_owned());
+        f.provider = target.map(|(_, p)| p.to_owned());
+        f.attempts = attempts;
+        f.failovers = failovers;
+        f.degraded = degraded;
+    }
+
+    /// switchyard's own error code (`all_targets_failed`, ...): `error.type`.
+    pub fn error(&self, code: &'static str) {
+        self.0.fields.lock().error = Some(Cow::Borrowed(code));
+    }
+
+    /// Tokens booked for the answer, and their cost; also on the current
+    /// (attempt) span.
+    pub fn usage(&self, input: u64, output: u64, usd: f64) {
+        self.0.fields.lock().usage = Some((input, output, usd));
+        if tracing_on() {
+            let span = Span::current();
+            span.set_attribute("gen_ai.usage.input_tokens", to_i64(input));
+            span.set_attribute("gen_ai.usage.output_tokens", to_i64(output));
+        }
+    }
+
+    /// A stream reached its commit point: the time to first token, and an
+    /// event on the current (attempt) span.
+    pub fn committed(&self) {
+        let ttft = self.0.arrival.elapsed();
+        self.0.fields.lock().ttft = Some(ttft);
+        event(
+            "commit",
+            vec![KeyValue::new(
+                "switchyard.time_to_first_token_ms",
+                millis(ttft),
+            )],
+        );
+    }
+
+    /// An answer's body (a completion) or one stream chunk: the model that
+    /// answered and the finish reasons, on the record and the current span.
+    /// Only parsed when something will show it; says whether it named a
+    /// model (or nothing needs one), so a stream stops asking.
+    pub fn answer_meta(&self, json: &[u8]) -> bool {
+        if !self.0.access_log && !tracing_on() {
+            return true;
+        }
+        let Ok(meta) = serde_json::from_slice::<Meta>(json) else {
+            return false;
+        };
+        let named = meta.model.is_some();
+        let reasons: Vec<String> = meta
+            .choices
+            .iter()
+            .filter_map(|c| c.finish_reason.as_deref().map(clip))
+            .collect();
+        if tracing_on() {
+            let span = Span::current();
+            if let Some(model) = &meta.model {
+                span.set_attribute("gen_ai.response.model", clip(model));
+            }
+            if !reasons.is_empty() {
+                span.set_attribute("gen_ai.response.finish_reasons", string_array(&reasons));
+            }
+        }
+        let mut f = self.0.fields.lock();
+        if let Some(model) = meta.model {
+            f.model = Some(clip(&model));
+        }
+        if !reasons.is_empty() {
+            f.finish_reasons = reasons;
+        }
+        named
+    }
+
+    /// An upstream's response head: its own request id, on the record and
+    /// the current (attempt) span.
+    pub fn upstream_head(&self, headers: &HeaderMap) {
+        let Some(id) = UPSTREAM_ID_HEADERS
+            .iter()
+            .find_map(|name| headers.get(*name)?.to_str().ok())
+            .map(clip)
+        else {
+            return;
+        };
+        if tracing_on() {
+            Span::current().set_attribute("switchyard.upstream.request_id", id.clone());
+        }
+        self.0.fields.lock().upstream_id = Some(id);
+    }
+
+    /// How a committed stream ended (`complete`, `client_gone` or the
+    /// interruption's reason); an interruption marks the current span failed.
+    pub fn stream_end(&self, verdict: &'static str, interrupted: bool) {
+        self.0.fields.lock().stream_end = Some(verdict);
+        if tracing_on() {
+            let span = Span::current();
+            span.set_attribute("switchyard.stream.end", verdict);
+            if interrupted {
+                span.set_attribute("error.type", "stream_interrupted");
+                span.set_status(Status::error(format!("stream interrupted: {verdict}")));
+            }
+        }
+    }
+
+    /// A CLIENT span for one upstream call, a child of the current span;
+    /// disabled with tracing off. Run the call in it (`Instrument`).
+    #[must_use]
+    pub fn attempt(&self, a: &AttemptInfo<'_>) -> Span {
+        if self.0.span.is_disabled() {
+            return Span::none();
+        }
+        let span = tracing::info_span!(target: OTEL_TARGET, "attempt",
+            otel.name = %format_args!("chat {}", clip_str(a.model)), otel.kind = "client");
+        span.set_attribute("gen_ai.operation.name", "chat");
+        span.set_attribute("gen_ai.provider.name", a.protocol);
+        span.set_attribute("gen_ai.system", a.protocol);
+        span.set_attribute("gen_ai.request.model", clip(a.model));
+        span.set_attribute("switchyard.target", a.target.to_owned());
+        span.set_attribute("switchyard.provider", a.provider.to_owned());
+        span.set_attribute("switchyard.attempt", i64::from(a.number));
+        if let Some(host) = a.host {
+            span.set_attribute("server.address", host.to_owned());
+        }
+        if let Some(port) = a.port {
+            span.set_attribute("server.port", i64::from(port));
+        }
+        span
+    }
+}
+
+/// A failed attempt: its outcome, the rule that classified it and the action
+/// the loop takes, on its span.
+pub fn attempt_failed(span: &Span, failure: &AttemptFailure<'_>) {
+    if span.is_disabled() {
+        return;
+    }
+    span.set_attribute("error.type", failure.outcome);
+    span.set_attribute("switchyard.outcome", failure.outcome);
+    span.set_attribute("switchyard.rule", failure.rule.to_owned());
+    span.set_attribute("switchyard.action", failure.action);
+    if let Some(status) = failure.status {
+        span.set_attribute("http.response.status_code", i64::from(status));
+    }
+    span.set_status(Status::error(format!(
+        "{} ({}): {}",
+        failure.outcome, failure.rule, failure.action
+    )));
+}
+
+/// An attempt that answered (or committed its stream) with `status`.
+pub fn attempt_served(span: &Span, status: u16) {
+    if span.is_disabled() {
+        return;
+    }
+    span.set_attribute("switchyard.outcome", "success");
+    span.set_attribute("http.response.status_code", i64::from(status));
+}
+
+/// An attempt that ran out of the task's deadline, or whose answer broke
+/// the tool call contract (`outcome`: `deadline`, `contract_violation`).
+pub fn attempt_abandoned(span: &Span, outcome: &'static str, action: &'static str) {
+    if span.is_disabled() {
+        return;
+    }
+    span.set_attribute("error.type", outcome);
+    span.set_attribute("switchyard.outcome", outcome);
+    span.set_attribute("switchyard.action", action);
+    span.set_status(Status::error(outcome));
+}
+
+/// An event with attributes on the current span (the server span during the
+/// walk, an attempt span during a call). Nothing with tracing off.
+pub fn event(name: &'static str, attributes: Vec<KeyValue>) {
+    if tracing_on() {
+        Span::current().add_event(name, attributes);
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let elapsed = self.arrival.elapsed();
+        let f = self.fields.get_mut();
+        if f.status == 0 {
+            // Nothing was answered: the client went away first (nginx's 499).
+            f.status = 499;
+            f.error.get_or_insert(Cow::Borrowed("client_cancelled"));
+        }
+        if f.error.is_none() && f.status >= 400 {
+            f.error = Some(Cow::Owned(f.status.to_string()));
+        }
+        let trace_id = (!self.span.is_disabled()).then(|| {
+            record_server_span(&self.span, f, elapsed);
+            // A span ends when it was last exited: a stream's server span
+            // was last entered at its commit point, so it is entered once
+            // more now, to end with the stream.
+            drop(self.span.enter());
+            self.span
+                .context()
+                .span()
+                .span_context()
+                .trace_id()
+                .to_string()
+        });
+        if self.access_log {
+            access_line(&self.request_id, f, elapsed, trace_id.as_deref());
+        }
+    }
+}
+
+/// Writes what the request came to onto its server span, which then ends.
+fn record_server_span(span: &Span, f: &Fields, elapsed: Duration) {
+    let set = |key: &'static str, value: Value| span.set_attribute(key, value);
+    set("gen_ai.operation.name", "chat".into());
+    set("http.request.method", "POST".into());
+    set("http.route", "/v1/chat/completions".into());
+    set("http.response.status_code", i64::from(f.status).into());
+    set("switchyard.attempts", i64::from(f.attempts).into());
+    set("switchyard.failovers", i64::from(f.failovers).into());
+    set("switchyard.degraded", f.degraded.into());
+    set("switchyard.stream", f.stream.into());
+    set("switchyard.duration_ms", millis(elapsed).into());
+    let text = |key: &'static str, value: &Option<String>| {
+        if let Some(v) = value {
+            set(key, v.clone().into());
+        }
+    };
+    text("gen_ai.request.model", &f.requested_model);
+    text("gen_ai.response.model", &f.model);
+    text("switchyard.task", &f.task);
+    text("switchyard.target", &f.target);
+    text("switchyard.provider", &f.provider);
+    text("switchyard.upstream.request_id", &f.upstream_id);
+    if let Some((input, output, usd)) = f.usage {
+        set("gen_ai.usage.input_tokens", to_i64(input).into());
+        set("gen_ai.usage.output_tokens", to_i64(output).into());
+        set("switchyard.cost_usd", usd.into());
+    }
+    if !f.finish_reasons.is_empty() {
+        set(
+            "gen_ai.response.finish_reasons",
+            string_array(&f.finish_reasons),
+        );
+    }
+    if let Some(ttft) = f.ttft {
+        set("switchyard.time_to_first_token_ms", millis(ttft).into());
+    }
+    if let Some(end) = f.stream_end {
+        set("switchyard.stream.end", end.into());
+    }
+    if let Some(error) = &f.error {
+        set("error.type", error.to_string().into());
+    }
+    // A server span fails on the server's errors, not the caller's (HTTP
+    // semantic conventions); a broken stream fails it whatever its status.
+    let interrupted = f
+        .stream_end
+        .is_some_and(|e| e != "complete" && e != "client_gone");
+    if f.status >= 500 || interrupted {
+        let why = f.error.as_deref().unwrap_or("stream_interrupted");
+        span.set_status(Status::error(why.to_owned()));
+    }
+}
+
+/// The access-log line: one per request, never any prompt or completion text.
+fn access_line(request_id: &HeaderValue, f: &Fields, elapsed: Duration, trace_id: Option<&str>) {
+    let (tokens_in, tokens_out, cost) = match f.usage {
+        Some((i, o, usd)) => (Some(i), Some(o), Some(usd)),
+        None => (None, None, None),
+    };
+    tracing::info!(target: ACCESS_TARGET, parent: None,
+        request_id = request_id.to_str().unwrap_or("-"),
+        task = f.task.as_deref().unwrap_or("-"),
+        target = f.target.as_deref().unwrap_or("-"),
+        provider = f.provider.as_deref(),
+        status = f.status,
+        attempts = f.attempts,
+        failovers = f.failovers,
+        degraded = f.degraded,
+        stream = f.stream,
+        duration_ms = millis(elapsed),
+        ttft_ms = f.ttft.map(millis),
+        tokens_in,
+        tokens_out,
+        cost_usd = cost,
+        model = f.model.as_deref(),
+        upstream_request_id = f.upstream_id.as_deref(),
+        stream_end = f.stream_end,
+        error = f.error.as_deref(),
+        trace_id,
+        "request");
+}
+
+/// The parts of a completion or chunk the telemetry shows.
+#[derive(Deserialize)]
+struct Meta {
+    model: Option<String>,
+    #[serde(default)]
+    choices: Vec<MetaChoice>,
+}
+
+#[derive(Deserialize)]
+struct MetaChoice {
+    finish_reason: Option<String>,
+}
+
+/// Milliseconds with microsecond precision.
+fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1_000_000.0).round() / 1000.0
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// At most [`MAX_TEXT`] characters of an upstream-supplied string.
+fn clip(text: &str) -> String {
+    clip_str(text).to_owned()
+}
+
+fn clip_str(text: &str) -> &str {
+    match text.char_indices().nth(MAX_TEXT) {
+        Some((at, _)) => &text[..at],
+        None => text,
+    }
+}
+
+fn string_array(items: &[String]) -> Value {
+    Value::Array(Array::String(
+        items.iter().cloned().map(StringValue::from).collect(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meta_reads_model_and_finish_reasons_of_completions_and_chunks() {
+        let m: Meta = serde_json::from_slice(
+            br#"{"model":"m-1","choices":[{"message":{"content":"x"},"finish_reason":"stop"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(m.model.as_deref(), Some("m-1"));
+        assert_eq!(m.choices[0].finish_reason.as_deref(), Some("stop"));
+        let m: Meta = serde_json::from_slice(br#"{"choices":[{"delta":{}}]}"#).unwrap();
+        assert!(m.model.is_none() && m.choices[0].finish_reason.is_none());
+    }
+
+    #[test]
+    fn long_upstream_text_is_clipped() {
+        assert_eq!(clip(&"é".repeat(300)).chars().count(), MAX_TEXT);
+        assert_eq!(clip("short"), "short");
+        assert!((millis(Duration::from_micros(1500)) - 1.5).abs() < 1e-9);
+    }
+}
