@@ -17,7 +17,7 @@ use tracing::{debug, info};
 use crate::request::ChatRequest;
 use crate::snapshot::Target;
 use crate::state::App;
-use crate::upstream::{Operation, TargetModel};
+use crate::upstream::{Operation, Outgoing, TargetModel};
 
 /// The probe request, in the client's protocol; each target's adapter encodes it.
 const PROBE: &[u8] = br#"{"max_tokens":1,"messages":[{"role":"user","content":"ping"}]}"#;
@@ -69,7 +69,15 @@ pub async fn probe(target: Arc<Target>) -> bool {
             // Only the status matters; the body is dropped unread (a hostile
             // upstream could send gigabytes).
             let credential = target.provider.probe_credential();
-            let call = endpoint.send(Operation::Chat, credential, body, None, false);
+            let resends = std::sync::atomic::AtomicU32::new(0);
+            let call = endpoint.send(Outgoing {
+                op: Operation::Chat,
+                credential,
+                body,
+                request_id: None,
+                stream: false,
+                resends: &resends,
+            });
             match timeout(target.provider.timeout, call).await {
                 Ok(Ok(resp)) => resp.status().as_u16() < 500,
                 Ok(Err(_)) | Err(_) => false,

@@ -30,6 +30,7 @@ pub mod respond;
 pub mod stream;
 
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +49,7 @@ use crate::routing::{self, Admission, Admitted, Holdbacks, Needs, Payload};
 use crate::schema::{Contract, Mode as ValidateMode, Violation};
 use crate::snapshot::{KeySet, Snapshot, Target, Task};
 use crate::telemetry::{self, AttemptFailure, RequestTrace};
+use crate::upstream::Operation;
 use account::{Account, CancelGuard};
 use attempt::{Attempt, Call, Failed};
 use continuation::{Origin, Recovery};
@@ -98,7 +100,10 @@ pub async fn chat_completions(
         body: &body,
         tried: Vec::new(),
         task: &task,
-        request: &request,
+        op: Operation::Chat,
+        stream: request.stream,
+        include_usage: request.include_usage,
+        resends: AtomicU32::new(0),
         request_id: &request_id,
         arrival,
         deadline: arrival + task.budget.total_timeout,
@@ -217,7 +222,14 @@ struct Walk<'a> {
     /// Targets called so far, in order.
     tried: Vec<Arc<Target>>,
     task: &'a Arc<Task>,
-    request: &'a ChatRequest<'a>,
+    /// What the request asks of the providers.
+    op: Operation,
+    /// A streaming request.
+    stream: bool,
+    /// `stream_options.include_usage`.
+    include_usage: bool,
+    /// Stale-connection resends of the attempt just made (upstream calls too).
+    resends: AtomicU32,
     request_id: &'a HeaderValue,
     arrival: Instant,
     deadline: Instant,
@@ -352,6 +364,8 @@ impl Walk<'_> {
                         .await
                 }
             };
+            // A stale pooled connection's resend was an upstream call too.
+            self.tally.attempts += self.resends.swap(0, Ordering::Relaxed);
             match outcome {
                 answer @ (Attempt::Answer { .. } | Attempt::Committed(_)) => {
                     let served = self.deliver(&target, answer, &span);
@@ -401,7 +415,7 @@ impl Walk<'_> {
                     request_id: self.request_id.clone(),
                     arrival: self.arrival,
                     deadline: self.deadline,
-                    include_usage: self.request.include_usage,
+                    include_usage: self.include_usage,
                     trace: self.account.trace.clone(),
                 };
                 let recovery = Recovery::new(
@@ -494,7 +508,7 @@ impl Walk<'_> {
         hedge: Racer<'_>,
         raced: hedge::Raced<Attempt>,
     ) -> Hedged {
-        self.tally.attempts += 1;
+        self.tally.attempts += 1 + self.resends.swap(0, Ordering::Relaxed);
         self.tally.failovers += 1;
         self.tried.push(Arc::clone(hedge.target));
         info!(task = %self.task.name, primary = %primary.target.name, hedge = %hedge.target.name, "hedged the first attempt");
@@ -588,11 +602,13 @@ impl Walk<'_> {
     fn call<'c>(&'c self, target: &'c Arc<Target>, key: Option<usize>) -> Call<'c> {
         Call {
             key,
+            op: self.op,
+            resends: &self.resends,
             snapshot: self.snapshot,
             task: self.task,
             target,
-            stream: self.request.stream,
-            include_usage: self.request.include_usage,
+            stream: self.stream,
+            include_usage: self.include_usage,
             request_id: self.request_id,
             arrival: self.arrival,
             deadline: self.deadline,

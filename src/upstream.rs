@@ -12,6 +12,8 @@ pub mod decode;
 pub mod openai;
 pub mod pool;
 
+use std::sync::atomic::AtomicU32;
+
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, ACCEPT_ENCODING, CONTENT_TYPE};
 use http::{Method, Request, Response, Uri};
@@ -170,6 +172,24 @@ impl std::fmt::Debug for Credential {
     }
 }
 
+/// One request to send ([`Endpoint::send`]).
+#[derive(Debug)]
+pub struct Outgoing<'a> {
+    /// What it asks for.
+    pub op: Operation,
+    /// The key it goes with, if the provider has one.
+    pub credential: Option<&'a Credential>,
+    /// The encoded body.
+    pub body: Bytes,
+    /// Sent as `x-request-id`.
+    pub request_id: Option<&'a HeaderValue>,
+    /// A streaming request.
+    pub stream: bool,
+    /// Counts a resend on a fresh connection after a stale pooled one
+    /// failed (an upstream call the caller's tally must include).
+    pub resends: &'a AtomicU32,
+}
+
 /// One provider's way in: URLs, headers, protocol and pooled client. The key
 /// comes per request ([`Credential`]): a provider may hold several.
 #[derive(Debug, Clone)]
@@ -187,21 +207,22 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// Sends one request: `POST` to `op`'s URL with the provider's headers,
-    /// the key, a JSON body, the request id and, for streams, `accept:
-    /// text/event-stream`.
+    /// Sends one request: `POST` to its operation's URL with the
+    /// provider's headers, the key, a JSON body, the request id and, for
+    /// streams, `accept: text/event-stream`.
     ///
     /// # Errors
     /// No response head: the failure as a network kind (a protocol error for
     /// an operation the provider does not serve).
-    pub async fn send(
-        &self,
-        op: Operation,
-        credential: Option<&Credential>,
-        body: Bytes,
-        request_id: Option<&HeaderValue>,
-        stream: bool,
-    ) -> Result<Response<Incoming>, NetworkKind> {
+    pub async fn send(&self, out: Outgoing<'_>) -> Result<Response<Incoming>, NetworkKind> {
+        let Outgoing {
+            op,
+            credential,
+            body,
+            request_id,
+            stream,
+            resends,
+        } = out;
         let urls = match credential {
             Some(Credential::Query(urls)) => urls,
             Some(Credential::Header(..)) | None => &self.urls,
@@ -232,7 +253,7 @@ impl Endpoint {
             crate::telemetry::inject(h);
             req
         };
-        pool::send(&self.client, build)
+        pool::send(&self.client, build, resends)
             .await
             .map_err(|e| pool::request_error_kind(&e, self.host_is_name))
     }

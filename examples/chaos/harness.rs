@@ -844,6 +844,8 @@ impl Check<'_> {
         let (code, message) = openai_error(body)?;
         let expected_status = match code.as_str() {
             "all_targets_failed" => 502,
+            // Every target held back by rate limits (429 cooldowns): the wait is the caller's.
+            "rate_limit_exceeded" => 429,
             "no_target_available" => 503,
             "deadline_exceeded" => 504,
             other => return Err(format!("unexpected error code {other:?}")),
@@ -853,6 +855,9 @@ impl Check<'_> {
         }
         match status {
             502 => self.all_targets_failed(attempts, &message)?,
+            429 if attempts.is_some_and(|a| a > 0) && !self.statuses_met().contains(&429) => {
+                return Err("429 rate_limit_exceeded after attempts that met no 429".to_owned());
+            }
             504 if self.elapsed + Duration::from_millis(5) < self.total => {
                 return Err(format!(
                     "504 deadline_exceeded after {:?}, before total_timeout",

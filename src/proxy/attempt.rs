@@ -7,6 +7,7 @@
 //! an answer, a committed stream ([`Relay`]), or a classified failure that
 //! hands the health permit back for the loop to record.
 
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ use crate::snapshot::{ApiKey, Provider, Snapshot, Target, Task};
 use crate::sse::{self, Chunk};
 use crate::telemetry::AttemptInfo;
 use crate::upstream::decode::{self, Coding};
-use crate::upstream::{pool, Events, Operation};
+use crate::upstream::{pool, Events, Operation, Outgoing};
 
 /// Events held before the commit point, at most; past this the stream commits anyway.
 const HOLD_MAX_EVENTS: usize = 64;
@@ -64,6 +65,10 @@ pub struct Call<'a> {
     pub account: &'a Account,
     /// The index of the provider key to send with, if it has a readable one.
     pub key: Option<usize>,
+    /// What the request asks of the provider.
+    pub op: Operation,
+    /// Counts stale-connection resends (upstream calls too).
+    pub resends: &'a AtomicU32,
 }
 
 /// How one attempt ended.
@@ -240,13 +245,14 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
         .key
         .and_then(|i| provider.keys.get(i))
         .and_then(|k| k.credential.as_ref());
-    let sent = provider.endpoint.send(
-        Operation::Chat,
+    let sent = provider.endpoint.send(Outgoing {
+        op: call.op,
         credential,
         body,
-        Some(call.request_id),
-        call.stream,
-    );
+        request_id: Some(call.request_id),
+        stream: call.stream,
+        resends: call.resends,
+    });
     let response = match timeout_at(first_deadline, sent).await {
         Err(_) => return timed_out(call, first_deadline, permit),
         Ok(Err(kind)) => {

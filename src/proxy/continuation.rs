@@ -18,6 +18,7 @@
 //! continuation once a tool call, refusal or reasoning delta went out, nor
 //! while the answer's tool calls are under validation.
 
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -36,7 +37,7 @@ use crate::routing::{self, Admission, Needs, Payload};
 use crate::snapshot::{KeySet, Snapshot, Target, Task};
 use crate::sse::{self, Event};
 use crate::telemetry::RequestTrace;
-use crate::upstream::TargetModel;
+use crate::upstream::{Operation, TargetModel};
 
 /// How a continuation asks its target to go on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +81,7 @@ pub struct Recovery {
     continuable: bool,
     envelope: Option<Envelope>,
     used: u32,
+    resends: AtomicU32,
 }
 
 /// The request a stream belongs to, as a continuation needs it.
@@ -140,6 +142,7 @@ impl Recovery {
             continuable: true,
             envelope: None,
             used: 0,
+            resends: AtomicU32::new(0),
         })
     }
 
@@ -331,6 +334,9 @@ impl Recovery {
     ) -> Call<'c> {
         Call {
             key,
+            op: Operation::Chat,
+            // The client's headers went out long ago: nothing to add a resend to.
+            resends: &self.resends,
             snapshot,
             task,
             target,

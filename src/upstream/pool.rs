@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::error::Error as _;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -79,18 +79,22 @@ fn build(connect_timeout: Duration) -> HttpClient {
 /// Sends the request `build` makes. A request that fails before any byte of a response on a
 /// *reused* pooled connection (the upstream closed it while it sat idle, and
 /// the close crossed our request) is sent once more, on a fresh connection:
-/// that failure is the pool's, not the upstream's, so it counts nowhere.
+/// that failure is the pool's, not the upstream's, so it counts against no
+/// health or retry budget. It was an upstream call all the same (the
+/// upstream may have read it): `resends` counts it.
 ///
 /// # Errors
 /// The request's failure, or the retry's.
 pub async fn send(
     client: &HttpClient,
     build: impl Fn() -> Request<Full<Bytes>>,
+    resends: &AtomicU32,
 ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
     match request_once(client, build()).await {
         Ok(resp) => Ok(resp),
         Err((e, true)) if !e.is_connect() => {
             tracing::debug!(error = %e, "pooled connection was closed while idle; sending again");
+            resends.fetch_add(1, Ordering::Relaxed);
             request_once(client, build()).await.map_err(|(e, _)| e)
         }
         Err((e, _)) => Err(e),
