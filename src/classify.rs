@@ -634,7 +634,8 @@ pub fn in_band_status(code: Option<u16>, error_text: &[u8]) -> u16 {
 /// What a 2xx non-streamed body is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AnswerShape {
-    /// A chat completion: a JSON object with a non-empty `choices` array.
+    /// An answer: a chat completion (a JSON object with a non-empty
+    /// `choices` array), or embeddings (a non-empty `data` array).
     Completion,
     /// `{"error": ...}` (as JSON, or as an SSE error event) with its numeric code, if any.
     InBandError(Option<u16>),
@@ -663,6 +664,26 @@ pub fn answer_shape(body: &[u8]) -> AnswerShape {
         Ok(Probe {
             choices: Some(c), ..
         }) if !c.is_empty() => AnswerShape::Completion,
+        Ok(Probe { error: Some(e), .. }) if e.get() != "null" => {
+            AnswerShape::InBandError(crate::sse::error_code(e.get()))
+        }
+        Ok(_) | Err(_) => AnswerShape::NotACompletion,
+    }
+}
+
+/// Reads a 2xx embeddings body: only a JSON object with a non-empty `data`
+/// array is an answer (an in-band error reads as one, as for completions).
+#[must_use]
+pub fn embeddings_shape(body: &[u8]) -> AnswerShape {
+    #[derive(serde::Deserialize)]
+    struct Probe<'a> {
+        #[serde(borrow, default)]
+        error: Option<&'a serde_json::value::RawValue>,
+        #[serde(default)]
+        data: Option<Vec<serde::de::IgnoredAny>>,
+    }
+    match serde_json::from_slice::<Probe<'_>>(body.trim_ascii_start()) {
+        Ok(Probe { data: Some(d), .. }) if !d.is_empty() => AnswerShape::Completion,
         Ok(Probe { error: Some(e), .. }) if e.get() != "null" => {
             AnswerShape::InBandError(crate::sse::error_code(e.get()))
         }

@@ -87,6 +87,15 @@ pub enum GatewayError {
     DeadlineExceeded(std::time::Duration),
 }
 
+impl From<crate::request::RequestError> for GatewayError {
+    fn from(e: crate::request::RequestError) -> Self {
+        GatewayError::BadRequest {
+            message: e.message,
+            param: e.param,
+        }
+    }
+}
+
 impl GatewayError {
     /// HTTP status of the response.
     #[must_use]

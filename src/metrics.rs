@@ -230,102 +230,158 @@ impl Metrics {
 
     fn describe(&self) {
         let r = &*self.recorder;
-        let counter = |name: &'static str, text: &'static str| {
-            r.describe_counter(name.into(), None, text.into());
-        };
-        counter(
-            REQUESTS,
-            "Requests answered, by task, serving target and final HTTP status.",
-        );
-        counter(
-            UPSTREAM_ATTEMPTS,
-            "Upstream attempts by target and outcome.",
-        );
-        counter(
-            FAILOVERS,
-            "Switches from one target to the next, by reason.",
-        );
-        counter(
-            SKIPPED,
-            "Targets skipped without a network call, by reason.",
-        );
-        counter(
-            RATE_LIMITED,
-            "Requests refused by a token bucket, by scope.",
-        );
-        counter(TOKENS, "Tokens by target and kind, from reported usage.");
-        counter(
-            STREAM_INTERRUPTS,
-            "Streams broken after the first content byte reached the client.",
-        );
-        counter(HEDGES, "Hedged first attempts, by result.");
-        counter(
-            STREAM_CONTINUATIONS,
-            "Broken streams continued on another target, by mode and result.",
-        );
-        counter(
-            STREAM_MALFORMED,
-            "Malformed events dropped from committed streams.",
-        );
-        counter(
-            CONTRACT_VIOLATIONS,
-            "Answers whose tool calls broke the request's contract.",
-        );
-        counter(
-            CLIENT_CANCELLED,
-            "Requests whose client hung up before the answer was complete.",
-        );
-        counter(BREAKER_TRANSITIONS, "Health state changes per target.");
-        counter(PROBES, "Active probes of DOWN targets by result.");
-        counter(CONFIG_RELOADS, "Config loads and reloads by result.");
-        counter(
-            TRACE_SPANS_DROPPED,
-            "Spans dropped because the trace export queue was full.",
-        );
-        counter(TRACE_SPANS_EXPORTED, "Spans the trace collector accepted.");
-        counter(TRACE_EXPORT_FAILURES, "Trace export calls that failed.");
-        let seconds = |name: &'static str, text: &'static str| {
-            r.describe_histogram(name.into(), Some(Unit::Seconds), text.into());
-        };
-        seconds(
-            REQUEST_DURATION,
-            "Arrival to response head (streams: to the commit point).",
-        );
-        seconds(
-            TIME_TO_FIRST_TOKEN,
-            "Arrival to the first content chunk of a stream.",
-        );
-        r.describe_gauge(
-            TARGET_HEALTH.into(),
-            None,
-            "Target health: 0 healthy, 1 degraded, 2 down.".into(),
-        );
-        r.describe_gauge(
-            KEY_STATE.into(),
-            None,
-            "API key state: 0 usable, 1 cooling down, 2 revoked.".into(),
-        );
-        r.describe_gauge(
-            COST.into(),
-            None,
-            "USD spent by task and target, from usage x cost.".into(),
-        );
-        r.describe_gauge(
-            TASK_TARGETS_AVAILABLE.into(),
-            None,
-            "Targets of the task's chain that are not DOWN (set at each scrape).".into(),
-        );
-        r.describe_gauge(
-            CONFIG_HASH.into(),
-            None,
-            "Content hash of the loaded config (low 48 bits).".into(),
-        );
-        r.describe_gauge(
-            CONFIG_LOADED_AT.into(),
-            Some(Unit::Seconds),
-            "Unix time the loaded config was applied.".into(),
-        );
+        for &(kind, name, text) in DESCRIPTIONS {
+            match kind {
+                Kind::Counter => r.describe_counter(name.into(), None, text.into()),
+                Kind::Seconds => {
+                    r.describe_histogram(name.into(), Some(Unit::Seconds), text.into());
+                }
+                Kind::Gauge => r.describe_gauge(name.into(), None, text.into()),
+                Kind::GaugeSeconds => {
+                    r.describe_gauge(name.into(), Some(Unit::Seconds), text.into());
+                }
+            }
+        }
     }
+}
+
+/// What each series is, for `# HELP` lines.
+const DESCRIPTIONS: &[(Kind, &str, &str)] = &[
+    (
+        Kind::Counter,
+        REQUESTS,
+        "Requests answered, by task, serving target and final HTTP status.",
+    ),
+    (
+        Kind::Counter,
+        UPSTREAM_ATTEMPTS,
+        "Upstream attempts by target and outcome.",
+    ),
+    (
+        Kind::Counter,
+        FAILOVERS,
+        "Switches from one target to the next, by reason.",
+    ),
+    (
+        Kind::Counter,
+        SKIPPED,
+        "Targets skipped without a network call, by reason.",
+    ),
+    (
+        Kind::Counter,
+        RATE_LIMITED,
+        "Requests refused by a token bucket, by scope.",
+    ),
+    (
+        Kind::Counter,
+        TOKENS,
+        "Tokens by target and kind, from reported usage.",
+    ),
+    (
+        Kind::Counter,
+        STREAM_INTERRUPTS,
+        "Streams broken after the first content byte reached the client.",
+    ),
+    (Kind::Counter, HEDGES, "Hedged first attempts, by result."),
+    (
+        Kind::Counter,
+        STREAM_CONTINUATIONS,
+        "Broken streams continued on another target, by mode and result.",
+    ),
+    (
+        Kind::Counter,
+        STREAM_MALFORMED,
+        "Malformed events dropped from committed streams.",
+    ),
+    (
+        Kind::Counter,
+        CONTRACT_VIOLATIONS,
+        "Answers whose tool calls broke the request's contract.",
+    ),
+    (
+        Kind::Counter,
+        CLIENT_CANCELLED,
+        "Requests whose client hung up before the answer was complete.",
+    ),
+    (
+        Kind::Counter,
+        BREAKER_TRANSITIONS,
+        "Health state changes per target.",
+    ),
+    (
+        Kind::Counter,
+        PROBES,
+        "Active probes of DOWN targets by result.",
+    ),
+    (
+        Kind::Counter,
+        CONFIG_RELOADS,
+        "Config loads and reloads by result.",
+    ),
+    (
+        Kind::Counter,
+        TRACE_SPANS_DROPPED,
+        "Spans dropped because the trace export queue was full.",
+    ),
+    (
+        Kind::Counter,
+        TRACE_SPANS_EXPORTED,
+        "Spans the trace collector accepted.",
+    ),
+    (
+        Kind::Counter,
+        TRACE_EXPORT_FAILURES,
+        "Trace export calls that failed.",
+    ),
+    (
+        Kind::Seconds,
+        REQUEST_DURATION,
+        "Arrival to response head (streams: to the commit point).",
+    ),
+    (
+        Kind::Seconds,
+        TIME_TO_FIRST_TOKEN,
+        "Arrival to the first content chunk of a stream.",
+    ),
+    (
+        Kind::Gauge,
+        TARGET_HEALTH,
+        "Target health: 0 healthy, 1 degraded, 2 down.",
+    ),
+    (
+        Kind::Gauge,
+        KEY_STATE,
+        "API key state: 0 usable, 1 cooling down, 2 revoked.",
+    ),
+    (
+        Kind::Gauge,
+        COST,
+        "USD spent by task and target, from usage x cost.",
+    ),
+    (
+        Kind::Gauge,
+        TASK_TARGETS_AVAILABLE,
+        "Targets of the task's chain that are not DOWN (set at each scrape).",
+    ),
+    (
+        Kind::Gauge,
+        CONFIG_HASH,
+        "Content hash of the loaded config (low 48 bits).",
+    ),
+    (
+        Kind::GaugeSeconds,
+        CONFIG_LOADED_AT,
+        "Unix time the loaded config was applied.",
+    ),
+];
+
+/// How a series is described.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Counter,
+    Seconds,
+    Gauge,
+    GaugeSeconds,
 }
 
 fn metadata() -> Metadata<'static> {

@@ -14,13 +14,16 @@ use std::time::Duration;
 use tokio::time::{timeout, Instant};
 use tracing::{debug, info};
 
-use crate::request::ChatRequest;
+use crate::request::{ChatRequest, EmbeddingsRequest};
 use crate::snapshot::Target;
 use crate::state::App;
 use crate::upstream::{Operation, Outgoing, TargetModel};
 
 /// The probe request, in the client's protocol; each target's adapter encodes it.
 const PROBE: &[u8] = br#"{"max_tokens":1,"messages":[{"role":"user","content":"ping"}]}"#;
+
+/// The probe of an embeddings target.
+const EMBEDDINGS_PROBE: &[u8] = br#"{"input":"ping"}"#;
 
 /// How often the prober looks for DOWN targets that are due.
 const TICK: Duration = Duration::from_millis(100);
@@ -61,9 +64,26 @@ pub async fn probe(target: Arc<Target>) -> bool {
         model: &target.model,
         max_output: Some(1),
     };
-    let body = ChatRequest::parse(PROBE)
-        .ok()
-        .and_then(|request| endpoint.adapter.encode(&request, model).ok());
+    // An embeddings target is probed where it serves.
+    let (op, body) = match target.embedding {
+        None => (
+            Operation::Chat,
+            ChatRequest::parse(PROBE)
+                .ok()
+                .and_then(|request| endpoint.adapter.encode(&request, model).ok()),
+        ),
+        Some(_) => (
+            Operation::Embeddings,
+            EmbeddingsRequest::parse(EMBEDDINGS_PROBE)
+                .ok()
+                .and_then(|request| {
+                    endpoint
+                        .adapter
+                        .encode_embeddings(&request, &target.model)
+                        .ok()
+                }),
+        ),
+    };
     let reachable = match body {
         Some(body) => {
             // Only the status matters; the body is dropped unread (a hostile
@@ -71,7 +91,7 @@ pub async fn probe(target: Arc<Target>) -> bool {
             let credential = target.provider.probe_credential();
             let resends = std::sync::atomic::AtomicU32::new(0);
             let call = endpoint.send(Outgoing {
-                op: Operation::Chat,
+                op,
                 credential,
                 body,
                 request_id: None,

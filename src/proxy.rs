@@ -44,7 +44,7 @@ use crate::body::Body;
 use crate::classify::{Action, AttemptOutcome, Scope};
 use crate::error::GatewayError;
 use crate::health::Failure;
-use crate::request::ChatRequest;
+use crate::request::{ChatRequest, EmbeddingsRequest};
 use crate::routing::{self, Admission, Admitted, Holdbacks, Needs, Payload};
 use crate::schema::{Contract, Mode as ValidateMode, Violation};
 use crate::snapshot::{KeySet, Snapshot, Target, Task};
@@ -59,66 +59,137 @@ use stream::Relay;
 /// Longest backoff between two retries of one target.
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
 
-/// Handles one chat completion request from `peer` (the client's address,
-/// which keys its rate-limit bucket when it sends no caller header) against
-/// `snapshot`; what it learns on the way goes into `trace`.
-pub async fn chat_completions(
-    snapshot: Arc<Snapshot>,
-    headers: &HeaderMap,
-    peer: IpAddr,
-    body: Bytes,
-    request_id: HeaderValue,
-    arrival: Instant,
-    trace: RequestTrace,
-) -> Response<Body> {
-    let request = match ChatRequest::parse(&body) {
+/// One client request as the server hands it over.
+#[derive(Debug)]
+pub struct Exchange<'a> {
+    /// The config it runs against.
+    pub snapshot: Arc<Snapshot>,
+    /// The client's headers.
+    pub headers: &'a HeaderMap,
+    /// The client's address (its rate-limit bucket when it sends no caller header).
+    pub peer: IpAddr,
+    /// The request body, as sent.
+    pub body: Bytes,
+    /// The request's id (sent upstream, echoed back).
+    pub request_id: HeaderValue,
+    /// When it arrived.
+    pub arrival: Instant,
+    /// Its telemetry record.
+    pub trace: RequestTrace,
+}
+
+/// Handles one `POST /v1/chat/completions`.
+pub async fn chat_completions(x: Exchange<'_>) -> Response<Body> {
+    let request = match ChatRequest::parse(&x.body) {
         Ok(r) => r,
-        Err(e) => {
-            let e = GatewayError::BadRequest {
-                message: e.message,
-                param: e.param,
-            };
-            return rejected(&snapshot, &e, &request_id);
+        Err(e) => return rejected(&x, &e.into()),
+    };
+    let task = match route(&x, request.model.as_deref()) {
+        Ok(task) => task,
+        Err(e) => return rejected(&x, &e),
+    };
+    x.trace
+        .routed("chat", &task.name, request.model.as_deref(), request.stream);
+    if let Some(space) = &task.embedding {
+        let why = format!(
+            "task `{}` serves embeddings ({space}): send them to /v1/embeddings",
+            task.name
+        );
+        return refused(&x, &task, &GatewayError::bad_request(why));
+    }
+    let contract = match task.validate_tool_calls {
+        ValidateMode::Never => None,
+        ValidateMode::Degraded | ValidateMode::Always => {
+            Contract::from_request(&request, &task.tool_schemas).map(Arc::new)
         }
     };
-    let task = match route(&snapshot, headers, &request) {
-        Ok(task) => Arc::clone(task),
-        Err(e) => return rejected(&snapshot, &e, &request_id),
-    };
-    trace.routed(&task.name, request.model.as_deref(), request.stream);
-    if let Err(e) = front_door(&snapshot, &task, headers, peer) {
-        let resp = respond::plain_error(&e, &request_id);
-        account::answered(&task, None, resp.status().as_u16(), arrival);
-        return resp;
-    }
-    let guard = CancelGuard::new(&task);
-    let needs = Needs::of(&request);
-    let plan = routing::plan(&task, &needs, Instant::now());
-    let mut walk = Walk {
-        snapshot: &snapshot,
-        shared: &snapshot,
-        body: &body,
-        tried: Vec::new(),
-        task: &task,
-        op: Operation::Chat,
+    let shape = Shape {
+        payload: Payload::Chat(&request),
         stream: request.stream,
         include_usage: request.include_usage,
+        contract,
+    };
+    serve(&x, &task, Needs::of(&request), shape).await
+}
+
+/// Handles one `POST /v1/embeddings`: the same tasks, chains, health and
+/// limits, on a task whose chain is one embedding space.
+pub async fn embeddings(x: Exchange<'_>) -> Response<Body> {
+    let request = match EmbeddingsRequest::parse(&x.body) {
+        Ok(r) => r,
+        Err(e) => return rejected(&x, &e.into()),
+    };
+    let task = match route(&x, request.model.as_deref()) {
+        Ok(task) => task,
+        Err(e) => return rejected(&x, &e),
+    };
+    x.trace
+        .routed("embeddings", &task.name, request.model.as_deref(), false);
+    if task.embedding.is_none() {
+        let why = format!(
+            "task `{}` serves chat completions: no target of its chain declares an `embedding` space",
+            task.name
+        );
+        return refused(&x, &task, &GatewayError::bad_request(why));
+    }
+    let needs = Needs {
+        prompt_tokens: request.input_tokens,
+        max_tokens: Some(0),
+        ..Needs::default()
+    };
+    let shape = Shape {
+        payload: Payload::Embeddings(&request),
+        stream: false,
+        include_usage: false,
+        contract: None,
+    };
+    serve(&x, &task, needs, shape).await
+}
+
+/// What kind of request a walk serves.
+struct Shape<'a> {
+    payload: Payload<'a>,
+    stream: bool,
+    include_usage: bool,
+    /// The tool call contract, when the task validates tool calls.
+    contract: Option<Arc<Contract>>,
+}
+
+/// Steps 3 to 7 for a routed request.
+async fn serve(
+    x: &Exchange<'_>,
+    task: &Arc<Task>,
+    needs: Needs,
+    shape: Shape<'_>,
+) -> Response<Body> {
+    let snapshot = &x.snapshot;
+    if let Err(e) = front_door(snapshot, task, x.headers, x.peer) {
+        let resp = respond::plain_error(&e, &x.request_id);
+        account::answered(task, None, resp.status().as_u16(), x.arrival);
+        return resp;
+    }
+    let guard = CancelGuard::new(task);
+    let plan = routing::plan(task, &needs, Instant::now());
+    let mut walk = Walk {
+        snapshot,
+        shared: snapshot,
+        body: &x.body,
+        tried: Vec::new(),
+        task,
+        op: shape.payload.operation(),
+        stream: shape.stream,
+        include_usage: shape.include_usage,
         resends: AtomicU32::new(0),
-        request_id: &request_id,
-        arrival,
-        deadline: arrival + task.budget.total_timeout,
-        first_choice: plan.first_choice(&task),
-        contract: match task.validate_tool_calls {
-            ValidateMode::Never => None,
-            ValidateMode::Degraded | ValidateMode::Always => {
-                Contract::from_request(&request, &task.tool_schemas).map(Arc::new)
-            }
-        },
+        request_id: &x.request_id,
+        arrival: x.arrival,
+        deadline: x.arrival + task.budget.total_timeout,
+        first_choice: plan.first_choice(task),
+        contract: shape.contract,
         account: Account {
-            task: Arc::clone(&task),
+            task: Arc::clone(task),
             prompt_estimate: needs.prompt_tokens,
             max_tokens: needs.max_tokens,
-            trace,
+            trace: x.trace.clone(),
         },
         tally: Tally::default(),
         holdbacks: Holdbacks::default(),
@@ -131,8 +202,7 @@ pub async fn chat_completions(
     let response = match plan.ineligible() {
         Some(why) => walk.error(&GatewayError::NoEligibleTarget(why.describe())),
         None => {
-            let mut admission =
-                Admission::new(&snapshot, &task, plan, &needs, Payload::Chat(&request));
+            let mut admission = Admission::new(snapshot, task, plan, &needs, shape.payload);
             walk.run(&mut admission).await
         }
     };
@@ -143,10 +213,10 @@ pub async fn chat_completions(
         .and_then(|v| v.to_str().ok())
         .and_then(|name| snapshot.targets.get(name));
     account::answered(
-        &task,
+        task,
         served.map(|t| &**t),
         response.status().as_u16(),
-        arrival,
+        x.arrival,
     );
     walk.account.trace.served(
         served.map(|t| (t.name.as_str(), t.provider.name.as_str())),
@@ -157,23 +227,26 @@ pub async fn chat_completions(
     response
 }
 
-/// Step 2: the task a request selects.
+/// Step 2: the task a request selects: by `x-task-type`, else `model`.
 ///
 /// # Errors
 /// 404 for a name no task answers to, 400 when nothing names a task.
-fn route<'s>(
-    snapshot: &'s Snapshot,
-    headers: &HeaderMap,
-    request: &ChatRequest<'_>,
-) -> Result<&'s Arc<Task>, GatewayError> {
-    let task_header = headers.get(H_TASK_TYPE).and_then(|v| v.to_str().ok());
-    let model = request.model.as_deref();
-    snapshot
+fn route(x: &Exchange<'_>, model: Option<&str>) -> Result<Arc<Task>, GatewayError> {
+    let task_header = x.headers.get(H_TASK_TYPE).and_then(|v| v.to_str().ok());
+    x.snapshot
         .route(task_header, model)
+        .cloned()
         .ok_or_else(|| match task_header.or(model) {
             Some(asked) => GatewayError::UnknownModel(asked.chars().take(128).collect()),
             None => GatewayError::bad_request("`model` is required (or an `x-task-type` header)"),
         })
+}
+
+/// A routed request the task cannot take (counted under the task).
+fn refused(x: &Exchange<'_>, task: &Task, e: &GatewayError) -> Response<Body> {
+    let resp = respond::plain_error(e, &x.request_id);
+    account::answered(task, None, resp.status().as_u16(), x.arrival);
+    resp
 }
 
 /// Step 3: the task's client-facing buckets: the caller's own (by header,
@@ -197,9 +270,9 @@ fn front_door(
 }
 
 /// A request refused before it reached a task: counted under task `unknown`.
-fn rejected(snapshot: &Snapshot, e: &GatewayError, request_id: &HeaderValue) -> Response<Body> {
-    snapshot.unrouted.increment(e.status().as_u16(), 1);
-    respond::plain_error(e, request_id)
+fn rejected(x: &Exchange<'_>, e: &GatewayError) -> Response<Body> {
+    x.snapshot.unrouted.increment(e.status().as_u16(), 1);
+    respond::plain_error(e, &x.request_id)
 }
 
 /// How trying one target (with its retries) ended.
@@ -330,10 +403,11 @@ impl Walk<'_> {
             if !self.tried.iter().any(|t| Arc::ptr_eq(t, &target)) {
                 self.tried.push(Arc::clone(&target));
             }
-            let span = self
-                .account
-                .trace
-                .attempt(&attempt::span_info(&target, self.tally.attempts));
+            let span = self.account.trace.attempt(&attempt::span_info(
+                &target,
+                self.tally.attempts,
+                self.op,
+            ));
             let outcome = match (first, self.task.hedge) {
                 (true, Some(policy)) => {
                     let primary = Racer {
@@ -467,6 +541,7 @@ impl Walk<'_> {
                 let span = walk.account.trace.attempt(&attempt::span_info(
                     &admitted.target,
                     walk.tally.attempts + 1,
+                    walk.op,
                 ));
                 hedge = Some((Arc::clone(&admitted.target), admitted.key, span.clone()));
                 Some(

@@ -7,6 +7,7 @@
 //! | endpoint | answer |
 //! |---|---|
 //! | `POST /v1/chat/completions` | the proxy pipeline ([`crate::proxy`]) |
+//! | `POST /v1/embeddings` | the same pipeline, for embeddings tasks |
 //! | `GET /v1/models` | tasks and aliases as OpenAI model objects |
 //! | `GET /v1/models/{id}` | one of them, or 404 `model_not_found` |
 //! | `GET /healthz` | 200 while the process serves |
@@ -21,7 +22,8 @@
 //! listener to loopback clients only; with an
 //! admin token configured it also needs `Authorization: Bearer <token>`.
 //!
-//! The endpoints that take a body (`/v1/chat/completions`, `/admin/explain`)
+//! The endpoints that take a body (`/v1/chat/completions`, `/v1/embeddings`,
+//! `/admin/explain`)
 //! read it as JSON: a `Content-Type` of `application/json` (any parameters),
 //! `application/*+json`, or none at all; anything else is refused with 415
 //! before the body is read ([`json_body`]).
@@ -359,7 +361,10 @@ async fn handle(
     }
     match (req.method(), path.as_str()) {
         (&Method::POST, "/v1/chat/completions" | "/chat/completions") => {
-            chat(&app, req, peer.ip(), request_id, arrival).await
+            proxied(&app, Api::Chat, req, peer.ip(), request_id, arrival).await
+        }
+        (&Method::POST, "/v1/embeddings" | "/embeddings") => {
+            proxied(&app, Api::Embeddings, req, peer.ip(), request_id, arrival).await
         }
         (&Method::GET, "/v1/models" | "/models") => {
             json(StatusCode::OK, &models(&app.snapshot.load()))
@@ -389,6 +394,8 @@ async fn handle(
             _,
             "/v1/chat/completions"
             | "/chat/completions"
+            | "/v1/embeddings"
+            | "/embeddings"
             | "/v1/models"
             | "/models"
             | "/healthz"
@@ -399,11 +406,21 @@ async fn handle(
     }
 }
 
-/// `POST /v1/chat/completions`: a slot of the concurrency cap, the body, then
-/// the proxy, told the client's address `peer`. The slot is held until the
+/// The endpoints served by the proxy.
+#[derive(Debug, Clone, Copy)]
+enum Api {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/embeddings`.
+    Embeddings,
+}
+
+/// A proxied request: a slot of the concurrency cap, the body, then the
+/// proxy, told the client's address `peer`. The slot is held until the
 /// response body ends (a stream keeps it).
-async fn chat(
+async fn proxied(
     app: &App,
+    api: Api,
     req: Request<Incoming>,
     peer: std::net::IpAddr,
     request_id: HeaderValue,
@@ -432,20 +449,32 @@ async fn chat(
         Ok(bytes) => bytes,
         Err(e) => return rejected(&e, &request_id),
     };
-    let snapshot = Arc::clone(&snapshot);
     let (log_span, server_span) = (trace.log_span().clone(), trace.span().clone());
-    let call = proxy::chat_completions(
-        snapshot,
-        &parts.headers,
+    let exchange = proxy::Exchange {
+        snapshot: Arc::clone(&snapshot),
+        headers: &parts.headers,
         peer,
-        bytes,
+        body: bytes,
         request_id,
         arrival,
-        trace.clone(),
-    );
+        trace: trace.clone(),
+    };
     // The server span innermost: routing and the attempts record into it,
     // and log lines still find the request's id further out.
-    let response = call.instrument(server_span).instrument(log_span).await;
+    let response = match api {
+        Api::Chat => {
+            proxy::chat_completions(exchange)
+                .instrument(server_span)
+                .instrument(log_span)
+                .await
+        }
+        Api::Embeddings => {
+            proxy::embeddings(exchange)
+                .instrument(server_span)
+                .instrument(log_span)
+                .await
+        }
+    };
     trace.status(response.status().as_u16());
     response.map(|inner| body::holding(inner, permit))
 }

@@ -133,6 +133,17 @@ pub enum Operation {
     Embeddings,
 }
 
+impl Operation {
+    /// GenAI's operation name: `chat` or `embeddings`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Chat => "chat",
+            Operation::Embeddings => "embeddings",
+        }
+    }
+}
+
 /// The URLs of a provider's operations (with its query parameters).
 #[derive(Debug, Clone)]
 pub struct Urls {

@@ -18,6 +18,7 @@ mod failover;
 mod streaming;
 
 mod cli;
+mod embeddings;
 mod endpoints;
 mod reload;
 mod resources;

@@ -200,7 +200,7 @@ fn record_on_key(provider: &Provider, key: &ApiKey, decision: &Decision, now: In
 
 /// What an attempt span says about its target (`number`: the request's nth call).
 #[must_use]
-pub fn span_info(target: &Target, number: u32) -> AttemptInfo<'_> {
+pub fn span_info(target: &Target, number: u32, op: Operation) -> AttemptInfo<'_> {
     let url = &target.provider.endpoint.urls.chat;
     AttemptInfo {
         target: &target.name,
@@ -213,6 +213,7 @@ pub fn span_info(target: &Target, number: u32) -> AttemptInfo<'_> {
             Some(_) | None => Some(80),
         }),
         number,
+        operation: op.as_str(),
     }
 }
 
@@ -357,14 +358,22 @@ fn answered(
         };
         return Attempt::Failed(failed);
     }
-    let bytes = match adapter.decode_answer(bytes) {
+    let decoded = match call.op {
+        Operation::Chat => adapter.decode_answer(bytes),
+        // Only the OpenAI protocol has embeddings: its answer is as sent.
+        Operation::Embeddings => Ok(bytes),
+    };
+    let bytes = match decoded {
         Ok(b) => b,
         Err(e) => {
             debug!(target = %target.name, error = %e, "undecodable answer");
             return network(target, NetworkKind::Protocol, permit);
         }
     };
-    let shape = classify::answer_shape(&bytes);
+    let shape = match call.op {
+        Operation::Chat => classify::answer_shape(&bytes),
+        Operation::Embeddings => classify::embeddings_shape(&bytes),
+    };
     if shape != AnswerShape::Completion {
         return not_an_answer(target, code, headers, shape, bytes, permit);
     }

@@ -83,6 +83,8 @@ struct Fields {
     finish_reasons: Vec<String>,
     upstream_id: Option<String>,
     stream_end: Option<&'static str>,
+    /// GenAI's operation name (`chat`, `embeddings`); `chat` until routed.
+    operation: Option<&'static str>,
 }
 
 /// What the attempt spans need to know about their target.
@@ -102,6 +104,8 @@ pub struct AttemptInfo<'a> {
     pub port: Option<u16>,
     /// 1 for the request's first upstream call, then 2, 3, ... across targets.
     pub number: u32,
+    /// GenAI's operation name: `chat` or `embeddings`.
+    pub operation: &'static str,
 }
 
 /// What the loop decided about a failed attempt.
@@ -186,15 +190,22 @@ impl RequestTrace {
     }
 
     /// The task the request selected, the model it asked for, and whether it streams.
-    pub fn routed(&self, task: &str, requested_model: Option<&str>, stream: bool) {
+    pub fn routed(
+        &self,
+        operation: &'static str,
+        task: &str,
+        requested_model: Option<&str>,
+        stream: bool,
+    ) {
         let mut f = self.0.fields.lock();
         f.task = Some(task.to_owned());
         f.requested_model = requested_model.map(clip);
         f.stream = stream;
+        f.operation = Some(operation);
         if !self.0.span.is_disabled() {
             // GenAI's `{operation} {model}`; the span started on arrival,
             // before the body named the model, so it is renamed.
-            let name = format!("chat {}", requested_model.map_or(task, clip_str));
+            let name = format!("{operation} {}", requested_model.map_or(task, clip_str));
             self.0.span.context().span().update_name(name);
         }
     }
@@ -324,8 +335,8 @@ impl RequestTrace {
             return Span::none();
         }
         let span = tracing::info_span!(target: OTEL_TARGET, "attempt",
-            otel.name = %format_args!("chat {}", clip_str(a.model)), otel.kind = "client");
-        span.set_attribute("gen_ai.operation.name", "chat");
+            otel.name = %format_args!("{} {}", a.operation, clip_str(a.model)), otel.kind = "client");
+        span.set_attribute("gen_ai.operation.name", a.operation);
         span.set_attribute("gen_ai.provider.name", a.protocol);
         span.set_attribute("gen_ai.system", a.protocol);
         span.set_attribute("gen_ai.request.model", clip(a.model));
@@ -424,9 +435,14 @@ impl Drop for Inner {
 /// Writes what the request came to onto its server span, which then ends.
 fn record_server_span(span: &Span, f: &Fields, elapsed: Duration) {
     let set = |key: &'static str, value: Value| span.set_attribute(key, value);
-    set("gen_ai.operation.name", "chat".into());
+    let operation = f.operation.unwrap_or("chat");
+    set("gen_ai.operation.name", operation.into());
     set("http.request.method", "POST".into());
-    set("http.route", "/v1/chat/completions".into());
+    let route = match operation {
+        "embeddings" => "/v1/embeddings",
+        _ => "/v1/chat/completions",
+    };
+    set("http.route", route.into());
     set("http.response.status_code", i64::from(f.status).into());
     set("switchyard.attempts", i64::from(f.attempts).into());
     set("switchyard.failovers", i64::from(f.failovers).into());
