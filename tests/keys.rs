@@ -535,3 +535,28 @@ fn until_reload_is_a_key_cooldown() {
         "{found:?}"
     );
 }
+
+#[test]
+fn the_azure_example_validates() {
+    let text = include_str!("../examples/azure/routes.yaml");
+    let schema: serde_json::Value =
+        serde_json::from_str(include_str!("../schemas/routes.schema.json")).unwrap();
+    let doc: serde_json::Value = serde_yaml::from_str(text).unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let errors: Vec<String> = validator.iter_errors(&doc).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{errors:#?}");
+    let parsed = switchyard::config::parse(text).unwrap();
+    let compiled = switchyard::snapshot::compile::compile(
+        &parsed,
+        text,
+        &switchyard::snapshot::LiveState::default(),
+        switchyard::snapshot::CompileOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    let azure = &compiled.snapshot.providers["azure"];
+    assert_eq!(
+        azure.endpoint.urls.chat.to_string(),
+        "https://my-resource.openai.azure.com/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21"
+    );
+    assert_eq!(compiled.snapshot.tasks["embed"].embedding.as_ref().map(|e| e.dimensions), Some(1536));
+}
