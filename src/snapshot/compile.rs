@@ -132,8 +132,10 @@ pub fn compile(
     })
 }
 
-/// FNV-1a of the file's text: shown by `validate`, `/readyz` and a gauge.
-fn hash(text: &str) -> u64 {
+/// FNV-1a of the file's text: shown by `validate`, `/readyz` and a gauge; also
+/// the stable names of live state in the shared store.
+#[must_use]
+pub fn hash(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
@@ -977,9 +979,14 @@ fn keys(
                 );
                 return None;
             }
+            // Known by the same name on every replica (never the key: its fingerprint).
+            let shared = format!(
+                "key\n{}\n{}\n{:016x}\n{:?}\n{:?}\n{:?}",
+                id.base_url, id.name, id.fingerprint, rl.rpm, rl.tpm, rl.burst
+            );
             live.key_limits
                 .get_or_make((id.clone(), rl.rpm, rl.tpm, rl.burst), || {
-                    Some(ProviderLimits::new(rl.rpm, rl.tpm, rl.burst))
+                    Some(ProviderLimits::new(rl.rpm, rl.tpm, rl.burst).identified(hash(&shared)))
                 })
         });
         let health = live.keys.get(id);
@@ -1122,8 +1129,13 @@ fn provider_limits(
         tpm: rl.tpm,
         burst: rl.burst,
     };
-    live.provider_limits
-        .get_or_make(key, || Some(ProviderLimits::new(rl.rpm, rl.tpm, rl.burst)))
+    let shared = format!(
+        "provider\n{name}\n{base_url}\n{:?}\n{:?}\n{:?}",
+        rl.rpm, rl.tpm, rl.burst
+    );
+    live.provider_limits.get_or_make(key, || {
+        Some(ProviderLimits::new(rl.rpm, rl.tpm, rl.burst).identified(hash(&shared)))
+    })
 }
 
 /// A probe interval: a duration, or `0` to disable probing.
