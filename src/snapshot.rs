@@ -231,6 +231,8 @@ pub struct ApiKey {
     pub credential: Option<Credential>,
     /// Live: cooldowns and revocation.
     pub health: Arc<KeyHealth>,
+    /// What its live state is kept by (URL, name, fingerprint; never the key).
+    pub identity: live::KeyId,
     /// Its own rpm/tpm buckets, if limited.
     pub limits: Option<Arc<ProviderLimits>>,
     /// `switchyard_key_state{provider, key}`.

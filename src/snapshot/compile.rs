@@ -989,7 +989,7 @@ fn keys(
                     Some(ProviderLimits::new(rl.rpm, rl.tpm, rl.burst).identified(hash(&shared)))
                 })
         });
-        let health = live.keys.get(id);
+        let health = live.keys.get(id.clone());
         let gauge = live.metrics.gauge(
             m::KEY_STATE,
             &[
@@ -1001,6 +1001,7 @@ fn keys(
         out.push(ApiKey {
             gauge,
             health,
+            identity: id,
             name,
             source,
             setting,
