@@ -56,11 +56,15 @@ pub fn spawn(app: Arc<App>) -> Option<tokio::task::JoinHandle<()>> {
     let settings = app.startup.shared_state.clone()?;
     let up = app.metrics().gauge(m::SHARED_STATE_UP, &[]);
     up.set(0.0);
-    Some(tokio::spawn(run(app, settings, up)))
+    let Some(url) = settings.url.clone() else {
+        warn!("shared state: no URL could be read; this replica runs on local state only");
+        return None;
+    };
+    Some(tokio::spawn(run(app, settings, url, up)))
 }
 
-async fn run(app: Arc<App>, settings: SharedStore, up: Gauge) {
-    let client = match redis::Client::open(settings.url.expose()) {
+async fn run(app: Arc<App>, settings: SharedStore, url: crate::secret::Secret, up: Gauge) {
+    let client = match redis::Client::open(url.expose()) {
         Ok(c) => c,
         Err(_) => {
             // Compile checked the URL; this is not expected.

@@ -505,8 +505,9 @@ pub struct Startup {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharedStore {
     /// The server's URL, checked to be a `redis://` (or `valkey://`, unix
-    /// socket) URL; it may hold a password, so it is a [`Secret`].
-    pub url: Secret,
+    /// socket) URL; it may hold a password, so it is a [`Secret`]. `None`
+    /// when it could not be read (a warning): the replica stays local.
+    pub url: Option<Secret>,
     /// Prefix of every key and of the pub/sub channel.
     pub key_prefix: String,
     /// Longest wait for one command or connect.

@@ -352,6 +352,47 @@ async fn losing_the_store_fails_no_request_and_its_return_resynchronises() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_slower_than_its_timeout_counts_as_down_and_holds_up_nothing() {
+    let redis = RedisServer::start();
+    let a = Fake::always(fake::completion("ma", "from a")).await;
+    let b = Fake::always(fake::completion("mb", "from b")).await;
+    let yaml = config(&a.url(), &b.url(), &redis, &chains(0), "open_for: 60s").replace(
+        "pa: { base_url",
+        "pa: { rate_limit: { rpm: 60000 }, base_url",
+    );
+    let gws = replicas(&yaml).await;
+    redis.freeze(true);
+    let frozen = Instant::now();
+    for gw in &gws {
+        assert!(
+            eventually(Duration::from_secs(3), || async { up(gw) == Some(0.0) }).await,
+            "a store that answers nothing still counts as up"
+        );
+    }
+    eprintln!(
+        "a frozen store counted as down after {:?}",
+        frozen.elapsed()
+    );
+    for n in 0..30 {
+        let sent = Instant::now();
+        let ans = chat(gws[n % 3].addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert!(
+            sent.elapsed() < Duration::from_millis(500),
+            "waited {:?}",
+            sent.elapsed()
+        );
+    }
+    redis.freeze(false);
+    for gw in &gws {
+        assert!(
+            eventually(Duration::from_secs(6), || async { up(gw) == Some(1.0) }).await,
+            "no reconnect after the store thawed"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_url_is_a_secret_and_its_password_is_used() {
     let redis = RedisServer::start_with(Some("s3cret-pw"));
     let a = Fake::always(fake::completion("ma", "from a")).await;
@@ -380,4 +421,13 @@ async fn the_url_is_a_secret_and_its_password_is_used() {
         "{all:#?}"
     );
     assert!(all.iter().all(|e| !e.contains("s3cret")), "{all:#?}");
+    // A URL that cannot be read (a Secret not mounted yet) is a warning: the
+    // replica starts on local state and says so in the gauge.
+    let missing = yaml.replace(
+        &redis.url_file().display().to_string(),
+        "/nonexistent/redis-url",
+    );
+    let alone = gateway(&missing).await;
+    assert_eq!(up(&alone), Some(0.0));
+    assert_eq!(chat(alone.addr, hello("gpt-4o")).await.status, 200);
 }

@@ -239,17 +239,21 @@ fn shared_store(raw: &RawConfig, c: &mut Checks<'_>) -> Option<SharedStore> {
             );
             None
         }
+        // As an unreadable API key: a warning (an error under --strict),
+        // and the replica runs on local state, as when the store is down.
         (Some(var), None) => env_secret(var).or_else(|| {
-            c.error(
+            c.warn(
                 &format!("{base}.url_env"),
-                format!("environment variable `{var}` is not set"),
+                format!(
+                    "environment variable `{var}` is not set: this replica will not share state"
+                ),
             );
             None
         }),
         (None, Some(file)) => file_secret(file).ok().flatten().or_else(|| {
-            c.error(
+            c.warn(
                 &format!("{base}.url_file"),
-                format!("cannot read a URL from `{file}`"),
+                format!("cannot read a URL from `{file}`: this replica will not share state"),
             );
             None
         }),
@@ -269,6 +273,7 @@ fn shared_store(raw: &RawConfig, c: &mut Checks<'_>) -> Option<SharedStore> {
         "url_file"
     };
     let url = url.filter(|u| check_store_url(u, &format!("{base}.{setting}"), c));
+    let both_given = r.url_env.is_some() && r.url_file.is_some();
     let key_prefix = r
         .key_prefix
         .clone()
@@ -289,8 +294,8 @@ fn shared_store(raw: &RawConfig, c: &mut Checks<'_>) -> Option<SharedStore> {
         r.timeout.as_deref(),
         DEFAULT_STORE_TIMEOUT,
     );
-    Some(SharedStore {
-        url: url?,
+    (!both_given).then_some(SharedStore {
+        url,
         key_prefix,
         timeout,
     })

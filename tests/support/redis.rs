@@ -73,6 +73,15 @@ impl RedisServer {
         }
     }
 
+    /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) the server: connected, but
+    /// answering nothing, as a store too slow for its timeout.
+    pub fn freeze(&self, frozen: bool) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill").args([signal, &pid]).status().unwrap();
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
     /// `redis://[:password@]127.0.0.1:port/0`.
     pub fn url(&self) -> String {
         match &self.password {
@@ -91,6 +100,9 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        if self.child.is_some() {
+            self.freeze(false);
+        }
         self.kill();
     }
 }
