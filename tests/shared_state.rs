@@ -341,6 +341,10 @@ async fn losing_the_store_fails_no_request_and_its_return_resynchronises() {
         statuses.len()
     );
     let failed = statuses.iter().filter(|s| **s != 200).count();
+    eprintln!(
+        "store killed and restarted under load: {} requests, {failed} failed, slowest {slowest:?}",
+        statuses.len()
+    );
     assert_eq!(
         failed, 0,
         "requests failed while the store was away: {failed}"
