@@ -173,6 +173,12 @@ impl Replica {
         if ptr != self.snapshot {
             self.snapshot = ptr;
             self.index = Index::of(snapshot);
+            // What no snapshot names any more is forgotten here too.
+            let index = &self.index;
+            self.targets.retain(|id, _| index.targets.contains_key(id));
+            self.keys.retain(|id, _| index.keys.contains_key(id));
+            self.providers
+                .retain(|id, _| index.providers.contains_key(id));
             self.switch(self.connected);
         }
     }
