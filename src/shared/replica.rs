@@ -406,3 +406,104 @@ impl Replica {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health::{Failure, State};
+    use crate::snapshot::{compile::compile, CompileOptions, LiveState};
+
+    fn snapshot(live: &LiveState) -> Arc<Snapshot> {
+        let text = "version: 1\nproviders:\n  p: { base_url: 'http://127.0.0.1:9/v1', rate_limit: { rpm: 60 } }\n\
+                    targets:\n  t: { provider: p, model: m }\ntasks:\n  chat: { chain: [t] }\n\
+                    health: { degraded_after: 1, down_after: 1, open_for: 1s }\n";
+        let parsed = crate::config::parse(text).unwrap();
+        Arc::new(
+            compile(&parsed, text, live, CompileOptions::default())
+                .unwrap()
+                .snapshot,
+        )
+    }
+
+    fn fail(snapshot: &Snapshot, health: &Arc<TargetHealth>) {
+        let f = Failure {
+            counted: true,
+            cooldown: None,
+            rate_limited: false,
+            class: Arc::from("x"),
+            jitter: 0.0,
+        };
+        if let Ok(p) = health.admit(Instant::now()) {
+            health.record_failure(p, Instant::now(), &f, &snapshot.health);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wanted_trial_is_leased_granted_once_and_held_until_the_breaker_reopens() {
+        let live = LiveState::default();
+        let snap = snapshot(&live);
+        let health = Arc::clone(&snap.targets["t"].health);
+        let mut r = Replica::new(&live.metrics);
+        r.refresh(&snap);
+        r.set_connected(true);
+        fail(&snap, &health);
+        assert_eq!(r.changes(&Clock::now()).len(), 1, "the DOWN is published");
+        assert!(r.changes(&Clock::now()).is_empty(), "once");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(
+            r.lease_work(Instant::now()).is_empty(),
+            "no request wants it yet"
+        );
+        assert!(
+            health.admit(Instant::now()).is_err(),
+            "due, but not granted"
+        );
+        let work = r.lease_work(Instant::now());
+        let [LeaseAction::Acquire { id, hold }] = work.as_slice() else {
+            panic!("{work:?}")
+        };
+        assert!(*hold > GRANT_WINDOW);
+        r.leased(id, true, Instant::now());
+        assert!(
+            r.lease_work(Instant::now()).is_empty(),
+            "granted, not used yet: kept"
+        );
+        fail(&snap, &health);
+        assert_eq!(health.state(), State::Down);
+        let work = r.lease_work(Instant::now());
+        let [LeaseAction::Release { keep, .. }] = work.as_slice() else {
+            panic!("{work:?}")
+        };
+        assert!(
+            *keep >= Duration::from_millis(700),
+            "held until the reopen: {keep:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_replicas_fact_merges_without_an_echo_and_its_own_is_ignored() {
+        let (one, two) = (LiveState::default(), LiveState::default());
+        let (s1, s2) = (snapshot(&one), snapshot(&two));
+        let (mut r1, mut r2) = (Replica::new(&one.metrics), Replica::new(&two.metrics));
+        for (r, s) in [(&mut r1, &s1), (&mut r2, &s2)] {
+            r.refresh(s);
+            r.set_connected(true);
+        }
+        fail(&s1, &s1.targets["t"].health);
+        let sent = r1.changes(&Clock::now());
+        assert_eq!(sent.len(), 1);
+        assert!(
+            !r1.apply(sent[0].0.clone(), &Clock::now()),
+            "its own message"
+        );
+        assert!(r2.apply(sent[0].0.clone(), &Clock::now()));
+        assert_eq!(s2.targets["t"].health.state(), State::Down);
+        assert!(r2.changes(&Clock::now()).is_empty(), "nothing echoed back");
+        // The limiter is on its shared allowance: a standing block is asked for.
+        let work = r2.limit_work(Instant::now());
+        assert_eq!(work.len(), 1);
+        assert_eq!(work[0].2 .0, 1, "one request's standing allowance");
+        r2.set_connected(false);
+        assert!(!s2.providers["p"].limits.as_ref().unwrap().shared_on());
+    }
+}
