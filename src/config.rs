@@ -76,6 +76,42 @@ pub struct RawConfig {
     /// The access log and OpenTelemetry traces.
     #[serde(default)]
     pub telemetry: RawTelemetry,
+    /// State shared with the gateway's other replicas through Redis or
+    /// Valkey: target health, cooldowns, dead keys, half-open trial leases and
+    /// provider limits (read at start). Without it each replica keeps its own.
+    pub shared_state: Option<RawSharedState>,
+}
+
+/// State shared across replicas (`shared_state`).
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawSharedState {
+    /// The Redis (or Valkey) server the replicas share. Required.
+    #[schemars(required)]
+    pub redis: Option<RawRedis>,
+}
+
+/// Where the shared store is and how long the gateway waits for it.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("oneOf" = [{ "required": ["url_env"] }, { "required": ["url_file"] }]))]
+pub struct RawRedis {
+    /// Environment variable holding the URL (`redis://[:password@]host:port/db`
+    /// or `valkey://...`); the URL may hold a password, so it is a secret: it
+    /// never appears in logs, metrics or errors. Unset, the file is refused.
+    pub url_env: Option<String>,
+    /// File holding the URL instead (e.g. a mounted Kubernetes Secret);
+    /// unreadable or empty, the file is refused.
+    pub url_file: Option<String>,
+    /// Prefix of every Redis key and of the pub/sub channel (default
+    /// `switchyard`); deployments sharing one server keep apart by it.
+    #[schemars(regex(pattern = schema_parts::KEY_PREFIX))]
+    pub key_prefix: Option<String>,
+    /// Longest wait for one Redis command or connect (default 250ms); past it
+    /// the store counts as down and the replica runs on its local state.
+    #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<schema_parts::DurationText>")]
+    pub timeout: Option<String>,
 }
 
 /// The access log and OpenTelemetry trace export.
@@ -944,6 +980,35 @@ health:
                 .collect();
             assert!(errors.is_empty(), "the schema refuses `{to}`: {errors:#?}");
             assert!(validate_accepts(&text), "validate refuses `{to}`:\n{text}");
+        }
+    }
+
+    #[test]
+    fn the_schema_and_validate_agree_on_shared_state() {
+        let validator = schema_validator();
+        let url = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(url.path(), "redis://:pw@127.0.0.1:6379/0\n").unwrap();
+        let with = |section: &str| {
+            let text = format!("{SCHEMA_BASE}shared_state: {section}\n")
+                .replace("URL", &url.path().display().to_string());
+            let value: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+            (validator.is_valid(&value), validate_accepts(&text))
+        };
+        for refused in [
+            "{}",
+            "{ redis: { key_prefix: sw } }",
+            "{ redis: { url_env: A, url_file: URL } }",
+            "{ redis: { url_file: URL, key_prefix: 'a b' } }",
+            "{ redis: { url_file: URL, timeout: 0s } }",
+            "{ redis: { url_file: URL, colour: red } }",
+        ] {
+            assert_eq!(with(refused), (false, false), "{refused}");
+        }
+        for accepted in [
+            "{ redis: { url_file: URL } }",
+            "{ redis: { url_file: URL, key_prefix: 'prod:eu-1', timeout: 100ms } }",
+        ] {
+            assert_eq!(with(accepted), (true, true), "{accepted}");
         }
     }
 

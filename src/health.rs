@@ -14,6 +14,13 @@
 //! State is keyed by target identity (provider base URL + upstream model) in a
 //! [`Registry`] that outlives config snapshots, so a reload keeps it. Every
 //! method takes `now` so tests drive time by hand.
+//!
+//! With `shared_state`, other replicas' verdicts are merged in ([`merge`]),
+//! and a DOWN target's half-open trial also needs a lease grant: the
+//! background keeper holds the Redis lease and grants the trial here, so
+//! `admit` itself never waits on the network.
+
+pub mod merge;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -178,6 +185,14 @@ struct Inner {
     paused_until: Option<Instant>,
     last_failure: Option<Instant>,
     last_change: Instant,
+    /// When it last left DOWN (a newer DOWN from another replica still applies).
+    recovered_at: Option<Instant>,
+    /// Trials need a grant (shared state is connected).
+    leases: bool,
+    /// The lease keeper granted this replica the half-open trial until then.
+    granted_until: Option<Instant>,
+    /// A request found the trial due but not granted (the keeper then asks for the lease).
+    trial_wanted: bool,
     last_class: Option<Arc<str>>,
     last_probe: Option<Instant>,
     window: Window,
@@ -307,6 +322,10 @@ impl TargetHealth {
                 paused_until: None,
                 last_failure: None,
                 last_change: now,
+                recovered_at: None,
+                leases: false,
+                granted_until: None,
+                trial_wanted: false,
                 last_class: None,
                 last_probe: None,
                 window: Window::default(),
@@ -404,7 +423,10 @@ impl TargetHealth {
             State::Down => inner
                 .reopen_at
                 .filter(|t| now < *t)
-                .map(|until| Unavailable::Down { until }),
+                .map(|until| Unavailable::Down { until })
+                .or_else(|| {
+                    (!inner.trial_granted(now)).then_some(Unavailable::Down { until: now })
+                }),
             State::Healthy | State::Degraded => None,
         }
     }
@@ -437,6 +459,12 @@ impl TargetHealth {
                 if let Some(until) = inner.reopen_at.filter(|t| now < *t) {
                     return Err(Unavailable::Down { until });
                 }
+                if !inner.trial_granted(now) {
+                    // Another replica may hold the lease: the keeper asks for it.
+                    inner.trial_wanted = true;
+                    return Err(Unavailable::Down { until: now });
+                }
+                inner.granted_until = None;
                 inner.trial_in_flight = true;
                 Ok(Permit {
                     health: Arc::clone(self),
@@ -643,6 +671,12 @@ pub struct Failure {
 }
 
 impl Inner {
+    /// Whether this replica may take a due half-open trial: always without
+    /// shared leases, else only while the keeper's grant lasts.
+    fn trial_granted(&self, now: Instant) -> bool {
+        !self.leases || self.granted_until.is_some_and(|t| now < t)
+    }
+
     /// The running cooldown, if any: another rule's pause wins over a rate
     /// limit's (the client must not be told "just slow down" then).
     fn cooldown(&self, now: Instant) -> Option<Unavailable> {
@@ -668,6 +702,12 @@ fn change(inner: &mut Inner, to: State, now: Instant) -> Option<Transition> {
     let from = inner.state;
     inner.state = to;
     inner.last_change = now;
+    if to != State::Down {
+        inner.granted_until = None;
+        if from == State::Down {
+            inner.recovered_at = Some(now);
+        }
+    }
     Some(Transition { from, to })
 }
 
@@ -708,6 +748,8 @@ impl KeyState {
 struct KeyInner {
     cooldown_until: Option<Instant>,
     dead: bool,
+    /// When `dead` last changed (the later of two replicas' verdicts wins).
+    dead_changed: Option<Instant>,
     last_limited: Option<Instant>,
 }
 
@@ -754,12 +796,19 @@ impl KeyHealth {
         if rate_limited {
             inner.last_limited = Some(now);
         }
-        inner.dead |= revoked;
+        if revoked && !inner.dead {
+            inner.dead = true;
+            inner.dead_changed = Some(now);
+        }
     }
 
     /// A reload (or a rotated key file) brings a revoked key back.
     pub fn revive(&self) {
-        self.inner.lock().dead = false;
+        let mut inner = self.inner.lock();
+        if inner.dead {
+            inner.dead = false;
+            inner.dead_changed = Some(Instant::now());
+        }
     }
 }
 

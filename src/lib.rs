@@ -17,7 +17,9 @@
 //!   pooled client; [`sse`] is SSE framing.
 //! - [`classify`]: attempt outcome -> decision by the error-class table, and
 //!   the end-of-stream verdict; [`health`] is the state machine those feed;
-//!   [`probe`] checks DOWN targets in the background.
+//!   [`probe`] checks DOWN targets in the background; [`shared`] keeps
+//!   health, cooldowns, trial leases and provider limits in step with the
+//!   other replicas through Redis, in the background too.
 //! - [`schema`]: the tool call contract of degraded answers.
 //! - [`config`]: raw `routes.yaml` types and their locations; [`snapshot`]
 //!   compiles them in named passes; [`reload`] swaps a new one in when the
@@ -45,6 +47,7 @@ pub mod sanitize;
 pub mod schema;
 pub mod secret;
 pub mod server;
+pub mod shared;
 pub mod snapshot;
 pub mod sse;
 pub mod state;

@@ -85,6 +85,15 @@ pub const TRACE_SPANS_DROPPED: &str = "switchyard_trace_spans_dropped_total";
 pub const TRACE_SPANS_EXPORTED: &str = "switchyard_trace_spans_exported_total";
 /// Counter: trace export calls that failed; process-wide, shown with tracing on.
 pub const TRACE_EXPORT_FAILURES: &str = "switchyard_trace_export_failures_total";
+/// Gauge: 1 while the `shared_state` store is connected, 0 while the replica
+/// runs on local state (only with `shared_state`).
+pub const SHARED_STATE_UP: &str = "switchyard_shared_state_up";
+/// Counter `{direction}`: shared facts `published` to the store, or
+/// `applied` from another replica (health, cooldowns, keys).
+pub const SHARED_STATE_UPDATES: &str = "switchyard_shared_state_updates_total";
+/// Counter `{result}`: half-open trial leases asked for: `won` (this replica
+/// tries the target), `lost` (another replica holds it).
+pub const SHARED_STATE_LEASES: &str = "switchyard_shared_state_trial_leases_total";
 
 /// Bucket bounds of every `_seconds` histogram.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -332,6 +341,21 @@ const DESCRIPTIONS: &[(Kind, &str, &str)] = &[
         Kind::Counter,
         TRACE_EXPORT_FAILURES,
         "Trace export calls that failed.",
+    ),
+    (
+        Kind::Gauge,
+        SHARED_STATE_UP,
+        "1 while the shared-state store is connected, 0 while running on local state.",
+    ),
+    (
+        Kind::Counter,
+        SHARED_STATE_UPDATES,
+        "Shared health facts published to the store or applied from other replicas.",
+    ),
+    (
+        Kind::Counter,
+        SHARED_STATE_LEASES,
+        "Half-open trial leases asked for, won or lost to another replica.",
     ),
     (
         Kind::Seconds,

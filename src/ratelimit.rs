@@ -2,12 +2,20 @@
 //! per caller, each at its own rate), and a provider account's requests- and
 //! tokens-per-minute buckets.
 //! Routing asks them; it never keeps counts of its own.
+//!
+//! With `shared_state`, a provider's (or key's) buckets live in the shared
+//! store and this replica spends an [`Allowance`] leased from them in small
+//! blocks by the background keeper ([`ProviderLimits::plan_lease`],
+//! [`ProviderLimits::granted`]); `admit` only ever touches the local
+//! allowance. While the store is away the local governor buckets apply.
 
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota};
+use parking_lot::Mutex;
+use tokio::time::Instant;
 
 fn quota(per: Duration, burst: u32) -> Option<Quota> {
     Some(Quota::with_period(per)?.allow_burst(NonZeroU32::new(burst.max(1))?))
@@ -18,6 +26,73 @@ fn quota(per: Duration, burst: u32) -> Option<Quota> {
 pub struct ProviderLimits {
     rpm: Option<DefaultDirectRateLimiter>,
     tpm: Option<DefaultDirectRateLimiter>,
+    /// The buckets' sizes, for the shared ones.
+    spec: LimitSpec,
+    /// Who these buckets are in the shared store (the same on every replica).
+    identity: u64,
+    /// What this replica leased from the shared buckets.
+    shared: Mutex<Allowance>,
+}
+
+/// One bucket's size: `capacity` at once, refilled by `per_minute`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bucket {
+    /// Most at once (a full bucket).
+    pub capacity: u64,
+    /// Refill per minute.
+    pub per_minute: u64,
+}
+
+/// A limiter's buckets: requests (rpm, with its burst) and tokens (tpm).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitSpec {
+    /// `rpm`, `burst`.
+    pub requests: Option<Bucket>,
+    /// `tpm`.
+    pub tokens: Option<Bucket>,
+}
+
+/// Requests and tokens: held, asked for, leased or given back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pair {
+    /// Requests.
+    pub requests: u64,
+    /// Tokens.
+    pub tokens: u64,
+}
+
+/// What the keeper asks of the shared buckets: blocks to lease, and what an
+/// idle replica gives back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Lease {
+    /// To take from the shared buckets.
+    pub take: Pair,
+    /// To put back (already taken out of the allowance).
+    pub give_back: Pair,
+}
+
+/// How long an allowance must sit unused before its surplus goes back.
+const IDLE_BEFORE_GIVING_BACK: Duration = Duration::from_secs(1);
+/// The wait a refused request is told at least: about one keeper tick.
+const MIN_SHARED_WAIT: Duration = Duration::from_millis(50);
+
+/// The part of the shared buckets this replica holds.
+#[derive(Debug, Default)]
+struct Allowance {
+    /// The store is connected: admit from here, not from governor.
+    on: bool,
+    /// Leased and not yet spent.
+    held: Pair,
+    /// Asked for since the keeper last looked (admitted or not).
+    demand: Pair,
+    /// The largest token ask seen (one request must fit the allowance).
+    largest: u64,
+    /// Tokens the upstream reported beyond the estimate, still to charge.
+    debt: u64,
+    /// The shared buckets' last word on when they have tokens again.
+    wait: Duration,
+    /// Since when nothing was asked.
+    idle_since: Option<Instant>,
 }
 
 impl ProviderLimits {
@@ -32,15 +107,54 @@ impl ProviderLimits {
             tpm: tpm
                 .and_then(|n| quota(per_minute(n), n))
                 .map(governor::RateLimiter::direct),
+            spec: LimitSpec {
+                requests: rpm.map(|n| Bucket {
+                    capacity: u64::from(burst.unwrap_or(n).max(1)),
+                    per_minute: u64::from(n.max(1)),
+                }),
+                tokens: tpm.map(|n| Bucket {
+                    capacity: u64::from(n.max(1)),
+                    per_minute: u64::from(n.max(1)),
+                }),
+            },
+            identity: 0,
+            shared: Mutex::new(Allowance::default()),
         }
+    }
+
+    /// The same buckets, known in the shared store as `identity` (a hash of
+    /// the account or key and its limits: the same on every replica).
+    #[must_use]
+    pub fn identified(mut self, identity: u64) -> Self {
+        self.identity = identity;
+        self
+    }
+
+    /// Who these buckets are in the shared store.
+    #[must_use]
+    pub fn identity(&self) -> u64 {
+        self.identity
+    }
+
+    /// The buckets' sizes.
+    #[must_use]
+    pub fn spec(&self) -> LimitSpec {
+        self.spec
     }
 
     /// Takes one request and `tokens` tokens from the buckets, unless either
     /// cannot admit them now (the target is then skipped, as if it said 429).
+    /// With the shared store connected, from this replica's allowance.
     ///
     /// # Errors
     /// How long until the buckets could admit the request.
     pub fn admit(&self, tokens: u64) -> Result<(), Duration> {
+        {
+            let mut shared = self.shared.lock();
+            if shared.on {
+                return shared.take(&self.spec, tokens);
+            }
+        }
         let clock = governor::clock::DefaultClock::default();
         let now = governor::clock::Clock::now(&clock);
         if let Some(rpm) = &self.rpm {
@@ -62,12 +176,136 @@ impl ProviderLimits {
     /// Charges tokens the upstream reported beyond the estimate (best effort:
     /// a bucket cannot be refunded when the estimate was high).
     pub fn correct(&self, extra_tokens: u64) {
+        {
+            let mut shared = self.shared.lock();
+            if shared.on {
+                if self.spec.tokens.is_some() {
+                    let paid = shared.held.tokens.min(extra_tokens);
+                    shared.held.tokens -= paid;
+                    shared.debt = shared.debt.saturating_add(extra_tokens - paid);
+                }
+                return;
+            }
+        }
         if let (Some(tpm), Some(n)) = (
             &self.tpm,
             u32::try_from(extra_tokens).ok().and_then(NonZeroU32::new),
         ) {
             let _ = tpm.check_n(n);
         }
+    }
+}
+
+impl ProviderLimits {
+    /// Switches between the shared buckets (`on`: the store is connected)
+    /// and the local ones. Either way the allowance starts empty: leased
+    /// tokens are the shared buckets', and a replica off the store has no
+    /// claim on them.
+    pub fn set_shared(&self, on: bool) {
+        let mut shared = self.shared.lock();
+        if shared.on != on {
+            *shared = Allowance {
+                on,
+                ..Allowance::default()
+            };
+        }
+    }
+
+    /// Whether requests are admitted from the shared allowance.
+    #[must_use]
+    pub fn shared_on(&self) -> bool {
+        self.shared.lock().on
+    }
+
+    /// The keeper's next lease, from the demand since its last call: keep
+    /// about two ticks' worth of this replica's demand (at least one request
+    /// of the largest size seen, at most a tenth of the bucket, so idle
+    /// replicas hoard little), take what is missing (and any token debt),
+    /// and give back a surplus that sat unused for a second.
+    pub fn plan_lease(&self, now: Instant) -> Lease {
+        let mut a = self.shared.lock();
+        if !a.on {
+            return Lease::default();
+        }
+        let demand = std::mem::take(&mut a.demand);
+        if demand == Pair::default() {
+            a.idle_since.get_or_insert(now);
+        } else {
+            a.idle_since = None;
+        }
+        let idle = a
+            .idle_since
+            .is_some_and(|t| now.saturating_duration_since(t) >= IDLE_BEFORE_GIVING_BACK);
+        let mut lease = Lease::default();
+        if let Some(b) = self.spec.requests {
+            let (take, back) = block(b, 1, demand.requests, a.held.requests, idle);
+            lease.take.requests = take;
+            lease.give_back.requests = back;
+        }
+        if let Some(b) = self.spec.tokens {
+            let (take, back) = block(b, a.largest.max(1), demand.tokens, a.held.tokens, idle);
+            lease.take.tokens = take.saturating_add(a.debt);
+            lease.give_back.tokens = back;
+        }
+        a.held.requests -= lease.give_back.requests;
+        a.held.tokens -= lease.give_back.tokens;
+        lease
+    }
+
+    /// Adds what the shared buckets granted of a lease (perhaps less than
+    /// asked), and their word on when they have tokens again.
+    pub fn granted(&self, granted: Pair, wait: Duration) {
+        let mut a = self.shared.lock();
+        if !a.on {
+            return;
+        }
+        let paid = a.debt.min(granted.tokens);
+        a.debt -= paid;
+        a.held.requests = a.held.requests.saturating_add(granted.requests);
+        a.held.tokens = a.held.tokens.saturating_add(granted.tokens - paid);
+        a.wait = wait;
+    }
+}
+
+/// One bucket's block: (to take, to give back), keeping about two ticks of
+/// `demand`, at least `floor`, at most a tenth of the bucket (or `floor`).
+fn block(b: Bucket, floor: u64, demand: u64, held: u64, idle: bool) -> (u64, u64) {
+    let floor = floor.min(b.capacity);
+    let cap = (b.capacity / 10).max(floor);
+    let want = demand.saturating_mul(2).clamp(floor, cap);
+    if held < want {
+        (want - held, 0)
+    } else if idle && held > floor {
+        (0, held - floor)
+    } else {
+        (0, 0)
+    }
+}
+
+impl Allowance {
+    /// Spends one request and `tokens` tokens of the allowance.
+    fn take(&mut self, spec: &LimitSpec, tokens: u64) -> Result<(), Duration> {
+        let need = Pair {
+            requests: u64::from(spec.requests.is_some()),
+            tokens: if spec.tokens.is_some() {
+                tokens.max(1)
+            } else {
+                0
+            },
+        };
+        if spec.tokens.is_some_and(|b| need.tokens > b.capacity) {
+            // More tokens than a minute's worth: it never fits.
+            return Err(Duration::from_secs(60));
+        }
+        self.demand.requests += need.requests;
+        self.demand.tokens = self.demand.tokens.saturating_add(need.tokens);
+        self.largest = self.largest.max(need.tokens);
+        if self.held.requests >= need.requests && self.held.tokens >= need.tokens {
+            self.held.requests -= need.requests;
+            self.held.tokens -= need.tokens;
+            return Ok(());
+        }
+        Err(self.wait.max(MIN_SHARED_WAIT))
     }
 }
 
@@ -210,6 +448,50 @@ mod tests {
         let l = ProviderLimits::new(None, Some(1000), None);
         assert!(l.admit(900).is_ok());
         assert!(l.admit(200).is_err(), "tpm bucket has ~100 left");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shared_allowance_admits_only_what_was_leased() {
+        let l = ProviderLimits::new(Some(600), Some(10_000), Some(100));
+        l.set_shared(true);
+        assert!(l.admit(10).is_err(), "nothing leased yet");
+        let lease = l.plan_lease(Instant::now());
+        assert_eq!(lease.take.requests, 2, "two ticks of a demand of 1");
+        assert_eq!(lease.take.tokens, 20);
+        l.granted(
+            Pair {
+                requests: 1,
+                tokens: 20,
+            },
+            Duration::ZERO,
+        );
+        assert!(l.admit(10).is_ok());
+        assert_eq!(
+            l.admit(10).unwrap_err(),
+            MIN_SHARED_WAIT,
+            "the one request leased is spent"
+        );
+        // A reported overshoot is charged: from what is held, then as debt.
+        l.correct(500);
+        let lease = l.plan_lease(Instant::now());
+        assert!(lease.take.tokens >= 490, "{lease:?}");
+        // An idle replica gives back all but one request's worth.
+        l.granted(
+            Pair {
+                requests: 9,
+                tokens: 1000,
+            },
+            Duration::ZERO,
+        );
+        let _ = l.plan_lease(Instant::now());
+        tokio::time::advance(IDLE_BEFORE_GIVING_BACK).await;
+        let lease = l.plan_lease(Instant::now());
+        assert_eq!(lease.give_back.requests, 8);
+        assert!(lease.give_back.tokens > 0);
+        // Off the store: the local buckets again, and nothing held.
+        l.set_shared(false);
+        assert!(l.admit(10).is_ok());
+        assert_eq!(l.plan_lease(Instant::now()), Lease::default());
     }
 
     const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);

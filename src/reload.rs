@@ -290,6 +290,10 @@ fn warn_startup_changes(running: &Startup, file: &Startup) {
     if running.admin_listen != file.admin_listen {
         warn!(running = ?running.admin_listen, file = ?file.admin_listen, "`admin_listen` changed: it is read at start; restart to apply it");
     }
+    if running.shared_state != file.shared_state {
+        // Never the values: the URL may hold a password.
+        warn!("`shared_state` changed: it is read at start; restart to apply it");
+    }
     if running.traces != file.traces {
         warn!("`telemetry.traces` changed: it is read at start; restart to apply it");
     }

@@ -215,6 +215,7 @@ impl Gateway {
         let app = Arc::clone(&self.app);
         let _ = tokio::task::spawn_blocking(move || reload::reload_now(&app)).await;
         let prober = crate::probe::spawn(Arc::clone(&self.app));
+        let shared = crate::shared::spawn(Arc::clone(&self.app));
         // The Prometheus recorder keeps every histogram sample until it is
         // drained: by a scrape of /metrics, or by this upkeep. Without it an
         // unscraped sidecar grows by ~20 bytes per request, forever.
@@ -271,6 +272,9 @@ impl Gateway {
         drop(self.admin);
         prober.abort();
         upkeep.abort();
+        if let Some(shared) = shared {
+            shared.abort();
+        }
         let drain = self.app.snapshot.load().drain_timeout;
         info!(drain_timeout = ?drain, "shutting down: draining in-flight requests");
         tokio::select! {

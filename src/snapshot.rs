@@ -231,6 +231,8 @@ pub struct ApiKey {
     pub credential: Option<Credential>,
     /// Live: cooldowns and revocation.
     pub health: Arc<KeyHealth>,
+    /// What its live state is kept by (URL, name, fingerprint; never the key).
+    pub identity: live::KeyId,
     /// Its own rpm/tpm buckets, if limited.
     pub limits: Option<Arc<ProviderLimits>>,
     /// `switchyard_key_state{provider, key}`.
@@ -495,6 +497,21 @@ pub struct Startup {
     pub max_concurrent_requests: usize,
     /// `telemetry.traces`: where OpenTelemetry traces go (with the `OTEL_*` environment).
     pub traces: crate::telemetry::TraceSettings,
+    /// `shared_state.redis`: the store shared with the other replicas, if any.
+    pub shared_state: Option<SharedStore>,
+}
+
+/// `shared_state.redis`, compiled (read at start).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedStore {
+    /// The server's URL, checked to be a `redis://` (or `valkey://`, unix
+    /// socket) URL; it may hold a password, so it is a [`Secret`]. `None`
+    /// when it could not be read (a warning): the replica stays local.
+    pub url: Option<Secret>,
+    /// Prefix of every key and of the pub/sub channel.
+    pub key_prefix: String,
+    /// Longest wait for one command or connect.
+    pub timeout: Duration,
 }
 
 /// Everything a request needs, immutable; swapped whole on reload.

@@ -558,5 +558,11 @@ fn the_azure_example_validates() {
         azure.endpoint.urls.chat.to_string(),
         "https://my-resource.openai.azure.com/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21"
     );
-    assert_eq!(compiled.snapshot.tasks["embed"].embedding.as_ref().map(|e| e.dimensions), Some(1536));
+    assert_eq!(
+        compiled.snapshot.tasks["embed"]
+            .embedding
+            .as_ref()
+            .map(|e| e.dimensions),
+        Some(1536)
+    );
 }

@@ -41,5 +41,6 @@ mod regressions;
 mod routing;
 mod sanitize;
 mod semantics;
+mod shared_state;
 mod stream_edges;
 mod telemetry;

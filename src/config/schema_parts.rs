@@ -51,6 +51,9 @@ const STATUS_TEXT: &str = r"^\s*[1-5]([0-9]{2}|xx|XX)\s*$";
 /// An HTTP error status (400-599), as a key of `sanitize.messages`.
 pub const ERROR_STATUS: &str = "^[45][0-9]{2}$";
 
+/// A `shared_state.redis.key_prefix`: 1-64 letters, digits and `_ . : -`.
+pub const KEY_PREFIX: &str = r"^[A-Za-z0-9_.:-]{1,64}$";
+
 /// Text with something other than whitespace in it.
 pub const NOT_BLANK: &str = r"\S";
 

@@ -4,7 +4,8 @@
 //!
 //! 1. [`check_version`]
 //! 2. [`startup_settings`]: read once at start (`listen`, `admin_listen`,
-//!    `max_concurrent_requests`, `telemetry.traces` in [`trace_settings`])
+//!    `max_concurrent_requests`, `telemetry.traces` in [`trace_settings`],
+//!    `shared_state` in [`shared_store`])
 //! 3. [`health_settings`], [`admin_token`], `drain_timeout`
 //! 4. [`error_rules`]: the file's `error_classes`
 //! 5. [`providers`]: URL, protocol adapter, key, timeouts, limits, rules
@@ -27,8 +28,8 @@ use http::Uri;
 use super::live::{CallerLimitKey, KeyId, LiveState, ProviderLimitsKey, TaskLimitKey};
 use super::{
     After, ApiKey, Budget, Compiled, Cost, EmbeddingSpace, HedgePolicy, KeySelection, KeySource,
-    Prefill, Provider, RetryPolicy, Snapshot, Startup, Strategy, StreamRecovery, Target, Task,
-    DEFAULT_LISTEN, MAX_KEYS,
+    Prefill, Provider, RetryPolicy, SharedStore, Snapshot, Startup, Strategy, StreamRecovery,
+    Target, Task, DEFAULT_LISTEN, MAX_KEYS,
 };
 use crate::classify::{
     self, Action, Cooldown, ErrorTable, Match, NetworkKind, Rule, Scope, StatusPattern,
@@ -131,8 +132,10 @@ pub fn compile(
     })
 }
 
-/// FNV-1a of the file's text: shown by `validate`, `/readyz` and a gauge.
-fn hash(text: &str) -> u64 {
+/// FNV-1a of the file's text: shown by `validate`, `/readyz` and a gauge; also
+/// the stable names of live state in the shared store.
+#[must_use]
+pub fn hash(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
@@ -201,7 +204,128 @@ fn startup_settings(raw: &RawConfig, c: &mut Checks<'_>) -> Startup {
         admin_listen,
         max_concurrent_requests,
         traces: trace_settings(raw, c),
+        shared_state: shared_store(raw, c),
     }
+}
+
+/// The default `shared_state.redis.key_prefix`.
+const DEFAULT_KEY_PREFIX: &str = "switchyard";
+/// The default `shared_state.redis.timeout`.
+const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// Pass 2c: `shared_state.redis`. The URL is a secret (it may hold a
+/// password): no message here quotes it.
+fn shared_store(raw: &RawConfig, c: &mut Checks<'_>) -> Option<SharedStore> {
+    let section = raw.shared_state.as_ref()?;
+    c.note(
+        "shared_state",
+        "`shared_state` is read at start: a changed value takes a restart, not a reload",
+    );
+    let Some(r) = &section.redis else {
+        if !c.gone("shared_state.redis") {
+            c.error(
+                "shared_state",
+                "missing `redis` (`shared_state: { redis: { url_env: VAR } }`)",
+            );
+        }
+        return None;
+    };
+    let base = "shared_state.redis";
+    let url = match (&r.url_env, &r.url_file) {
+        (Some(_), Some(_)) => {
+            c.error(
+                &format!("{base}.url_file"),
+                "set either url_env or url_file, not both",
+            );
+            None
+        }
+        // As an unreadable API key: a warning (an error under --strict),
+        // and the replica runs on local state, as when the store is down.
+        (Some(var), None) => env_secret(var).or_else(|| {
+            c.warn(
+                &format!("{base}.url_env"),
+                format!(
+                    "environment variable `{var}` is not set: this replica will not share state"
+                ),
+            );
+            None
+        }),
+        (None, Some(file)) => file_secret(file).ok().flatten().or_else(|| {
+            c.warn(
+                &format!("{base}.url_file"),
+                format!("cannot read a URL from `{file}`: this replica will not share state"),
+            );
+            None
+        }),
+        (None, None)
+            if c.gone(&format!("{base}.url_env")) || c.gone(&format!("{base}.url_file")) =>
+        {
+            None
+        }
+        (None, None) => {
+            c.error(base, "missing `url_env` or `url_file`");
+            None
+        }
+    };
+    let setting = if r.url_env.is_some() {
+        "url_env"
+    } else {
+        "url_file"
+    };
+    let url = url.filter(|u| check_store_url(u, &format!("{base}.{setting}"), c));
+    let both_given = r.url_env.is_some() && r.url_file.is_some();
+    let key_prefix = r
+        .key_prefix
+        .clone()
+        .unwrap_or_else(|| DEFAULT_KEY_PREFIX.into());
+    let prefix_ok = !key_prefix.is_empty()
+        && key_prefix.len() <= 64
+        && key_prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b));
+    if !prefix_ok {
+        c.error(
+            &format!("{base}.key_prefix"),
+            "must be 1-64 letters, digits or `_ . : -`",
+        );
+    }
+    let timeout = c.duration(
+        &format!("{base}.timeout"),
+        r.timeout.as_deref(),
+        DEFAULT_STORE_TIMEOUT,
+    );
+    (!both_given).then_some(SharedStore {
+        url,
+        key_prefix,
+        timeout,
+    })
+}
+
+/// Whether `url` is one the Redis client can connect to; the message names
+/// the setting, never the URL.
+fn check_store_url(url: &Secret, at: &str, c: &mut Checks<'_>) -> bool {
+    let Some(parsed) = redis::parse_redis_url(url.expose()) else {
+        c.error(
+            at,
+            "the URL is not a redis:// or valkey:// URL (its text is not shown: it may hold a password)",
+        );
+        return false;
+    };
+    if matches!(parsed.scheme(), "rediss" | "valkeys") {
+        c.error(
+            at,
+            "TLS (rediss://, valkeys://) is not supported by this build; use redis:// on a private network",
+        );
+        return false;
+    }
+    if redis::Client::open(url.expose()).is_err() {
+        c.error(
+            at,
+            "the Redis client refuses the URL (its text is not shown: it may hold a password)",
+        );
+        return false;
+    }
+    true
 }
 
 /// Pass 2b: `telemetry.traces`, the OTLP export (the `OTEL_*` environment,
@@ -860,12 +984,17 @@ fn keys(
                 );
                 return None;
             }
+            // Known by the same name on every replica (never the key: its fingerprint).
+            let shared = format!(
+                "key\n{}\n{}\n{:016x}\n{:?}\n{:?}\n{:?}",
+                id.base_url, id.name, id.fingerprint, rl.rpm, rl.tpm, rl.burst
+            );
             live.key_limits
                 .get_or_make((id.clone(), rl.rpm, rl.tpm, rl.burst), || {
-                    Some(ProviderLimits::new(rl.rpm, rl.tpm, rl.burst))
+                    Some(ProviderLimits::new(rl.rpm, rl.tpm, rl.burst).identified(hash(&shared)))
                 })
         });
-        let health = live.keys.get(id);
+        let health = live.keys.get(id.clone());
         let gauge = live.metrics.gauge(
             m::KEY_STATE,
             &[
@@ -877,6 +1006,7 @@ fn keys(
         out.push(ApiKey {
             gauge,
             health,
+            identity: id,
             name,
             source,
             setting,
@@ -1005,8 +1135,13 @@ fn provider_limits(
         tpm: rl.tpm,
         burst: rl.burst,
     };
-    live.provider_limits
-        .get_or_make(key, || Some(ProviderLimits::new(rl.rpm, rl.tpm, rl.burst)))
+    let shared = format!(
+        "provider\n{name}\n{base_url}\n{:?}\n{:?}\n{:?}",
+        rl.rpm, rl.tpm, rl.burst
+    );
+    live.provider_limits.get_or_make(key, || {
+        Some(ProviderLimits::new(rl.rpm, rl.tpm, rl.burst).identified(hash(&shared)))
+    })
 }
 
 /// A probe interval: a duration, or `0` to disable probing.

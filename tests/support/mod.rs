@@ -9,6 +9,7 @@
 //! - `sse.rs`: SSE event builders and strict readers;
 //! - `observe.rs`: `/admin/targets` entries and exact `/metrics` values;
 //! - `wait.rs`: bounded waits for a condition;
+//! - `redis.rs`: a real `redis-server` on a free port, for shared state;
 //! - `otlp.rs`: an OTLP trace collector (HTTP and gRPC) decoding spans, and
 //!   one that never answers;
 //! - `fake`: the fake upstreams (`Fake`, scriptable; `RawFake`, raw TCP),
@@ -22,6 +23,7 @@ pub use crate::fake_upstream::fake;
 mod gateway;
 mod observe;
 pub mod otlp;
+mod redis;
 mod requests;
 mod routes;
 mod sse;
@@ -29,6 +31,7 @@ mod wait;
 
 pub use gateway::*;
 pub use observe::*;
+pub use redis::*;
 pub use requests::*;
 pub use routes::*;
 pub use sse::*;

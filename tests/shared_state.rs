@@ -1,0 +1,437 @@
+//! Shared state across replicas: three in-process gateways share one real
+//! `redis-server` (started by the test on a free port, stopped after it).
+//! An outage one replica sees reaches the others within a second, a
+//! recovering target gets one half-open trial across the three, a shared
+//! rpm limit holds under load spread over them, and losing the store fails
+//! no request while `switchyard_shared_state_up` says so; when the store
+//! comes back, the replicas resynchronise.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use switchyard::health::State;
+use tokio::time::Instant;
+
+use crate::support::fake::{self, Fake};
+use crate::support::*;
+
+/// A file with providers `pa` (at `a`) and `pb` (at `b`), targets `a`
+/// (plus `extra_targets` on `pa`) and `b`, task `chat` = [a, b] and the
+/// given extra tasks, quick DOWN, no probes, sharing `redis`.
+fn config(a: &str, b: &str, redis: &RedisServer, more: &str, health: &str) -> String {
+    format!(
+        "version: 1
+providers:
+  pa: {{ base_url: '{a}', timeout: 2s, retry: {{ max: 0 }} }}
+  pb: {{ base_url: '{b}', timeout: 2s, retry: {{ max: 0 }} }}
+{more}
+health: {{ degraded_after: 1, down_after: 1, probe: {{ interval: 0 }}, {health} }}
+shared_state:
+  redis: {{ url_file: '{}', key_prefix: test, timeout: 250ms }}
+",
+        redis.url_file().display()
+    )
+}
+
+/// `targets:` and `tasks:` with `chat` = [a, b] and, for each `i < n`, a
+/// target `a{i}` (model `m{i}` on `pa`) and a task `t{i}` = [a{i}, b].
+fn chains(n: usize) -> String {
+    let mut targets = String::from(
+        "targets:\n  a: { provider: pa, model: ma }\n  b: { provider: pb, model: mb }\n",
+    );
+    let mut tasks = String::from("tasks:\n  chat: { aliases: [gpt-4o], chain: [a, b] }\n");
+    for i in 0..n {
+        targets.push_str(&format!("  a{i}: {{ provider: pa, model: m{i} }}\n"));
+        tasks.push_str(&format!("  t{i}: {{ chain: [a{i}, b] }}\n"));
+    }
+    targets + &tasks
+}
+
+/// Three replicas of one file, each connected to the store.
+async fn replicas(yaml: &str) -> Vec<Gw> {
+    let mut gws = Vec::new();
+    for _ in 0..3 {
+        gws.push(gateway(yaml).await);
+    }
+    for gw in &gws {
+        assert!(
+            eventually(Duration::from_secs(5), || async { up(gw) == Some(1.0) }).await,
+            "a replica did not connect to the store"
+        );
+    }
+    gws
+}
+
+/// `switchyard_shared_state_up` of a gateway.
+fn up(gw: &Gw) -> Option<f64> {
+    series_value(&gw.app.metrics().render(), "switchyard_shared_state_up")
+}
+
+/// A target's state on a replica, read in-process (no request in between).
+fn state(gw: &Gw, target: &str) -> State {
+    gw.app.snapshot.load().targets[target].health.state()
+}
+
+/// Polls (every millisecond, at most `within`) until `target` is DOWN on
+/// every one of `gws`; how long that took.
+async fn down_everywhere(gws: &[&Gw], target: &str, within: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if gws.iter().all(|gw| state(gw, target) == State::Down) {
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_seen_by_one_replica_is_skipped_by_the_others_within_a_second() {
+    let redis = RedisServer::start();
+    let a = Fake::always(fake::error(503, "overloaded")).await;
+    let b = Fake::always(fake::completion("mb", "from b")).await;
+    const N: usize = 20;
+    let yaml = config(&a.url(), &b.url(), &redis, &chains(N), "open_for: 60s");
+    let gws = replicas(&yaml).await;
+    let mut delays = Vec::new();
+    for i in 0..N {
+        let target = format!("a{i}");
+        assert_eq!(state(&gws[1], &target), State::Healthy);
+        // At a random point of the publishing tick, not locked to it.
+        tokio::time::sleep(Duration::from_millis(rand::random::<u64>() % 60)).await;
+        let ans = chat(gws[0].addr, hello(&format!("t{i}"))).await;
+        assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
+        assert_eq!(
+            state(&gws[0], &target),
+            State::Down,
+            "replica 1 saw the 503"
+        );
+        let delay = down_everywhere(&[&gws[1], &gws[2]], &target, Duration::from_secs(2))
+            .await
+            .unwrap_or_else(|| panic!("{target} did not go DOWN on replicas 2 and 3 within 2 s"));
+        delays.push(delay);
+    }
+    // Replicas 2 and 3 skip the target without calling it.
+    let calls = a.calls();
+    assert_eq!(calls, N, "one call per target, from replica 1");
+    for gw in &gws[1..] {
+        for i in 0..N {
+            let ans = chat(gw.addr, hello(&format!("t{i}"))).await;
+            assert_eq!(ans.header("x-switchyard-target"), "b");
+            assert_eq!(
+                ans.header("x-switchyard-failovers"),
+                "0",
+                "a skipped, not failed"
+            );
+        }
+    }
+    assert_eq!(
+        a.calls(),
+        calls,
+        "a DOWN target got traffic from another replica"
+    );
+    delays.sort();
+    let p50 = delays[N / 2];
+    let max = delays[N - 1];
+    eprintln!("shared DOWN propagation over {N} transitions: p50 {p50:?}, max {max:?}");
+    assert!(max < Duration::from_secs(1), "propagation took {max:?}");
+    let applied = series_value(
+        &gws[1].app.metrics().render(),
+        r#"switchyard_shared_state_updates_total{direction="applied"}"#,
+    );
+    assert!(applied.unwrap_or(0.0) >= N as f64, "{applied:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_trial_happens_once_across_the_replicas() {
+    let redis = RedisServer::start();
+    let a = Fake::always(fake::error(503, "still down")).await;
+    let b = Fake::always(fake::completion("mb", "from b")).await;
+    // open_for 2 s (±20 %): the first trial is due 1.6-2.4 s after the
+    // outage, and a failed one reopens no sooner than 1.6 s after it.
+    let yaml = config(&a.url(), &b.url(), &redis, &chains(0), "open_for: 2s");
+    let gws = replicas(&yaml).await;
+    let started = Instant::now();
+    assert_eq!(
+        chat(gws[0].addr, hello("gpt-4o"))
+            .await
+            .header("x-switchyard-target"),
+        "b"
+    );
+    assert!(
+        down_everywhere(&[&gws[1], &gws[2]], "a", Duration::from_secs(1))
+            .await
+            .is_some()
+    );
+    assert_eq!(a.calls(), 1);
+    // Load on all three until 3.1 s after the outage: past the first
+    // reopen, before any second one.
+    let mut sent = 0;
+    while started.elapsed() < Duration::from_millis(3100) && sent < 600 {
+        let gw = &gws[sent % 3];
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(sent > 100, "only {sent} requests in 3 s");
+    assert_eq!(
+        a.calls() - 1,
+        1,
+        "half-open trials across three replicas in one open period"
+    );
+    let won: f64 = gws
+        .iter()
+        .map(|gw| {
+            series_value(
+                &gw.app.metrics().render(),
+                r#"switchyard_shared_state_trial_leases_total{result="won"}"#,
+            )
+            .unwrap_or(0.0)
+        })
+        .sum();
+    assert_eq!(won, 1.0, "one replica held the lease");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_rpm_limit_holds_across_three_replicas() {
+    let redis = RedisServer::start();
+    let a = Fake::always(fake::completion("ma", "from a")).await;
+    let b = Fake::always(fake::completion("mb", "unused")).await;
+    // 600 requests a minute (10/s), 20 at once, for all three together; a
+    // request the allowance cannot take is answered 429 (no other target).
+    let more = "targets:\n  a: { provider: pa, model: ma }\n  b: { provider: pb, model: mb }\n\
+                tasks:\n  chat: { aliases: [gpt-4o], chain: [a] }\n";
+    let yaml = config(&a.url(), &b.url(), &redis, more, "open_for: 60s").replace(
+        "retry: { max: 0 } }",
+        "retry: { max: 0 }, rate_limit: { rpm: 600, burst: 20 } }",
+    );
+    let gws = replicas(&yaml).await;
+    // Let each replica take its standing allowance first.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let window = Duration::from_secs(3);
+    let started = Instant::now();
+    let mut loops = Vec::new();
+    for (i, gw) in gws.iter().enumerate() {
+        for _ in 0..2 {
+            let addr = gw.addr;
+            loops.push(tokio::spawn(async move {
+                let (mut ok, mut limited) = (0u32, 0u32);
+                for _ in 0..3000 {
+                    if started.elapsed() >= window {
+                        break;
+                    }
+                    let ans = chat(addr, hello("gpt-4o")).await;
+                    match ans.status.as_u16() {
+                        200 => ok += 1,
+                        429 => limited += 1,
+                        other => panic!("replica {i}: status {other}: {}", ans.text()),
+                    }
+                }
+                (ok, limited)
+            }));
+        }
+    }
+    let (mut admitted, mut refused) = (0u32, 0u32);
+    for l in loops {
+        let (ok, limited) = l.await.unwrap();
+        admitted += ok;
+        refused += limited;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    // The bucket's own arithmetic: a full burst, then 10 a second.
+    let expected = 20.0 + 10.0 * elapsed;
+    let error = (f64::from(admitted) - expected) / expected;
+    eprintln!(
+        "shared rpm 600 (burst 20) over {elapsed:.2} s on 3 replicas: admitted {admitted}, \
+         expected {expected:.1} ({:+.1} %), refused {refused}",
+        error * 100.0
+    );
+    assert!(
+        refused > admitted,
+        "the load must exceed the limit: {refused} refused"
+    );
+    assert!(
+        error.abs() <= 0.10,
+        "admitted {admitted} against {expected:.1}"
+    );
+    assert_eq!(a.calls(), admitted as usize);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_store_fails_no_request_and_its_return_resynchronises() {
+    let mut redis = RedisServer::start();
+    let a = Fake::always(fake::completion("ma", "from a")).await;
+    let b = Fake::always(fake::completion("mb", "from b")).await;
+    let c = Fake::always(fake::error(503, "c is down")).await;
+    // `chat` carries the load (a limited provider, so its allowance is
+    // shared); `t0` = [a0 on pc, b] is where the outage during the store's
+    // absence happens.
+    let more = format!(
+        "  pc: {{ base_url: '{}', timeout: 2s, retry: {{ max: 0 }} }}\n{}",
+        c.url(),
+        chains(1).replace("a0: { provider: pa", "a0: { provider: pc")
+    );
+    let yaml = config(&a.url(), &b.url(), &redis, &more, "open_for: 60s").replace(
+        "pa: { base_url",
+        "pa: { rate_limit: { rpm: 60000 }, base_url",
+    );
+    let gws = Arc::new(replicas(&yaml).await);
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (gws, stop) = (Arc::clone(&gws), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let (mut statuses, mut slowest) = (Vec::new(), Duration::ZERO);
+            for n in 0..20_000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let sent = Instant::now();
+                let ans = chat(gws[n % 3].addr, hello("gpt-4o")).await;
+                slowest = slowest.max(sent.elapsed());
+                statuses.push(ans.status.as_u16());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            (statuses, slowest)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.kill();
+    for gw in gws.iter() {
+        assert!(
+            eventually(Duration::from_secs(3), || async { up(gw) == Some(0.0) }).await,
+            "switchyard_shared_state_up did not drop to 0"
+        );
+    }
+    // While the store is away, an outage stays with the replica that saw it.
+    assert_eq!(
+        chat(gws[0].addr, hello("t0"))
+            .await
+            .header("x-switchyard-target"),
+        "b"
+    );
+    assert_eq!(state(&gws[0], "a0"), State::Down);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        state(&gws[1], "a0"),
+        State::Healthy,
+        "nothing to share it through"
+    );
+    redis.restart();
+    for gw in gws.iter() {
+        assert!(
+            eventually(Duration::from_secs(6), || async { up(gw) == Some(1.0) }).await,
+            "a replica did not reconnect"
+        );
+    }
+    // What replica 1 learnt while the store was away reaches the others.
+    assert!(
+        down_everywhere(&[&gws[1], &gws[2]], "a0", Duration::from_secs(1))
+            .await
+            .is_some(),
+        "replicas did not resynchronise after the store came back"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (statuses, slowest) = load.await.unwrap();
+    assert!(
+        statuses.len() > 200,
+        "only {} requests under load",
+        statuses.len()
+    );
+    let failed = statuses.iter().filter(|s| **s != 200).count();
+    eprintln!(
+        "store killed and restarted under load: {} requests, {failed} failed, slowest {slowest:?}",
+        statuses.len()
+    );
+    assert_eq!(
+        failed, 0,
+        "requests failed while the store was away: {failed}"
+    );
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a request waited {slowest:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_slower_than_its_timeout_counts_as_down_and_holds_up_nothing() {
+    let redis = RedisServer::start();
+    let a = Fake::always(fake::completion("ma", "from a")).await;
+    let b = Fake::always(fake::completion("mb", "from b")).await;
+    let yaml = config(&a.url(), &b.url(), &redis, &chains(0), "open_for: 60s").replace(
+        "pa: { base_url",
+        "pa: { rate_limit: { rpm: 60000 }, base_url",
+    );
+    let gws = replicas(&yaml).await;
+    redis.freeze(true);
+    let frozen = Instant::now();
+    for gw in &gws {
+        assert!(
+            eventually(Duration::from_secs(3), || async { up(gw) == Some(0.0) }).await,
+            "a store that answers nothing still counts as up"
+        );
+    }
+    eprintln!(
+        "a frozen store counted as down after {:?}",
+        frozen.elapsed()
+    );
+    for n in 0..30 {
+        let sent = Instant::now();
+        let ans = chat(gws[n % 3].addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert!(
+            sent.elapsed() < Duration::from_millis(500),
+            "waited {:?}",
+            sent.elapsed()
+        );
+    }
+    redis.freeze(false);
+    for gw in &gws {
+        assert!(
+            eventually(Duration::from_secs(6), || async { up(gw) == Some(1.0) }).await,
+            "no reconnect after the store thawed"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_url_is_a_secret_and_its_password_is_used() {
+    let redis = RedisServer::start_with(Some("s3cret-pw"));
+    let a = Fake::always(fake::completion("ma", "from a")).await;
+    let yaml = config(&a.url(), &a.url(), &redis, &chains(0), "open_for: 60s");
+    let gw = gateway(&yaml).await;
+    assert!(
+        eventually(Duration::from_secs(5), || async { up(&gw) == Some(1.0) }).await,
+        "did not connect with the URL's password"
+    );
+    for path in ["/metrics", "/admin/targets"] {
+        let page = get(gw.addr, path).await.text();
+        assert!(!page.contains("s3cret"), "{path} shows the password");
+    }
+    // A URL that is not one: the error names the setting, not the URL.
+    let bad = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(bad.path(), "http://user:s3cret-pw@example").unwrap();
+    let text = yaml.replace(
+        &redis.url_file().display().to_string(),
+        &bad.path().display().to_string(),
+    );
+    let errors = compile_errors(&text);
+    let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert!(
+        all.iter()
+            .any(|e| e.contains("shared_state.redis.url_file") && e.contains("not a redis://")),
+        "{all:#?}"
+    );
+    assert!(all.iter().all(|e| !e.contains("s3cret")), "{all:#?}");
+    // A URL that cannot be read (a Secret not mounted yet) is a warning: the
+    // replica starts on local state and says so in the gauge.
+    let missing = yaml.replace(
+        &redis.url_file().display().to_string(),
+        "/nonexistent/redis-url",
+    );
+    let alone = gateway(&missing).await;
+    assert_eq!(up(&alone), Some(0.0));
+    assert_eq!(chat(alone.addr, hello("gpt-4o")).await.status, 200);
+}
