@@ -127,6 +127,7 @@ export PRIMARY_KEY="sk-sdk-primary-$RANDOM$RANDOM-from-file"
 export FALLBACK_KEY="sk-sdk-fallback-$RANDOM$RANDOM-from-env"
 export SDK_TEST_FALLBACK_KEY="$FALLBACK_KEY"
 export SDK_TEST_ANTHROPIC_KEY="sk-ant-sdk-$RANDOM$RANDOM-dummy" # fakellm accepts any key
+export SDK_TEST_LIMITED_KEY="sk-sdk-limited-$RANDOM$RANDOM-from-env" # primary-limited: a key of its own
 printf '%s\n' "$PRIMARY_KEY" >"$WORK/primary.key"
 mkdir -p "$WORK/config"
 sed -e "s|@PRIMARY_PORT@|$PRIMARY_PORT|" -e "s|@FALLBACK_PORT@|$FALLBACK_PORT|" \

@@ -816,8 +816,9 @@ class Examples(unittest.TestCase):
             r = subprocess.run([binary, "validate", str(path)], capture_output=True, text=True, env=env, timeout=30)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn(": ok (2 tasks, 4 targets", r.stdout)
-        # Outside the pod exactly the two keys are missing (warnings; errors under --strict).
-        self.assertEqual(r.stdout.count(": warning: "), 2, r.stdout)
+        # Outside the pod exactly the two keys and the Redis URL are missing (warnings; errors under --strict).
+        self.assertEqual(r.stdout.count(": warning: "), 3, r.stdout)
+        self.assertIn("this replica will not share state (at shared_state.redis.url_file)", r.stdout)
 
 
 # ---- hot reload ---------------------------------------------------------------
