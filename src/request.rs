@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -206,14 +206,10 @@ impl<'a> ChatRequest<'a> {
     /// value replaced (or the key added first when the client sent none).
     #[must_use]
     pub fn with_model(&self, model: &str) -> Bytes {
-        let quoted = serde_json::Value::from(model).to_string();
-        let mut out = BytesMut::with_capacity(self.body.len() + quoted.len() + 10);
-        match &self.model_span {
-            Some(span) => {
-                out.extend_from_slice(&self.body[..span.start]);
-                out.extend_from_slice(quoted.as_bytes());
-                out.extend_from_slice(&self.body[span.end..]);
-            }
+        let quoted = Quoted::of(model);
+        // Sized exactly: a `Vec` that is full becomes `Bytes` without another allocation.
+        let (head, tail, key): (&[u8], &[u8], &[u8]) = match &self.model_span {
+            Some(span) => (&self.body[..span.start], &self.body[span.end..], b""),
             None => {
                 // The body parsed as an object, so it starts (after blanks)
                 // with `{`, and it has `messages`, so a comma always follows.
@@ -222,14 +218,18 @@ impl<'a> ChatRequest<'a> {
                     .iter()
                     .position(|b| *b == b'{')
                     .map_or(0, |i| i + 1);
-                out.extend_from_slice(&self.body[..open]);
-                out.extend_from_slice(b"\"model\":");
-                out.extend_from_slice(quoted.as_bytes());
-                out.extend_from_slice(b",");
-                out.extend_from_slice(&self.body[open..]);
+                (&self.body[..open], &self.body[open..], b"\"model\":")
             }
-        }
-        out.freeze()
+        };
+        let comma: &[u8] = if key.is_empty() { b"" } else { b"," };
+        let mut out =
+            Vec::with_capacity(head.len() + key.len() + quoted.len() + comma.len() + tail.len());
+        out.extend_from_slice(head);
+        out.extend_from_slice(key);
+        quoted.write(&mut out);
+        out.extend_from_slice(comma);
+        out.extend_from_slice(tail);
+        Bytes::from(out)
     }
 
     /// Whether the request offers tools (`tools` or legacy `functions`, non-empty).
@@ -269,6 +269,44 @@ impl<'a> ChatRequest<'a> {
     }
 }
 
+/// A string as a JSON string literal: as is between quotes when it needs no
+/// escape (model names never do), else serialised.
+enum Quoted<'a> {
+    Plain(&'a str),
+    Escaped(String),
+}
+
+impl<'a> Quoted<'a> {
+    fn of(text: &'a str) -> Self {
+        let plain = text
+            .bytes()
+            .all(|b| (0x20..0x80).contains(&b) && b != b'"' && b != b'\\');
+        if plain {
+            Self::Plain(text)
+        } else {
+            Self::Escaped(serde_json::Value::from(text).to_string())
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Self::Plain(text) => text.len() + 2,
+            Self::Escaped(json) => json.len(),
+        }
+    }
+
+    fn write(&self, out: &mut Vec<u8>) {
+        match self {
+            Self::Plain(text) => {
+                out.push(b'"');
+                out.extend_from_slice(text.as_bytes());
+                out.push(b'"');
+            }
+            Self::Escaped(json) => out.extend_from_slice(json.as_bytes()),
+        }
+    }
+}
+
 /// Keeps a parsed string borrowed when its JSON text had no escapes.
 fn borrow_if_plain<'a>(raw: &'a RawValue, parsed: Cow<'a, str>) -> Cow<'a, str> {
     let text = raw.get();
@@ -289,6 +327,10 @@ where
 
 /// A raw value as a string (borrowed when it has no escapes), if it is one.
 fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
+    // A string without escapes borrows (serde's `Cow` would always copy).
+    if let Ok(plain) = serde_json::from_str::<&str>(raw.get()) {
+        return Some(Cow::Borrowed(plain));
+    }
     serde_json::from_str::<Cow<'_, str>>(raw.get())
         .ok()
         .map(|s| borrow_if_plain(raw, s))

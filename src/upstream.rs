@@ -116,6 +116,26 @@ pub trait StreamTranslator: Send + std::fmt::Debug {
     fn on_event(&mut self, data: &str) -> Result<Vec<Bytes>, Malformed>;
 }
 
+/// The `Host` of a plain-HTTP endpoint, made once: the pooled client would
+/// otherwise format the same value into a new allocation for every request
+/// (`host` or `host:port` for a port that is not 80, as it writes it). HTTPS
+/// endpoints get none, so HTTP/2 (by ALPN) keeps its `:authority` alone.
+#[must_use]
+pub fn host_header(url: &Uri) -> Option<HeaderValue> {
+    if url.scheme_str() != Some("http") {
+        return None;
+    }
+    let host = url.host()?;
+    let value = match url.port() {
+        Some(port) if port.as_u16() != 80 => format!("{host}:{port}"),
+        Some(_) | None => host.to_owned(),
+    };
+    HeaderValue::from_str(&value).ok()
+}
+
+/// Sent upstream with the request's id.
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
 /// One provider's way in: URL, headers (the key included, marked sensitive),
 /// protocol and pooled client.
 #[derive(Debug, Clone)]
@@ -149,7 +169,11 @@ impl Endpoint {
             *req.method_mut() = Method::POST;
             *req.uri_mut() = self.url.clone();
             let h = req.headers_mut();
-            h.clone_from(&self.headers);
+            // Sized for what follows, so the map is allocated once and never grows.
+            h.reserve(self.headers.len() + 4);
+            for (name, value) in &self.headers {
+                h.append(name.clone(), value.clone());
+            }
             h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             // Never ask for a coding we would have to undo on every request; a
             // provider's `headers` may ask for one switchyard decodes.
@@ -157,7 +181,7 @@ impl Endpoint {
                 h.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
             }
             if let Some(id) = request_id {
-                h.insert(HeaderName::from_static("x-request-id"), id.clone());
+                h.insert(X_REQUEST_ID, id.clone());
             }
             if stream {
                 h.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));

@@ -13,12 +13,13 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use http::StatusCode;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::time::{timeout_at, Instant};
 use tracing::debug;
 
 use super::account::Account;
+use crate::body;
 use crate::classify::{self, AnswerShape, AttemptOutcome, Decision, NetworkKind, Outcome};
 use crate::health::{Failure, HealthConfig, Permit};
 use crate::schema::{CallAssembler, Contract, Violation, HOLD_MAX_TOOL_BYTES};
@@ -233,23 +234,29 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
     };
     let read = timeout_at(
         attempt_deadline,
-        Limited::new(incoming, MAX_UPSTREAM_BODY).collect(),
+        body::read_all(incoming, MAX_UPSTREAM_BODY),
     )
     .await;
     let bytes = match read {
         Err(_) => return timed_out(call, attempt_deadline, permit),
-        Ok(Err(e)) => {
-            // Too large, or broken mid-body.
-            let kind = e
-                .downcast_ref::<hyper::Error>()
-                .map_or(NetworkKind::Protocol, pool::body_error_kind);
-            return network(call.target, kind, permit);
+        // Too large, or broken mid-body.
+        Ok(Err(body::ReadError::TooLarge)) => {
+            return network(call.target, NetworkKind::Protocol, permit)
         }
-        Ok(Ok(c)) => c.to_bytes(),
+        Ok(Err(body::ReadError::Body(e))) => {
+            return network(call.target, pool::body_error_kind(&e), permit)
+        }
+        Ok(Ok(bytes)) => bytes,
     };
-    let Ok(bytes) = decode::decode_all(coding, &bytes, MAX_UPSTREAM_BODY) else {
-        debug!(target = %call.target.name, ?coding, "undecodable content coding");
-        return network(call.target, NetworkKind::Protocol, permit);
+    let bytes = match coding {
+        Coding::Identity => bytes,
+        Coding::Gzip | Coding::Deflate | Coding::Brotli | Coding::Zstd => {
+            let Ok(decoded) = decode::decode_all(coding, &bytes, MAX_UPSTREAM_BODY) else {
+                debug!(target = %call.target.name, ?coding, "undecodable content coding");
+                return network(call.target, NetworkKind::Protocol, permit);
+            };
+            decoded
+        }
     };
     answered(call, parts.status, &parts.headers, bytes, permit)
 }

@@ -529,6 +529,7 @@ fn provider(
     };
     Some(Provider {
         name: name.to_owned(),
+        name_header: http::HeaderValue::from_str(name).ok(),
         base_url,
         endpoint: endpoint?,
         secret,
@@ -618,6 +619,11 @@ fn endpoint(
         .map_err(|e| c.error(&url_path, format!("bad URL: {e}")))
         .ok();
     let url = base.and(url)?;
+    if let Some(host) = crate::upstream::host_header(&url) {
+        if !headers.contains_key(http::header::HOST) {
+            headers.insert(http::header::HOST, host);
+        }
+    }
     let host_is_name = url.host().is_some_and(|h| {
         h.trim_matches(['[', ']'])
             .parse::<std::net::IpAddr>()
@@ -790,6 +796,7 @@ fn targets(
         };
         let target = Target {
             name: name.clone(),
+            name_header: http::HeaderValue::from_str(name).ok(),
             provider: Arc::clone(provider),
             model: t.model.clone(),
             capabilities: t.capabilities.clone(),
