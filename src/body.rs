@@ -66,3 +66,50 @@ impl hyper::body::Body for PermitBody {
         self.inner.size_hint()
     }
 }
+
+/// Why [`read_all`] read no whole body.
+#[derive(Debug)]
+pub enum ReadError<E> {
+    /// More than the limit.
+    TooLarge,
+    /// The body's own error (a broken connection, say).
+    Body(E),
+}
+
+/// Reads a whole body of at most `limit` bytes. A body that comes as one
+/// frame (nearly every request and answer) is kept as it came: no copy and no
+/// list of frames, which is what `collect` would allocate.
+///
+/// # Errors
+/// More than `limit` bytes, or the body's error.
+pub async fn read_all<B>(mut body: B, limit: usize) -> Result<Bytes, ReadError<B::Error>>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+{
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<bytes::BytesMut> = None;
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(ReadError::Body)?.into_data() else {
+            continue; // trailers carry no body bytes
+        };
+        total = total.saturating_add(data.len());
+        if total > limit {
+            return Err(ReadError::TooLarge);
+        }
+        match (&mut joined, first.take()) {
+            (Some(buf), _) => buf.extend_from_slice(&data),
+            (None, None) => first = Some(data),
+            (None, Some(head)) => {
+                let mut buf = bytes::BytesMut::with_capacity(head.len() + data.len());
+                buf.extend_from_slice(&head);
+                buf.extend_from_slice(&data);
+                joined = Some(buf);
+            }
+        }
+    }
+    Ok(match joined {
+        Some(buf) => buf.freeze(),
+        None => first.unwrap_or_default(),
+    })
+}

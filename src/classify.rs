@@ -651,7 +651,31 @@ pub fn answer_shape(body: &[u8]) -> AnswerShape {
         #[serde(borrow, default)]
         error: Option<&'a serde_json::value::RawValue>,
         #[serde(default)]
-        choices: Option<Vec<serde::de::IgnoredAny>>,
+        choices: Option<Entries>,
+    }
+    /// How many entries an array has, counted without keeping them.
+    struct Entries(usize);
+    impl<'de> serde::Deserialize<'de> for Entries {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Count;
+            impl<'de> serde::de::Visitor<'de> for Count {
+                type Value = Entries;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("an array")
+                }
+                fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                    self,
+                    mut seq: A,
+                ) -> Result<Entries, A::Error> {
+                    let mut n = 0;
+                    while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                        n += 1;
+                    }
+                    Ok(Entries(n))
+                }
+            }
+            d.deserialize_seq(Count)
+        }
     }
     let text = body.trim_ascii_start();
     if text.starts_with(b"data:") || text.starts_with(b"event:") {
@@ -662,8 +686,9 @@ pub fn answer_shape(body: &[u8]) -> AnswerShape {
     }
     match serde_json::from_slice::<Probe<'_>>(text) {
         Ok(Probe {
-            choices: Some(c), ..
-        }) if !c.is_empty() => AnswerShape::Completion,
+            choices: Some(Entries(n)),
+            ..
+        }) if n > 0 => AnswerShape::Completion,
         Ok(Probe { error: Some(e), .. }) if e.get() != "null" => {
             AnswerShape::InBandError(crate::sse::error_code(e.get()))
         }

@@ -716,8 +716,7 @@ impl Walk<'_> {
         let degraded = self.degraded(target);
         respond::decorate(&mut resp, target, degraded, self.tally, self.request_id);
         if let Some(result) = self.hedge_result {
-            resp.headers_mut()
-                .insert(respond::H_HEDGE, http::HeaderValue::from_static(result));
+            respond::hedge_result(&mut resp, result);
         }
         resp
     }

@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -233,6 +233,44 @@ impl<'a> ChatRequest<'a> {
     }
 }
 
+/// A string as a JSON string literal: as is between quotes when it needs no
+/// escape (model names never do), else serialised.
+enum Quoted<'a> {
+    Plain(&'a str),
+    Escaped(String),
+}
+
+impl<'a> Quoted<'a> {
+    fn of(text: &'a str) -> Self {
+        let plain = text
+            .bytes()
+            .all(|b| (0x20..0x80).contains(&b) && b != b'"' && b != b'\\');
+        if plain {
+            Self::Plain(text)
+        } else {
+            Self::Escaped(serde_json::Value::from(text).to_string())
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Self::Plain(text) => text.len() + 2,
+            Self::Escaped(json) => json.len(),
+        }
+    }
+
+    fn write(&self, out: &mut Vec<u8>) {
+        match self {
+            Self::Plain(text) => {
+                out.push(b'"');
+                out.extend_from_slice(text.as_bytes());
+                out.push(b'"');
+            }
+            Self::Escaped(json) => out.extend_from_slice(json.as_bytes()),
+        }
+    }
+}
+
 /// Keeps a parsed string borrowed when its JSON text had no escapes.
 fn borrow_if_plain<'a>(raw: &'a RawValue, parsed: Cow<'a, str>) -> Cow<'a, str> {
     let text = raw.get();
@@ -279,30 +317,34 @@ fn model(raw: Option<&RawValue>) -> Result<Option<Cow<'_, str>>, RequestError> {
 /// `body` (a JSON object with at least one other field) with `model` set to
 /// `model`: only the value at `span` replaced, or the key added first.
 fn with_model(body: &[u8], span: Option<&Range<usize>>, model: &str) -> Bytes {
-    let quoted = serde_json::Value::from(model).to_string();
-    let mut out = BytesMut::with_capacity(body.len() + quoted.len() + 10);
-    match span {
-        Some(span) => {
-            out.extend_from_slice(&body[..span.start]);
-            out.extend_from_slice(quoted.as_bytes());
-            out.extend_from_slice(&body[span.end..]);
-        }
+    let quoted = Quoted::of(model);
+    let (head, tail, key): (&[u8], &[u8], &[u8]) = match span {
+        Some(span) => (&body[..span.start], &body[span.end..], b""),
         None => {
             // The body parsed as an object, so it starts (after blanks) with
             // `{`, and it has a required field, so a comma always follows.
             let open = body.iter().position(|b| *b == b'{').map_or(0, |i| i + 1);
-            out.extend_from_slice(&body[..open]);
-            out.extend_from_slice(b"\"model\":");
-            out.extend_from_slice(quoted.as_bytes());
-            out.extend_from_slice(b",");
-            out.extend_from_slice(&body[open..]);
+            (&body[..open], &body[open..], b"\"model\":")
         }
-    }
-    out.freeze()
+    };
+    let comma: &[u8] = if key.is_empty() { b"" } else { b"," };
+    // Sized exactly: a `Vec` that is full becomes `Bytes` without another allocation.
+    let mut out =
+        Vec::with_capacity(head.len() + key.len() + quoted.len() + comma.len() + tail.len());
+    out.extend_from_slice(head);
+    out.extend_from_slice(key);
+    quoted.write(&mut out);
+    out.extend_from_slice(comma);
+    out.extend_from_slice(tail);
+    Bytes::from(out)
 }
 
 /// A raw value as a string (borrowed when it has no escapes), if it is one.
 fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
+    // A string without escapes borrows (serde's `Cow` would always copy).
+    if let Ok(plain) = serde_json::from_str::<&str>(raw.get()) {
+        return Some(Cow::Borrowed(plain));
+    }
     serde_json::from_str::<Cow<'_, str>>(raw.get())
         .ok()
         .map(|s| borrow_if_plain(raw, s))

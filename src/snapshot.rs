@@ -48,6 +48,8 @@ pub struct RetryPolicy {
 pub struct Provider {
     /// Name in routes.yaml.
     pub name: String,
+    /// The name as the `x-switchyard-provider` value, made once.
+    pub name_header: Option<http::HeaderValue>,
     /// `base_url` without a trailing slash (half of the target identity).
     pub base_url: String,
     /// URLs, headers, protocol and pooled client.
@@ -156,6 +158,8 @@ pub struct StreamRecovery {
 pub struct Target {
     /// Name in routes.yaml (the metric label).
     pub name: String,
+    /// The name as the `x-switchyard-target` value, made once.
+    pub name_header: Option<http::HeaderValue>,
     /// Its provider.
     pub provider: Arc<Provider>,
     /// Upstream model name written into forwarded requests.

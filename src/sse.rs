@@ -56,10 +56,7 @@ impl Parser {
                 .search_from
                 .saturating_sub(self.scanned)
                 .min(rest.len());
-            let found = rest[skip..]
-                .iter()
-                .position(|&b| b == b'\n' || b == b'\r')
-                .map(|i| i + skip);
+            let found = memchr::memchr2(b'\n', b'\r', &rest[skip..]).map(|i| i + skip);
             #[cfg(test)]
             {
                 self.examined += found.map_or(rest.len(), |i| i + 1) - skip;
@@ -174,8 +171,47 @@ pub enum Chunk {
 struct ChunkWire<'a> {
     #[serde(default, borrow)]
     choices: Vec<ChoiceWire<'a>>,
+}
+
+/// A chunk as far as [`classify_event`] reads it: the choices are folded
+/// into two facts while they are read, so reading one allocates nothing.
+#[derive(Deserialize)]
+struct ChunkFacts<'a> {
+    #[serde(default)]
+    choices: ChoiceFacts,
     #[serde(default, borrow)]
     error: Option<&'a RawValue>,
+}
+
+/// Whether any choice carries content, and whether any has finished.
+#[derive(Default)]
+struct ChoiceFacts {
+    content: bool,
+    finished: bool,
+}
+
+impl<'de> Deserialize<'de> for ChoiceFacts {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fold;
+        impl<'de> serde::de::Visitor<'de> for Fold {
+            type Value = ChoiceFacts;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array of choices")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<ChoiceFacts, A::Error> {
+                let mut facts = ChoiceFacts::default();
+                while let Some(choice) = seq.next_element::<ChoiceWire<'de>>()? {
+                    facts.finished |= choice.finish_reason.is_some_and(|r| r.get() != "null");
+                    facts.content |= choice.delta.as_ref().is_some_and(DeltaWire::has_content);
+                }
+                Ok(facts)
+            }
+        }
+        d.deserialize_seq(Fold)
+    }
 }
 
 #[derive(Deserialize)]
@@ -200,6 +236,20 @@ struct DeltaWire<'a> {
     reasoning_content: Option<std::borrow::Cow<'a, str>>,
 }
 
+impl DeltaWire<'_> {
+    /// A non-empty text, refusal or reasoning delta, or a tool or function call.
+    fn has_content(&self) -> bool {
+        let non_empty =
+            |s: &Option<std::borrow::Cow<'_, str>>| s.as_deref().is_some_and(|s| !s.is_empty());
+        let present = |v: &Option<&RawValue>| v.is_some_and(|v| !matches!(v.get(), "null" | "[]"));
+        non_empty(&self.content)
+            || non_empty(&self.refusal)
+            || non_empty(&self.reasoning_content)
+            || present(&self.tool_calls)
+            || present(&self.function_call)
+    }
+}
+
 #[derive(Deserialize)]
 struct ErrorWire {
     #[serde(default)]
@@ -221,7 +271,7 @@ pub fn classify_event(event: &Event) -> Chunk {
     if data.is_empty() {
         return Chunk::Empty;
     }
-    let Ok(chunk) = serde_json::from_str::<ChunkWire<'_>>(data) else {
+    let Ok(chunk) = serde_json::from_str::<ChunkFacts<'_>>(data) else {
         return Chunk::Malformed;
     };
     if let Some(err) = chunk.error {
@@ -229,27 +279,7 @@ pub fn classify_event(event: &Event) -> Chunk {
             code: error_code(err.get()),
         };
     }
-    let mut content = false;
-    let mut finished = false;
-    for choice in &chunk.choices {
-        if choice.finish_reason.is_some_and(|r| r.get() != "null") {
-            finished = true;
-        }
-        if let Some(d) = &choice.delta {
-            let non_empty =
-                |s: &Option<std::borrow::Cow<'_, str>>| s.as_deref().is_some_and(|s| !s.is_empty());
-            let present =
-                |v: &Option<&RawValue>| v.is_some_and(|v| !matches!(v.get(), "null" | "[]"));
-            if non_empty(&d.content)
-                || non_empty(&d.refusal)
-                || non_empty(&d.reasoning_content)
-                || present(&d.tool_calls)
-                || present(&d.function_call)
-            {
-                content = true;
-            }
-        }
-    }
+    let ChoiceFacts { content, finished } = chunk.choices;
     if content {
         Chunk::Content { finished }
     } else {

@@ -201,6 +201,26 @@ pub struct Outgoing<'a> {
     pub resends: &'a AtomicU32,
 }
 
+/// The `Host` of a plain-HTTP endpoint, made once: the pooled client would
+/// otherwise format the same value into a new allocation for every request
+/// (`host` or `host:port` for a port that is not 80, as it writes it). HTTPS
+/// endpoints get none, so HTTP/2 (by ALPN) keeps its `:authority` alone.
+#[must_use]
+pub fn host_header(url: &Uri) -> Option<HeaderValue> {
+    if url.scheme_str() != Some("http") {
+        return None;
+    }
+    let host = url.host()?;
+    let value = match url.port() {
+        Some(port) if port.as_u16() != 80 => format!("{host}:{port}"),
+        Some(_) | None => host.to_owned(),
+    };
+    HeaderValue::from_str(&value).ok()
+}
+
+/// Sent upstream with the request's id.
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
 /// One provider's way in: URLs, headers, protocol and pooled client. The key
 /// comes per request ([`Credential`]): a provider may hold several.
 #[derive(Debug, Clone)]
@@ -244,7 +264,11 @@ impl Endpoint {
             *req.method_mut() = Method::POST;
             *req.uri_mut() = url.clone();
             let h = req.headers_mut();
-            h.clone_from(&self.headers);
+            // Sized for what follows, so the map is allocated once and never grows.
+            h.reserve(self.headers.len() + 6);
+            for (name, value) in &self.headers {
+                h.append(name.clone(), value.clone());
+            }
             if let Some(Credential::Header(name, value)) = credential {
                 h.insert(name.clone(), value.clone());
             }
@@ -255,7 +279,7 @@ impl Endpoint {
                 h.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
             }
             if let Some(id) = request_id {
-                h.insert(HeaderName::from_static("x-request-id"), id.clone());
+                h.insert(X_REQUEST_ID, id.clone());
             }
             if stream {
                 h.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));

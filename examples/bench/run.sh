@@ -17,9 +17,20 @@
 #                 "any proxy hop"
 #   litellm       LiteLLM proxy, group `one` (same as switchyard-1) and group
 #                 `three` (orders 1-3 = dead1, dead2, live) for the 3-chain
+# and, against a neutral upstream (nginx, 1 worker, `return 200` of a static
+# completion and a static 16-chunk SSE body: no fake, no Rust on the far side,
+# as ../shared/bench/overhead.sh measures):
+#   neutral                the neutral upstream itself (the floor)
+#   nginx-neutral          nginx proxy_pass (2 workers) in front of it
+#   switchyard-neutral     switchyard, chain [neutral]
+#   switchyard-neutral-3   switchyard, chain [dead1, dead2, neutral] (two DOWN)
+# Every row has the proxy's CPU per request (user+system from /proc): the
+# number a sidecar is judged by.
 # plus, for streams, TTFT per path with the `bench` example; switchyard's RSS
-# idle and with 1,000 concurrent open streams; and a reload storm under full
-# load (routes.yaml rewritten every 200 ms during a c=64 run: must fail nothing).
+# idle and with 1,000 concurrent open streams; a long stream (LONG_CHUNKS
+# chunks LONG_DELAY apart, LONG_STREAMS of them, 64 at a time) through
+# switchyard and nginx, for the CPU per relayed chunk; and a reload storm under
+# full load (routes.yaml rewritten every 200 ms during a c=64 run: must fail nothing).
 #
 # Installs what is missing: oha (cargo install, ~6 min), nginx (apt),
 # LiteLLM (../shared/peers/setup.sh, a venv). Every server listens on
@@ -27,7 +38,9 @@
 # (tables), $OUT/points.tsv (every repetition), raw oha JSON next to them.
 #
 # Env: DURATION (5) REPEAT (3) CONCURRENCY ("1 16 64") MODES ("plain stream")
-#      PATHS ("direct switchyard-1 switchyard-3 nginx litellm")
+#      PATHS ("direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral
+#             switchyard-neutral switchyard-neutral-3")
+#      LONG_CHUNKS (1000) LONG_DELAY (5ms) LONG_STREAMS (128; 0 skips the long stream)
 #      CHUNKS (16) CHUNK_DELAY (0ms) per stream; OPEN_STREAMS (1000) TTFT_DURATION (3)
 #      OUT (/tmp/switchyard-bench/DATE) PORT_BASE (19000) PEERS_DIR (../shared/peers)
 #      CARGO_TARGET_DIR (target) SKIP_BUILD=1 to use existing binaries
@@ -41,7 +54,10 @@ DURATION="${DURATION:-5}"
 REPEAT="${REPEAT:-3}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
 MODES="${MODES:-plain stream}"
-PATHS="${PATHS:-direct switchyard-1 switchyard-3 nginx litellm}"
+PATHS="${PATHS:-direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral switchyard-neutral switchyard-neutral-3}"
+LONG_CHUNKS="${LONG_CHUNKS:-1000}"
+LONG_DELAY="${LONG_DELAY:-5ms}"
+LONG_STREAMS="${LONG_STREAMS:-128}"
 CHUNKS="${CHUNKS:-16}"
 CHUNK_DELAY="${CHUNK_DELAY:-0ms}"
 OPEN_STREAMS="${OPEN_STREAMS:-1000}"
@@ -55,18 +71,20 @@ TARGET_DIR="${CARGO_TARGET_DIR:-$REPO/target}"
 B="${PORT_BASE:-19000}"
 P_FAKE=$((B + 1)) P_SLOW=$((B + 2)) P_DEAD1=$((B + 3)) P_DEAD2=$((B + 4))
 P_SY=$((B + 10)) P_NGINX=$((B + 20)) P_LITELLM=$((B + 30))
+P_NEUTRAL=$((B + 5)) P_LONG=$((B + 6)) P_NGINX_NEUTRAL=$((B + 21)) P_NGINX_LONG=$((B + 22))
 export PATH="$HOME/.cargo/bin:$PATH"
 mkdir -p "$OUT"
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 has() { [[ " $PATHS " == *" $1 "* ]]; }
+has_neutral() { [[ " $PATHS " == *" neutral"* || " $PATHS " == *"-neutral"* ]]; }
 
 # ---- install what is missing ----
 if ! command -v oha >/dev/null; then
   log "installing oha 1.16.0 (cargo install, ~6 min on 2 cores)"
   cargo install oha --locked --version 1.16.0
 fi
-if has nginx && ! command -v nginx >/dev/null; then
+if { has nginx || has_neutral; } && ! command -v nginx >/dev/null; then
   log "installing nginx (apt)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
 fi
@@ -105,6 +123,44 @@ wait_http() { # url seconds
 # streams that stay open ~60 s, for the open-streams RSS point
 "$FAKE_BIN" --listen "127.0.0.1:$P_SLOW" --chunks 120 --chunk-delay 500ms \
   2>"$OUT/fake-slow.log" & PIDS+=("$!")
+# long streams, for the CPU per relayed chunk
+if [ "$LONG_STREAMS" != 0 ]; then
+  "$FAKE_BIN" --listen "127.0.0.1:$P_LONG" --chunks "$LONG_CHUNKS" --chunk-delay "$LONG_DELAY" \
+    2>"$OUT/fake-long.log" & PIDS+=("$!")
+fi
+
+# the neutral upstream: nginx returning a static completion and a static SSE body
+if has_neutral; then
+  mkdir -p "$OUT/neutral/tmp"
+  N_PLAIN='{"id":"x1","object":"chat.completion","created":1,"model":"up","choices":[{"index":0,"message":{"role":"assistant","content":"hello there, this is a short answer"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":8,"total_tokens":13}}'
+  n_chunk() { printf 'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"up","choices":[{"index":0,"delta":%s,"finish_reason":%s}]}\n\n' "$1" "$2"; }
+  N_SSE=$({ n_chunk '{"role":"assistant","content":""}' null
+    for i in $(seq 1 16); do n_chunk "{\"content\":\"tok$i \"}" null; done
+    n_chunk '{}' '"stop"'; printf 'data: [DONE]\n\n'; }; printf '\n')
+  cat > "$OUT/neutral/nginx.conf" <<EOF
+worker_processes 1;
+pid $OUT/neutral/nginx.pid;
+error_log $OUT/neutral/error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $OUT/neutral/tmp/body;
+  proxy_temp_path $OUT/neutral/tmp/proxy;
+  fastcgi_temp_path $OUT/neutral/tmp/fastcgi;
+  uwsgi_temp_path $OUT/neutral/tmp/uwsgi;
+  scgi_temp_path $OUT/neutral/tmp/scgi;
+  server {
+    listen 127.0.0.1:$P_NEUTRAL backlog=4096;
+    keepalive_requests 1000000;
+    location = /healthz { return 200 'ok'; }
+    location /plain/v1/chat/completions { default_type application/json; return 200 '$N_PLAIN'; }
+    location /sse/v1/chat/completions { default_type text/event-stream; return 200 '$N_SSE'; }
+  }
+}
+EOF
+  nginx -c "$OUT/neutral/nginx.conf" -p "$OUT/neutral" -g 'daemon off;' 2>"$OUT/neutral/stderr.log" &
+  NEUTRAL_PID=$!; PIDS+=("$NEUTRAL_PID")
+fi
 
 routes() { # variant: 0 or 1 (the reload storm alternates; they differ only in a comment and timeout)
   cat <<EOF
@@ -116,15 +172,26 @@ providers:
   dead1: { base_url: 'http://127.0.0.1:$P_DEAD1/v1' }
   dead2: { base_url: 'http://127.0.0.1:$P_DEAD2/v1' }
   slow: { base_url: 'http://127.0.0.1:$P_SLOW/v1', timeout: 300s, idle_timeout: 60s }
+  long: { base_url: 'http://127.0.0.1:$P_LONG/v1', timeout: 300s, idle_timeout: 60s }
+  neutral-plain: { base_url: 'http://127.0.0.1:$P_NEUTRAL/plain/v1' }
+  neutral-sse: { base_url: 'http://127.0.0.1:$P_NEUTRAL/sse/v1' }
 targets:
   live: { provider: live, model: fake-model }
   dead1: { provider: dead1, model: fake-model }
   dead2: { provider: dead2, model: fake-model }
   slow: { provider: slow, model: fake-model }
+  long: { provider: long, model: fake-model }
+  neutral-plain: { provider: neutral-plain, model: up }
+  neutral-sse: { provider: neutral-sse, model: up }
 tasks:
   one: { chain: [live] }
   three: { chain: [dead1, dead2, live] }
   slow: { chain: [slow], budget: { total_timeout: 300s } }
+  long: { chain: [long], budget: { total_timeout: 300s } }
+  neutral-plain: { chain: [neutral-plain] }
+  neutral-sse: { chain: [neutral-sse] }
+  neutral-plain-3: { chain: [dead1, dead2, neutral-plain] }
+  neutral-sse-3: { chain: [dead1, dead2, neutral-sse] }
 EOF
 }
 mkdir -p "$OUT/sy"
@@ -133,7 +200,7 @@ routes 0 > "$OUT/sy/routes.yaml"
 RUST_LOG="${SY_LOG:-info}" "$SY_BIN" serve --config "$OUT/sy/routes.yaml" 2>"$OUT/switchyard.log" &
 SY_PID=$!; PIDS+=("$SY_PID")
 
-if has nginx; then
+if has nginx || has_neutral || [ "$LONG_STREAMS" != 0 ]; then
   mkdir -p "$OUT/nginx/tmp"
   cat > "$OUT/nginx/nginx.conf" <<EOF
 worker_processes auto;
@@ -148,6 +215,30 @@ http {
   uwsgi_temp_path $OUT/nginx/tmp/uwsgi;
   scgi_temp_path $OUT/nginx/tmp/scgi;
   upstream fake { server 127.0.0.1:$P_FAKE; keepalive 256; keepalive_requests 1000000; }
+  upstream neutral { server 127.0.0.1:$P_NEUTRAL; keepalive 256; keepalive_requests 1000000; }
+  upstream long { server 127.0.0.1:$P_LONG; keepalive 256; keepalive_requests 1000000; }
+  server {
+    listen 127.0.0.1:$P_NGINX_NEUTRAL backlog=4096;
+    keepalive_requests 1000000;
+    location / {
+      proxy_pass http://neutral;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+    }
+  }
+  server {
+    listen 127.0.0.1:$P_NGINX_LONG backlog=4096;
+    keepalive_requests 1000000;
+    location / {
+      proxy_pass http://long;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+    }
+  }
   server {
     listen 127.0.0.1:$P_NGINX backlog=4096;
     keepalive_requests 1000000;
@@ -175,7 +266,8 @@ fi
 wait_http "127.0.0.1:$P_FAKE/healthz" 20
 wait_http "127.0.0.1:$P_SLOW/healthz" 20
 wait_http "127.0.0.1:$P_SY/healthz" 30
-has nginx && wait_http "127.0.0.1:$P_NGINX/healthz" 20
+[ -n "${NGINX_PID:-}" ] && wait_http "127.0.0.1:$P_NGINX/healthz" 20
+has_neutral && wait_http "127.0.0.1:$P_NEUTRAL/healthz" 20
 has litellm && wait_http "127.0.0.1:$P_LITELLM/health/liveliness" 120
 
 if [ "$SCRAPE_EVERY" != 0 ]; then
@@ -210,8 +302,13 @@ mem_kib() { # field (VmRSS|VmHWM) summed over a process tree
 body() { # model stream
   printf '{"model":"%s","stream":%s,"max_tokens":16,"messages":[{"role":"user","content":"hello"}]}' "$1" "$2"
 }
-path_info() { # path chain -> "url model pid"
+path_info() { # path mode -> "url model pid"
+  local sub=plain; [ "${2:-plain}" = stream ] && sub=sse
   case "$1" in
+    neutral) echo "http://127.0.0.1:$P_NEUTRAL/$sub/v1/chat/completions up ${NEUTRAL_PID:-}" ;;
+    nginx-neutral) echo "http://127.0.0.1:$P_NGINX_NEUTRAL/$sub/v1/chat/completions up ${NGINX_PID:-}" ;;
+    switchyard-neutral) echo "http://127.0.0.1:$P_SY/v1/chat/completions neutral-$sub $SY_PID" ;;
+    switchyard-neutral-3) echo "http://127.0.0.1:$P_SY/v1/chat/completions neutral-$sub-3 $SY_PID" ;;
     direct) echo "http://127.0.0.1:$P_FAKE/v1/chat/completions fake-model $FAKE_PID" ;;
     switchyard-1) echo "http://127.0.0.1:$P_SY/v1/chat/completions one $SY_PID" ;;
     switchyard-3) echo "http://127.0.0.1:$P_SY/v1/chat/completions three $SY_PID" ;;
@@ -248,8 +345,11 @@ log "idle RSS, then warm-up"
 sleep 1
 SY_IDLE_RSS=$(mem_kib "$SY_PID" VmRSS)
 for p in "${EXPANDED[@]}"; do
-  read -r url model pid <<<"$(path_info "$p")"
-  run_oha "$url" "$(body "$model" false)" 4 2 "$OUT/warmup-$p.json" >/dev/null
+  for mode in $MODES; do
+    stream=false; [ "$mode" = stream ] && stream=true
+    read -r url model pid <<<"$(path_info "$p" "$mode")"
+    run_oha "$url" "$(body "$model" "$stream")" 4 2 "$OUT/warmup-$p-$mode.json" >/dev/null
+  done
 done
 SY_WARM_RSS=$(mem_kib "$SY_PID" VmRSS)
 curl -s "127.0.0.1:$P_SY/admin/targets" > "$OUT/sy-targets-after-warmup.json" || true
@@ -259,7 +359,7 @@ printf 'mode\tpath\tconc\trep\trps\tp50_us\tp99_us\tok\tbad\tcpu_s_per_1000\n' >
 for mode in $MODES; do
   stream=false; [ "$mode" = stream ] && stream=true
   for p in "${EXPANDED[@]}"; do
-    read -r url model pid <<<"$(path_info "$p")"
+    read -r url model pid <<<"$(path_info "$p" "$mode")"
     b="$(body "$model" "$stream")"
     for c in $CONCURRENCY; do
       for rep in $(seq 1 "$REPEAT"); do
@@ -278,7 +378,9 @@ done
 printf 'path\tconc\trep\trequests\terrors\tttft_p50_us\tttft_p99_us\ttotal_p50_us\ttotal_p99_us\n' > "$OUT/ttft.tsv"
 if [[ " $MODES " == *" stream "* ]]; then
   for p in "${EXPANDED[@]}"; do
-    read -r url model pid <<<"$(path_info "$p")"
+    # the probe counts the fake's `[seq ` marker: only the fake's paths
+    case "$p" in *neutral*) continue ;; esac
+    read -r url model pid <<<"$(path_info "$p" stream)"
     for c in $CONCURRENCY; do
       for rep in $(seq 1 "$REPEAT"); do
         j=$("$PROBE_BIN" --url "$url" --model "$model" --concurrency "$c" --duration "${TTFT_DURATION}s")
@@ -291,6 +393,27 @@ EOF
         log "ttft $p c=$c #$rep: $j"
       done
     done
+  done
+fi
+
+# ---- long streams: CPU per relayed chunk, switchyard and nginx ----
+printf 'path\trep\tstreams\tchunks_per_stream\tcpu_s\tcpu_us_per_chunk\n' > "$OUT/long.tsv"
+if [ "$LONG_STREAMS" != 0 ]; then
+  long_row() { # name url model pid rep
+    local t0 t1 ok
+    t0=$(cpu_ticks "$4")
+    oha -n "$LONG_STREAMS" -c 64 -t 300s -m POST -T application/json -d "$(body "$3" true)" \
+      --no-tui --output-format json "$2" > "$OUT/long-$1-r$5.json" 2>"$OUT/long-$1-r$5.err" || true
+    t1=$(cpu_ticks "$4")
+    ok=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sum(v for k,v in (d.get("statusCodeDistribution") or {}).items() if k.startswith("2")))' "$OUT/long-$1-r$5.json" 2>/dev/null || echo 0)
+    # events per stream: role, LONG_CHUNKS contents, finish, [DONE]
+    awk -v n="$ok" -v ch=$((LONG_CHUNKS + 3)) -v d=$((t1 - t0)) -v hz="$HZ" -v p="$1" -v r="$5" \
+      'BEGIN{ c=d/hz; printf "%s\t%s\t%s\t%s\t%.2f\t%s\n", p, r, n, ch, c, (n>0 ? sprintf("%.3f", c/(n*ch)*1e6) : "nan") }' >> "$OUT/long.tsv"
+    log "long stream $1 #$5: $(tail -1 "$OUT/long.tsv")"
+  }
+  for rep in $(seq 1 "$REPEAT"); do
+    long_row switchyard "http://127.0.0.1:$P_SY/v1/chat/completions" long "$SY_PID" "$rep"
+    [ -n "${NGINX_PID:-}" ] && long_row nginx "http://127.0.0.1:$P_NGINX_LONG/v1/chat/completions" fake-model "$NGINX_PID" "$rep"
   done
 fi
 

@@ -46,10 +46,16 @@ for key, rows in points.items():
     }
 
 modes = [m for m in ("plain", "stream") if any(k[0] == m for k in agg)]
-order = ["direct", "switchyard-1", "switchyard-3", "nginx", "litellm", "litellm-3"]
+order = ["direct", "switchyard-1", "switchyard-3", "nginx", "litellm", "litellm-3",
+         "neutral", "switchyard-neutral", "switchyard-neutral-3", "nginx-neutral"]
 paths = [p for p in order if any(k[1] == p for k in agg)]
 concs = sorted({k[2] for k in agg})
 peer_of = {"switchyard-1": "litellm", "switchyard-3": "litellm-3"}
+# The floor and the plain proxy hop each path is held against.
+floor_of = {p: ("neutral" if "neutral" in p else "direct") for p in order}
+hop_of = {p: ("nginx-neutral" if "neutral" in p else "nginx") for p in order}
+floors = ("direct", "neutral")
+hops = ("nginx", "nginx-neutral")
 
 
 def fmt(x, nd=0):
@@ -87,16 +93,16 @@ for mode in modes:
             a = agg.get((mode, p, c))
             if not a:
                 continue
-            d = agg.get((mode, "direct", c), {})
-            n = agg.get((mode, "nginx", c), {})
+            d = agg.get((mode, floor_of[p], c), {})
+            n = agg.get((mode, hop_of[p], c), {})
             peer = agg.get((mode, peer_of.get(p, ""), c), {})
-            added50 = a["p50"] - d.get("p50", float("nan")) if p != "direct" else float("nan")
-            added99 = a["p99"] - d.get("p99", float("nan")) if p != "direct" else float("nan")
+            added50 = a["p50"] - d.get("p50", float("nan")) if p not in floors else float("nan")
+            added99 = a["p99"] - d.get("p99", float("nan")) if p not in floors else float("nan")
             print(
                 f"| {p} | {c} | {fmt(a['rps'])} | {fmt(a['p50'])} | {fmt(a['p99'])} | "
                 f"{fmt(added50)} | {fmt(added99)} | "
-                f"{ratio(a['rps'], d.get('rps', float('nan'))) if p != 'direct' else '-'} | "
-                f"{ratio(a['rps'], n.get('rps', float('nan'))) if p not in ('nginx', 'direct') else '-'} | "
+                f"{ratio(a['rps'], d.get('rps', float('nan'))) if p not in floors else '-'} | "
+                f"{ratio(a['rps'], n.get('rps', float('nan'))) if p not in hops + floors else '-'} | "
                 f"{ratio(a['rps'], peer.get('rps', float('nan'))) if p in peer_of else '-'} | "
                 f"{fmt(a['cpu'], 3)} | {a['bad']} |"
             )
@@ -139,6 +145,18 @@ def mib(k):
     except (TypeError, ValueError):
         return "-"
 
+
+longs = defaultdict(list)
+for r in read_tsv("long.tsv"):
+    longs[r["path"]].append(r)
+long_us = {p: med(r["cpu_us_per_chunk"] for r in rows) for p, rows in longs.items()}
+if longs:
+    print("## long stream: CPU per relayed chunk\n")
+    print("| proxy | streams (all runs) | chunks per stream | CPU µs per chunk (median) |")
+    print("|---|---:|---:|---:|")
+    for p, rows in sorted(longs.items()):
+        print(f"| {p} | {sum(int(r['streams']) for r in rows)} | {rows[0]['chunks_per_stream']} | {fmt(long_us[p], 3)} |")
+    print()
 
 print("## memory\n")
 print("| process | measure | value |")
@@ -211,6 +229,40 @@ for mode in modes:
         if a and d and a["rps"]:
             r = d["rps"] / a["rps"]
             goal(f"{mode}, c={c}: the fake upstream serves ≥ 3x switchyard", f"{r:.1f}x", r >= 3)
+# ---- the "as cheap as a plain proxy hop" goals (neutral upstream) ----
+for mode in modes:
+    for c in concs:
+        a = agg.get((mode, "switchyard-neutral", c))
+        n = agg.get((mode, "nginx-neutral", c))
+        if not a or not n:
+            continue
+        if n["cpu"] == n["cpu"] and n["cpu"] > 0:
+            r = a["cpu"] / n["cpu"]
+            goal(f"{mode}, c={c}: CPU per request ≤ 1.3x nginx's", f"{a['cpu']:.4f} vs {n['cpu']:.4f} ms: {r:.2f}x", r <= 1.3)
+        if c == top and n["rps"]:
+            r = a["rps"] / n["rps"]
+            goal(f"{mode}, c={c}: throughput ≥ 0.9x nginx's", f"{r:.2f}x", r >= 0.9)
+        d = agg.get((mode, "neutral", c))
+        if c == min(concs) and d:
+            add_sy = a["p50"] - d["p50"]
+            add_ng = n["p50"] - d["p50"]
+            goal(f"{mode}, c={c}: added p50 ≤ nginx's + 20 µs", f"+{add_sy:,.0f} µs vs nginx +{add_ng:,.0f} µs", add_sy <= add_ng + 20)
+    one = agg.get((mode, "switchyard-neutral", top))
+    three = agg.get((mode, "switchyard-neutral-3", top))
+    if one and three and one["cpu"] > 0:
+        r = three["cpu"] / one["cpu"] - 1
+        goal(f"{mode}, c={top}: chain of 3 (two DOWN) ≤ 5 % more CPU than chain of 1", f"{100 * r:+.1f} %", r <= 0.05)
+if "switchyard" in long_us:
+    x = long_us["switchyard"]
+    ng = f" (nginx {long_us['nginx']:.2f})" if "nginx" in long_us else ""
+    goal("long stream: ≤ 2 µs CPU per relayed chunk", f"{x:.2f} µs{ng}", x <= 2)
+try:
+    idle = int(extra.get("sy_idle_rss_kib", "0")) / 1024
+    goal("idle RSS ≤ 12 MB", f"{idle:.1f} MiB", idle * 1.048576 <= 12)
+    opn = int(extra.get("sy_open_streams_rss_kib", "0")) / 1024
+    goal(f"RSS with {extra.get('sy_open_streams')} open streams ≤ 40 MB", f"{opn:.1f} MiB", 0 < opn * 1.048576 <= 40)
+except ValueError:
+    pass
 try:
     idle = int(extra.get("sy_idle_rss_kib", "0")) / 1024
     goal("idle RSS < 20 MB", f"{idle:.1f} MiB", idle < 20)

@@ -14,12 +14,13 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use http::StatusCode;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::time::{timeout_at, Instant};
 use tracing::{debug, warn};
 
 use super::account::Account;
+use crate::body;
 use crate::classify::{self, AnswerShape, AttemptOutcome, Decision, NetworkKind, Outcome, Scope};
 use crate::health::{Failure, HealthConfig, Permit};
 use crate::schema::{CallAssembler, Contract, Violation, HOLD_MAX_TOOL_BYTES};
@@ -303,29 +304,47 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
     }
     // Non-streaming (or an error status, which is never wrapped in a stream).
     let (parts, incoming) = response.into_parts();
+    read_answer(call, parts, incoming, permit, attempt_deadline).await
+}
+
+/// Reads a non-streamed answer whole (bounded, by the attempt's deadline),
+/// undoes its content coding, and classifies it.
+async fn read_answer(
+    call: &Call<'_>,
+    parts: http::response::Parts,
+    incoming: Incoming,
+    permit: Permit,
+    attempt_deadline: Instant,
+) -> Attempt {
     let Some(coding) = Coding::of(&parts.headers) else {
         debug!(target = %call.target.name, "answer in a content coding switchyard cannot decode");
         return network(call.target, NetworkKind::Protocol, permit);
     };
     let read = timeout_at(
         attempt_deadline,
-        Limited::new(incoming, MAX_UPSTREAM_BODY).collect(),
+        body::read_all(incoming, MAX_UPSTREAM_BODY),
     )
     .await;
     let bytes = match read {
         Err(_) => return timed_out(call, attempt_deadline, permit),
-        Ok(Err(e)) => {
-            // Too large, or broken mid-body.
-            let kind = e
-                .downcast_ref::<hyper::Error>()
-                .map_or(NetworkKind::Protocol, pool::body_error_kind);
-            return network(call.target, kind, permit);
+        // Too large, or broken mid-body.
+        Ok(Err(body::ReadError::TooLarge)) => {
+            return network(call.target, NetworkKind::Protocol, permit)
         }
-        Ok(Ok(c)) => c.to_bytes(),
+        Ok(Err(body::ReadError::Body(e))) => {
+            return network(call.target, pool::body_error_kind(&e), permit)
+        }
+        Ok(Ok(bytes)) => bytes,
     };
-    let Ok(bytes) = decode::decode_all(coding, &bytes, MAX_UPSTREAM_BODY) else {
-        debug!(target = %call.target.name, ?coding, "undecodable content coding");
-        return network(call.target, NetworkKind::Protocol, permit);
+    let bytes = match coding {
+        Coding::Identity => bytes,
+        Coding::Gzip | Coding::Deflate | Coding::Brotli | Coding::Zstd => {
+            let Ok(decoded) = decode::decode_all(coding, &bytes, MAX_UPSTREAM_BODY) else {
+                debug!(target = %call.target.name, ?coding, "undecodable content coding");
+                return network(call.target, NetworkKind::Protocol, permit);
+            };
+            decoded
+        }
     };
     answered(call, parts.status, &parts.headers, bytes, permit)
 }

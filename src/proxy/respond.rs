@@ -30,6 +30,31 @@ pub const H_HEDGE: &str = "x-switchyard-hedge";
 /// Response header the official SDKs read before retrying on their own.
 pub const H_SHOULD_RETRY: &str = "x-should-retry";
 
+// The same names as `HeaderName`s: inserting a `&str` name that is not a
+// standard header copies it into a new allocation on every call.
+const N_TARGET: HeaderName = HeaderName::from_static(H_TARGET);
+const N_PROVIDER: HeaderName = HeaderName::from_static(H_PROVIDER);
+const N_ATTEMPTS: HeaderName = HeaderName::from_static(H_ATTEMPTS);
+const N_FAILOVERS: HeaderName = HeaderName::from_static(H_FAILOVERS);
+const N_DEGRADED: HeaderName = HeaderName::from_static(H_DEGRADED);
+const N_REQUEST_ID: HeaderName = HeaderName::from_static(H_REQUEST_ID);
+const N_HEDGE: HeaderName = HeaderName::from_static(H_HEDGE);
+const N_SHOULD_RETRY: HeaderName = HeaderName::from_static(H_SHOULD_RETRY);
+
+/// Headers of a response switchyard makes: its own, plus the few hyper adds,
+/// without growing the map.
+const RESPONSE_HEADERS: usize = 12;
+
+/// A count as a header value: the small ones (nearly every request) are
+/// static, so writing them allocates nothing.
+fn count_value(n: u32) -> HeaderValue {
+    const SMALL: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    usize::try_from(n)
+        .ok()
+        .and_then(|i| SMALL.get(i))
+        .map_or_else(|| HeaderValue::from(n), |s| HeaderValue::from_static(s))
+}
+
 /// How the walk along the chain went, for the headers.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Tally {
@@ -41,10 +66,16 @@ pub struct Tally {
 
 impl Tally {
     fn write(self, h: &mut HeaderMap, request_id: &HeaderValue) {
-        h.insert(H_ATTEMPTS, HeaderValue::from(self.attempts));
-        h.insert(H_FAILOVERS, HeaderValue::from(self.failovers));
-        h.insert(H_REQUEST_ID, request_id.clone());
+        h.insert(N_ATTEMPTS, count_value(self.attempts));
+        h.insert(N_FAILOVERS, count_value(self.failovers));
+        h.insert(N_REQUEST_ID, request_id.clone());
     }
+}
+
+/// Marks how a hedged request went (`x-switchyard-hedge`).
+pub fn hedge_result(resp: &mut Response<Body>, result: &'static str) {
+    resp.headers_mut()
+        .insert(N_HEDGE, HeaderValue::from_static(result));
 }
 
 /// Adds the headers of an answer served (or relayed) by `target`.
@@ -56,14 +87,14 @@ pub fn decorate(
     request_id: &HeaderValue,
 ) {
     let h = resp.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&target.name) {
-        h.insert(H_TARGET, v);
+    if let Some(v) = &target.name_header {
+        h.insert(N_TARGET, v.clone());
     }
-    if let Ok(v) = HeaderValue::from_str(&target.provider.name) {
-        h.insert(H_PROVIDER, v);
+    if let Some(v) = &target.provider.name_header {
+        h.insert(N_PROVIDER, v.clone());
     }
     h.insert(
-        H_DEGRADED,
+        N_DEGRADED,
         HeaderValue::from_static(if degraded { "true" } else { "false" }),
     );
     tally.write(h, request_id);
@@ -74,6 +105,7 @@ pub fn decorate(
 pub fn completion(status: StatusCode, bytes: Bytes) -> Response<Body> {
     let mut resp = Response::new(body::full(bytes));
     *resp.status_mut() = status;
+    resp.headers_mut().reserve(RESPONSE_HEADERS);
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp
@@ -84,6 +116,7 @@ pub fn completion(status: StatusCode, bytes: Bytes) -> Response<Body> {
 pub fn stream(body: Body) -> Response<Body> {
     let mut resp = Response::new(body);
     let h = resp.headers_mut();
+    h.reserve(RESPONSE_HEADERS);
     h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     resp
@@ -99,9 +132,9 @@ pub fn stream(body: Body) -> Response<Body> {
 pub fn plain_error(e: &GatewayError, request_id: &HeaderValue) -> Response<Body> {
     let mut resp = completion(e.status(), e.body());
     let h = resp.headers_mut();
-    h.insert(HeaderName::from_static(H_REQUEST_ID), request_id.clone());
+    h.insert(N_REQUEST_ID, request_id.clone());
     if !e.retryable() {
-        h.insert(H_SHOULD_RETRY, HeaderValue::from_static("false"));
+        h.insert(N_SHOULD_RETRY, HeaderValue::from_static("false"));
     }
     if let Some(wait) = e.retry_after() {
         h.insert(RETRY_AFTER, HeaderValue::from(wait));

@@ -203,6 +203,8 @@ impl Relay {
     /// Moves complete buffered events into the batch; the stream's end if an
     /// event ends it.
     fn take_events(&mut self) -> Option<StreamEnd> {
+        // Room for everything buffered, so the batch is allocated once per write.
+        self.batch.reserve(self.state.events.pending());
         while let Some(event) = self.state.events.next_event(self.state.eof) {
             if self.state.done {
                 break;

@@ -721,6 +721,7 @@ fn provider(
     };
     Some(Provider {
         name: name.to_owned(),
+        name_header: http::HeaderValue::from_str(name).ok(),
         endpoint: endpoint?,
         key_selection: key_selection(p, path, c),
         key_cursor: live.key_cursors.get((base_url.clone(), keys.len())),
@@ -798,6 +799,11 @@ fn endpoint(
     let urls =
         urls(base_url, adapter, &query).map_err(|e| c.error(&url_path, format!("bad URL: {e}")));
     let urls = base.and(urls.ok())?;
+    if let Some(host) = crate::upstream::host_header(&urls.chat) {
+        if !headers.contains_key(http::header::HOST) {
+            headers.insert(http::header::HOST, host);
+        }
+    }
     let host_is_name = urls.chat.host().is_some_and(|h| {
         h.trim_matches(['[', ']'])
             .parse::<std::net::IpAddr>()
@@ -1209,6 +1215,7 @@ fn targets(
         };
         let target = Target {
             name: name.clone(),
+            name_header: http::HeaderValue::from_str(name).ok(),
             provider: Arc::clone(provider),
             model: t.model.clone(),
             capabilities: t.capabilities.clone(),

@@ -30,11 +30,13 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use compact_str::CompactString;
 use http::header::{HeaderMap, HeaderValue};
 use opentelemetry::trace::{Status, TraceContextExt};
 use opentelemetry::{Array, KeyValue, StringValue, Value};
 use parking_lot::Mutex;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use tokio::time::Instant;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -63,15 +65,17 @@ struct Inner {
     fields: Mutex<Fields>,
 }
 
-/// What is known about the request so far.
+/// What is known about the request so far. Names and ids are
+/// `CompactString`s: the usual ones (24 bytes or less) are stored inline, so
+/// recording them allocates nothing on the hot path.
 #[derive(Debug, Default)]
 struct Fields {
-    task: Option<String>,
-    requested_model: Option<String>,
+    task: Option<CompactString>,
+    requested_model: Option<CompactString>,
     stream: bool,
     status: u16,
-    target: Option<String>,
-    provider: Option<String>,
+    target: Option<CompactString>,
+    provider: Option<CompactString>,
     attempts: u32,
     failovers: u32,
     degraded: bool,
@@ -79,9 +83,10 @@ struct Fields {
     ttft: Option<Duration>,
     /// Prompt and completion tokens (reported, else estimated) and their cost.
     usage: Option<(u64, u64, f64)>,
-    model: Option<String>,
+    model: Option<CompactString>,
+    /// Kept with tracing on only (the access log does not show them).
     finish_reasons: Vec<String>,
-    upstream_id: Option<String>,
+    upstream_id: Option<CompactString>,
     stream_end: Option<&'static str>,
     /// GenAI's operation name (`chat`, `embeddings`); `chat` until routed.
     operation: Option<&'static str>,
@@ -198,7 +203,7 @@ impl RequestTrace {
         stream: bool,
     ) {
         let mut f = self.0.fields.lock();
-        f.task = Some(task.to_owned());
+        f.task = Some(task.into());
         f.requested_model = requested_model.map(clip);
         f.stream = stream;
         f.operation = Some(operation);
@@ -224,8 +229,8 @@ impl RequestTrace {
         degraded: bool,
     ) {
         let mut f = self.0.fields.lock();
-        f.target = target.map(|(t, _)| t.to_owned());
-        f.provider = target.map(|(_, p)| p.to_owned());
+        f.target = target.map(|(t, _)| t.into());
+        f.provider = target.map(|(_, p)| p.into());
         f.attempts = attempts;
         f.failovers = failovers;
         f.degraded = degraded;
@@ -252,13 +257,10 @@ impl RequestTrace {
     pub fn committed(&self) {
         let ttft = self.0.arrival.elapsed();
         self.0.fields.lock().ttft = Some(ttft);
-        event(
-            "commit",
-            vec![KeyValue::new(
-                "switchyard.time_to_first_token_ms",
-                millis(ttft),
-            )],
-        );
+        if tracing_on() {
+            let ttft_ms = KeyValue::new("switchyard.time_to_first_token_ms", millis(ttft));
+            event("commit", vec![ttft_ms]);
+        }
     }
 
     /// An answer's body (a completion) or one stream chunk: the model that
@@ -269,27 +271,38 @@ impl RequestTrace {
         if !self.0.access_log && !tracing_on() {
             return true;
         }
-        let Ok(meta) = serde_json::from_slice::<Meta>(json) else {
+        let tracing = tracing_on();
+        // Without spans only the model is shown: the choices are not read.
+        let meta = if tracing {
+            serde_json::from_slice::<Meta<'_>>(json)
+        } else {
+            serde_json::from_slice::<ModelOnly<'_>>(json).map(|m| Meta {
+                model: m.model.and_then(text),
+                choices: Vec::new(),
+            })
+        };
+        let Ok(meta) = meta else {
             return false;
         };
-        let named = meta.model.is_some();
+        let model = meta.model.as_deref().map(clip);
         let reasons: Vec<String> = meta
             .choices
             .iter()
-            .filter_map(|c| c.finish_reason.as_deref().map(clip))
+            .filter_map(|c| c.finish_reason.as_deref().map(|r| clip_str(r).to_owned()))
             .collect();
-        if tracing_on() {
+        if tracing {
             let span = Span::current();
-            if let Some(model) = &meta.model {
-                span.set_attribute("gen_ai.response.model", clip(model));
+            if let Some(model) = &model {
+                span.set_attribute("gen_ai.response.model", model.to_string());
             }
             if !reasons.is_empty() {
                 span.set_attribute("gen_ai.response.finish_reasons", string_array(&reasons));
             }
         }
+        let named = model.is_some();
         let mut f = self.0.fields.lock();
-        if let Some(model) = meta.model {
-            f.model = Some(clip(&model));
+        if model.is_some() {
+            f.model = model;
         }
         if !reasons.is_empty() {
             f.finish_reasons = reasons;
@@ -308,7 +321,7 @@ impl RequestTrace {
             return;
         };
         if tracing_on() {
-            Span::current().set_attribute("switchyard.upstream.request_id", id.clone());
+            Span::current().set_attribute("switchyard.upstream.request_id", id.to_string());
         }
         self.0.fields.lock().upstream_id = Some(id);
     }
@@ -339,7 +352,7 @@ impl RequestTrace {
         span.set_attribute("gen_ai.operation.name", a.operation);
         span.set_attribute("gen_ai.provider.name", a.protocol);
         span.set_attribute("gen_ai.system", a.protocol);
-        span.set_attribute("gen_ai.request.model", clip(a.model));
+        span.set_attribute("gen_ai.request.model", clip_str(a.model).to_owned());
         span.set_attribute("switchyard.target", a.target.to_owned());
         span.set_attribute("switchyard.provider", a.provider.to_owned());
         span.set_attribute("switchyard.attempt", i64::from(a.number));
@@ -449,9 +462,9 @@ fn record_server_span(span: &Span, f: &Fields, elapsed: Duration) {
     set("switchyard.degraded", f.degraded.into());
     set("switchyard.stream", f.stream.into());
     set("switchyard.duration_ms", millis(elapsed).into());
-    let text = |key: &'static str, value: &Option<String>| {
+    let text = |key: &'static str, value: &Option<CompactString>| {
         if let Some(v) = value {
-            set(key, v.clone().into());
+            set(key, v.to_string().into());
         }
     };
     text("gen_ai.request.model", &f.requested_model);
@@ -520,17 +533,38 @@ fn access_line(request_id: &HeaderValue, f: &Fields, elapsed: Duration, trace_id
         "request");
 }
 
-/// The parts of a completion or chunk the telemetry shows.
+/// The parts of a completion or chunk the telemetry shows (strings borrowed
+/// from the body unless they hold escapes).
 #[derive(Deserialize)]
-struct Meta {
-    model: Option<String>,
-    #[serde(default)]
-    choices: Vec<MetaChoice>,
+struct Meta<'a> {
+    #[serde(borrow)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    choices: Vec<MetaChoice<'a>>,
 }
 
 #[derive(Deserialize)]
-struct MetaChoice {
-    finish_reason: Option<String>,
+struct MetaChoice<'a> {
+    #[serde(borrow)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+/// What the access log alone needs of an answer: the model's raw JSON (a
+/// `Cow` inside an `Option` would always be copied).
+#[derive(Deserialize)]
+struct ModelOnly<'a> {
+    #[serde(borrow)]
+    model: Option<&'a RawValue>,
+}
+
+/// A raw JSON string, borrowed when it holds no escapes.
+fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
+    match serde_json::from_str::<&str>(raw.get()) {
+        Ok(plain) => Some(Cow::Borrowed(plain)),
+        Err(_) => serde_json::from_str::<String>(raw.get())
+            .ok()
+            .map(Cow::Owned),
+    }
 }
 
 /// Milliseconds with microsecond precision.
@@ -543,8 +577,8 @@ fn to_i64(n: u64) -> i64 {
 }
 
 /// At most [`MAX_TEXT`] characters of an upstream-supplied string.
-fn clip(text: &str) -> String {
-    clip_str(text).to_owned()
+fn clip(text: &str) -> CompactString {
+    clip_str(text).into()
 }
 
 fn clip_str(text: &str) -> &str {
@@ -574,6 +608,16 @@ mod tests {
         assert_eq!(m.choices[0].finish_reason.as_deref(), Some("stop"));
         let m: Meta = serde_json::from_slice(br#"{"choices":[{"delta":{}}]}"#).unwrap();
         assert!(m.model.is_none() && m.choices[0].finish_reason.is_none());
+    }
+
+    #[test]
+    fn the_model_alone_is_read_borrowed_and_escapes_still_decode() {
+        let m: ModelOnly = serde_json::from_slice(br#"{"choices":[],"model":"m-1"}"#).unwrap();
+        assert!(matches!(m.model.and_then(text), Some(Cow::Borrowed("m-1"))));
+        let m: ModelOnly = serde_json::from_slice(br#"{"model":"m\u002d2"}"#).unwrap();
+        assert_eq!(m.model.and_then(text).as_deref(), Some("m-2"));
+        let m: ModelOnly = serde_json::from_slice(br#"{"model":7}"#).unwrap();
+        assert!(m.model.and_then(text).is_none());
     }
 
     #[test]

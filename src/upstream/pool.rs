@@ -20,9 +20,7 @@ use http::{Request, Response, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::{
-    capture_connection, Connected, Connection, HttpConnector,
-};
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
@@ -103,20 +101,27 @@ pub async fn send(
 
 /// One try; on failure, whether it failed on a reused connection before
 /// any response byte.
+///
+/// The connection's [`Uses`] comes with the answer (the client copies a
+/// connection's extras into every response) or with the error (which names
+/// its connection), so no per-request capture of the connection is needed.
 async fn request_once(
     client: &HttpClient,
-    mut req: Request<Full<Bytes>>,
+    req: Request<Full<Bytes>>,
 ) -> Result<Response<Incoming>, (hyper_util::client::legacy::Error, bool)> {
-    let captured = capture_connection(&mut req);
-    let result = client.request(req).await;
-    let earlier_uses = captured.connection_metadata().as_ref().and_then(|c| {
-        let mut extras = http::Extensions::new();
-        c.get_extras(&mut extras);
-        extras.get::<Uses>().map(Uses::count)
-    });
-    match result {
-        Ok(resp) => Ok(resp),
+    match client.request(req).await {
+        Ok(resp) => {
+            if let Some(uses) = resp.extensions().get::<Uses>() {
+                uses.count();
+            }
+            Ok(resp)
+        }
         Err(e) => {
+            let earlier_uses = e.connect_info().and_then(|c| {
+                let mut extras = http::Extensions::new();
+                c.get_extras(&mut extras);
+                extras.get::<Uses>().map(Uses::count)
+            });
             let stale = earlier_uses.is_some_and(|n| n > 0)
                 && matches!(request_error_kind(&e, false), NetworkKind::Reset);
             Err((e, stale))
