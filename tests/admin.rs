@@ -96,6 +96,11 @@ async fn over_the_concurrency_cap_gets_503_with_retry_after() {
     assert_eq!(second.status, 503);
     assert_eq!(second.header("retry-after"), "1");
     assert_eq!(second.json()["error"]["code"], "overloaded");
+    assert_eq!(
+        second.header("x-should-retry"),
+        "",
+        "an overload is worth retrying: no `x-should-retry: false`"
+    );
     assert_eq!(first.await.unwrap(), 200);
     assert_eq!(
         chat(gw.addr, hello("gpt-4o")).await.status,

@@ -358,19 +358,18 @@ async fn reloads(gw: &Gw, result: &str) -> f64 {
 
 /// A file with targets `a` (on `p-a`) and, if `b_key_env` is given, `b` on
 /// `p-b` reading its key from that variable; task `chat` with `chain`.
-fn keyed(a: &Fake, b: &Fake, b_key_env: Option<&str>, chain: &str) -> String {
+/// routes.yaml with provider `p-a` and, if `b_key` is given (a key line such
+/// as `api_key_env: VAR`), provider `p-b` with that key.
+fn keyed(a: &Fake, b: &Fake, b_key: Option<&str>, chain: &str) -> String {
     let mut y = format!(
         "version: 1\nproviders:\n  p-a: {{ base_url: '{}', timeout: 2s }}\n",
         a.url()
     );
-    if let Some(var) = b_key_env {
-        y.push_str(&format!(
-            "  p-b:\n    base_url: '{}'\n    api_key_env: {var}\n",
-            b.url()
-        ));
+    if let Some(key) = b_key {
+        y.push_str(&format!("  p-b:\n    base_url: '{}'\n    {key}\n", b.url()));
     }
     y.push_str("targets:\n  a: { provider: p-a, model: upstream-a }\n");
-    if b_key_env.is_some() {
+    if b_key.is_some() {
         y.push_str("  b: { provider: p-b, model: upstream-b }\n");
     }
     y.push_str(&format!(
@@ -380,15 +379,33 @@ fn keyed(a: &Fake, b: &Fake, b_key_env: Option<&str>, chain: &str) -> String {
 }
 
 const UNSET_KEY: &str = "SWITCHYARD_CONFIG_SEMANTICS_UNSET_KEY";
+const UNSET_KEY_LINE: &str = "api_key_env: SWITCHYARD_CONFIG_SEMANTICS_UNSET_KEY";
 
 #[tokio::test]
 async fn a_reload_adding_a_provider_whose_key_cannot_be_read_is_refused() {
     assert!(std::env::var_os(UNSET_KEY).is_none());
+    let text = reload_refused_for_new_key(UNSET_KEY_LINE, "api_key_env").await;
+    assert!(text.contains(UNSET_KEY), "{text}");
+}
+
+#[tokio::test]
+async fn a_reload_adding_a_provider_whose_key_file_is_missing_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("not-mounted-yet");
+    let line = format!("api_key_file: '{}'", missing.display());
+    let text = reload_refused_for_new_key(&line, "api_key_file").await;
+    assert!(text.contains("not-mounted-yet"), "{text}");
+}
+
+/// Rewrites a one-provider config to add `p-b` with `key_line` (a key it
+/// cannot read) first in the chain, checks that the reload is refused and
+/// the old chain keeps serving, and returns the one diagnostic, rendered.
+async fn reload_refused_for_new_key(key_line: &str, field: &str) -> String {
     let a = Fake::always(fake::completion("upstream-a", "from a")).await;
     let b = Fake::always(fake::completion("upstream-b", "from b")).await;
     let gw = gateway(&keyed(&a, &b, None, "a")).await;
     let before = reloads(&gw, "error").await;
-    let text = keyed(&a, &b, Some(UNSET_KEY), "b, a");
+    let text = keyed(&a, &b, Some(key_line), "b, a");
     gw.rewrite(&text);
     let mut refused = false;
     for _ in 0..150 {
@@ -411,14 +428,15 @@ async fn a_reload_adding_a_provider_whose_key_cannot_be_read_is_refused() {
     let diags = switchyard::reload::prepare(&gw.app).unwrap_err();
     let all = rendered(&diags);
     assert_eq!(diags.len(), 1, "{all:#?}");
-    assert_eq!(diags[0].path, "providers.p-b.api_key_env");
-    assert_eq!((diags[0].line, diags[0].column), at(&text, UNSET_KEY));
+    assert_eq!(diags[0].path, format!("providers.p-b.{field}"));
+    let value = key_line.split_once(": ").map_or(key_line, |(_, v)| v);
+    assert_eq!((diags[0].line, diags[0].column), at(&text, value));
     assert!(
         diags[0].message.contains("provider `p-b` is new")
-            && diags[0].message.contains(UNSET_KEY)
             && diags[0].message.contains("keeping the old config"),
         "{all:#?}"
     );
+    diags[0].message.clone()
 }
 
 #[tokio::test]
@@ -426,14 +444,14 @@ async fn a_provider_without_its_key_since_the_start_does_not_block_reloads() {
     let a = Fake::always(fake::completion("upstream-a", "from a")).await;
     let b = Fake::always(fake::completion("upstream-b", "from b")).await;
     // At start an unreadable key is only a warning.
-    let gw = gateway(&keyed(&a, &b, Some(UNSET_KEY), "b, a")).await;
+    let gw = gateway(&keyed(&a, &b, Some(UNSET_KEY_LINE), "b, a")).await;
     assert_eq!(
         chat(gw.addr, hello("gpt-4o"))
             .await
             .header("x-switchyard-target"),
         "b"
     );
-    gw.rewrite(&keyed(&a, &b, Some(UNSET_KEY), "a, b"));
+    gw.rewrite(&keyed(&a, &b, Some(UNSET_KEY_LINE), "a, b"));
     let mut applied = false;
     for _ in 0..150 {
         if chat(gw.addr, hello("gpt-4o"))

@@ -265,6 +265,23 @@ async fn a_wait_longer_than_the_limit_or_off_by_default_fails_over() {
     let ans = chat(gw.addr, hello("gpt-4o")).await;
     assert_eq!(ans.json()["model"], "model-b");
     assert_eq!(short.calls(), 1, "no wait without the option");
+    // Within wait_retry_after, but past what is left of the task's deadline.
+    let past_deadline = Fake::always(reply(429, SLOW_DOWN, &[("retry-after-ms", "1500")])).await;
+    let gw = gateway(&routes(
+        &[hop("a", &past_deadline.url()), hop("b", &b.url())],
+        "budget: { total_timeout: 1s }",
+        WAIT_RULE,
+    ))
+    .await;
+    // Waiting would end in the deadline's 504; failing over at once serves.
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.json()["model"], "model-b");
+    assert_eq!(
+        past_deadline.calls(),
+        1,
+        "a wait that outlives the deadline is not taken"
+    );
 }
 
 // ----- 6, 7: a 200 is an answer only if it is one -----
