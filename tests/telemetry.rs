@@ -428,6 +428,49 @@ async fn a_streams_access_line_is_written_at_its_end_with_its_verdict() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continued_streams_access_line_names_the_target_that_finished_it() {
+    let words = ["The", " quick", " brown", " fox"];
+    let a = Fake::always(fake::stream_cut_after("model-a", &words, 2)).await;
+    let b = Fake::always(fake::stream("model-b", &words)).await;
+    let yaml = routes(
+        &[
+            hop("a", &a.url()),
+            hop("b", &b.url()).target("max_context: 1000"),
+        ],
+        "stream_recovery: { mode: continue }",
+        "",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("routes.yaml");
+    std::fs::write(&config, &yaml).unwrap();
+    let served = Served::start_with(&config, dir.path(), &["--log-format", "json"], &[]);
+    let ans = send(&served, "log-continued", hello_stream("gpt-4o"), &[]).await;
+    assert_eq!(ans.status, 200);
+    assert_eq!(
+        stream_text(&ans.text()),
+        "The quick brown fox",
+        "{}",
+        ans.text()
+    );
+    let mut lines = Vec::new();
+    let written = wait_blocking(Duration::from_secs(5), || {
+        lines = access_lines(&served.log());
+        !lines.is_empty()
+    });
+    assert!(written, "{}", served.log());
+    let line = &lines[0];
+    assert_eq!(line["request_id"], "log-continued");
+    assert_eq!(line["target"], "b", "{line}");
+    assert_eq!(line["provider"], "p-b", "{line}");
+    // The calls the head counted at the commit point, and the continuation.
+    let at_commit: u64 = ans.header("x-switchyard-attempts").parse().unwrap();
+    assert_eq!(line["attempts"], at_commit + 1, "{line}");
+    assert_eq!(line["failovers"], 1, "{line}");
+    assert_eq!(line["degraded"], true, "{line}");
+    assert_eq!(line["stream_end"], "complete", "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_can_be_turned_off() {
     let a = Fake::always(fake::completion("model-a", "hi")).await;
     let yaml = routes(

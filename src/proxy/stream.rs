@@ -344,6 +344,11 @@ impl Relay {
             self.out.push_back(Bytes::from(comment));
         }
         self.state = commit.state;
+        let to = &self.state.target;
+        self.state
+            .account
+            .trace
+            .continued(&to.name, &to.provider.name);
         self.permit = Some(commit.permit);
         self.usage = None;
         self.content_chunks = 0;

@@ -236,6 +236,17 @@ impl RequestTrace {
         f.degraded = degraded;
     }
 
+    /// A broken stream carried on by another target (one more upstream call):
+    /// the record names the target that finished the answer.
+    pub fn continued(&self, target: &str, provider: &str) {
+        let mut f = self.0.fields.lock();
+        f.target = Some(target.into());
+        f.provider = Some(provider.into());
+        f.attempts += 1;
+        f.failovers += 1;
+        f.degraded = true;
+    }
+
     /// switchyard's own error code (`all_targets_failed`, ...): `error.type`.
     pub fn error(&self, code: &'static str) {
         self.0.fields.lock().error = Some(Cow::Borrowed(code));
