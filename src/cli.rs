@@ -259,8 +259,16 @@ pub fn explain(config: &std::path::Path, args: &ExplainArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let Some(task) = snapshot.route(None, Some(&args.task)) else {
-        eprintln!("{shown}: no task or alias `{}`", args.task);
+    // By name or alias only: an unknown name is an error here, even where a
+    // request naming it would fall through to `default_task`.
+    let Some(task) = snapshot.models.get(&args.task) else {
+        let fallback = snapshot.default_task.as_ref().map_or(String::new(), |d| {
+            format!(
+                " (a request with this `model` would go to default_task `{}`)",
+                d.name
+            )
+        });
+        eprintln!("{shown}: no task or alias `{}`{fallback}", args.task);
         return ExitCode::FAILURE;
     };
     let plan = crate::routing::plan(task, &args.needs, tokio::time::Instant::now());

@@ -203,7 +203,12 @@ pub fn reload_now(app: &App) -> bool {
                     Severity::Note => {}
                 }
             }
-            error!(config = %path, problems = diags.len(), "config rejected; the previous config keeps serving");
+            // Counted as `validate` counts them: the errors that reject the file.
+            let errors = diags
+                .iter()
+                .filter(|d| matches!(d.severity, Severity::Error))
+                .count();
+            error!(config = %path, errors, "config rejected; the previous config keeps serving");
             count(app.metrics(), false);
             false
         }

@@ -471,6 +471,23 @@ fn explain_exits_one_when_no_candidate_remains() {
 }
 
 #[test]
+fn explain_names_an_unknown_task_even_with_a_default_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("routes.yaml");
+    std::fs::write(&path, format!("{ONE_OF_EACH}default_task: chat\n")).unwrap();
+    let path = path.display().to_string();
+    let out = binary::run(&["explain", "--config", &path, "--task", "nope"], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no task or alias `nope`") && err.contains("default_task `chat`"),
+        "{err}"
+    );
+    let known = binary::run(&["explain", "--config", &path, "--task", "chat"], &[]);
+    assert_eq!(known.status.code(), Some(0), "{}", describe(&known));
+}
+
+#[test]
 fn validate_counts_are_singular_for_one() {
     let dir = tempfile::tempdir().unwrap();
     let one = dir.path().join("one.yaml");
