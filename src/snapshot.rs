@@ -137,7 +137,8 @@ impl HedgePolicy {
                 quantile,
                 floor,
                 cap,
-            } => observed(quantile).map_or(cap, |d| d.clamp(floor, cap)),
+                // Not `clamp`, which panics when floor > cap (compile refuses that).
+            } => observed(quantile).map_or(cap, |d| d.max(floor).min(cap)),
         }
     }
 }

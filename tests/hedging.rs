@@ -221,3 +221,38 @@ async fn an_adaptive_delay_waits_its_cap_until_the_target_is_measured() {
         explained.text()
     );
 }
+
+#[test]
+fn a_floor_above_the_cap_is_refused_where_it_is_written() {
+    let url = "http://127.0.0.1:9/v1";
+    let fake_pair = |hedge: &str| {
+        routes(
+            &[hop("a", url), hop("b", url)],
+            &format!("hedge: {hedge}"),
+            "",
+        )
+    };
+    // The default cap is 2s: a floor of 3s alone is already above it.
+    for (hedge, at) in [
+        ("{ after: p90, floor: 3s }", "tasks.chat.hedge.floor"),
+        (
+            "{ after: p90, floor: 1s, cap: 500ms }",
+            "tasks.chat.hedge.floor",
+        ),
+        ("{ after: p90, cap: 10ms }", "tasks.chat.hedge.cap"),
+    ] {
+        let errors = compile_errors(&fake_pair(hedge));
+        assert_eq!(errors.len(), 1, "{hedge}: {errors:#?}");
+        assert_eq!(errors[0].path, at, "{hedge}");
+        assert!(errors[0].message.contains("above hedge.cap"), "{errors:#?}");
+    }
+    let equal = fake_pair("{ after: p90, floor: 2s }");
+    let parsed = switchyard::config::parse(&equal).unwrap();
+    let compiled = switchyard::snapshot::compile::compile(
+        &parsed,
+        &equal,
+        &switchyard::snapshot::LiveState::default(),
+        switchyard::snapshot::CompileOptions::default(),
+    );
+    assert!(compiled.is_ok(), "a floor equal to the cap is fine");
+}

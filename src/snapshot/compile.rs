@@ -1435,18 +1435,31 @@ fn hedge(t: &RawTask, path: &str, c: &mut Checks<'_>) -> Option<HedgePolicy> {
                 );
                 return None;
             };
+            let floor = c.duration(
+                &format!("{hpath}.floor"),
+                raw.floor.as_deref(),
+                Duration::from_millis(50),
+            );
+            let cap = c.duration(
+                &format!("{hpath}.cap"),
+                raw.cap.as_deref(),
+                Duration::from_secs(2),
+            );
+            if floor > cap {
+                let at = if raw.floor.is_some() { "floor" } else { "cap" };
+                c.error(
+                    &format!("{hpath}.{at}"),
+                    format!(
+                        "hedge.floor ({}) is above hedge.cap ({}): the delay is clamped to [floor, cap]",
+                        humantime::format_duration(floor),
+                        humantime::format_duration(cap)
+                    ),
+                );
+            }
             After::Percentile {
                 quantile,
-                floor: c.duration(
-                    &format!("{hpath}.floor"),
-                    raw.floor.as_deref(),
-                    Duration::from_millis(50),
-                ),
-                cap: c.duration(
-                    &format!("{hpath}.cap"),
-                    raw.cap.as_deref(),
-                    Duration::from_secs(2),
-                ),
+                floor,
+                cap,
             }
         }
         None => After::Fixed(c.duration(

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
 
 use parking_lot::Mutex;
 
@@ -175,8 +177,8 @@ pub struct TaskState {
     swrr: Mutex<Vec<i64>>,
     /// (clock hour, USD spent on non-first targets in it).
     spend: Mutex<(u64, f64)>,
-    /// (minute, requests, hedges) of the current minute, for the hedge rate cap.
-    hedges: Mutex<(u64, u32, u32)>,
+    /// Requests and hedges of the current one-minute window, for the hedge rate cap.
+    hedges: Mutex<HedgeWindow>,
 }
 
 impl TaskState {
@@ -208,37 +210,25 @@ impl TaskState {
         best
     }
 
-    /// Counts one request of a hedging task in the current minute.
+    /// Counts one request of a hedging task in the current window.
     pub fn count_request(&self) {
-        let minute = Self::minute();
         let mut h = self.hedges.lock();
-        if h.0 != minute {
-            *h = (minute, 0, 0);
-        }
-        h.1 = h.1.saturating_add(1);
+        h.roll(Instant::now());
+        h.requests = h.requests.saturating_add(1);
     }
 
     /// Takes one hedge if this minute's hedges stay within `max_share` of
     /// its requests (at least one a minute, unless `max_share` is 0); false
     /// when the cap suppresses it.
     pub fn take_hedge(&self, max_share: f64) -> bool {
-        let minute = Self::minute();
         let mut h = self.hedges.lock();
-        if h.0 != minute {
-            *h = (minute, 1, 0);
-        }
-        let allowed = (max_share * f64::from(h.1.max(1))).floor().max(1.0);
-        if max_share <= 0.0 || f64::from(h.2 + 1) > allowed {
+        h.roll(Instant::now());
+        let allowed = (max_share * f64::from(h.requests.max(1))).floor().max(1.0);
+        if max_share <= 0.0 || f64::from(h.hedges + 1) > allowed {
             return false;
         }
-        h.2 += 1;
+        h.hedges += 1;
         true
-    }
-
-    fn minute() -> u64 {
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() / 60)
     }
 
     fn hour() -> u64 {
@@ -266,5 +256,53 @@ impl TaskState {
             *spend = (hour, 0.0);
         }
         spend.1 += usd;
+    }
+}
+
+/// One minute of a hedging task's requests and hedges. The window starts at
+/// the first request after the last one ended (not on the clock's minute, so
+/// the cap does not reset in the middle of a burst).
+#[derive(Debug, Default)]
+struct HedgeWindow {
+    start: Option<Instant>,
+    requests: u32,
+    hedges: u32,
+}
+
+impl HedgeWindow {
+    /// Starts a new window when there is none or the current one is a minute old.
+    fn roll(&mut self, now: Instant) {
+        let over = self
+            .start
+            .is_none_or(|s| now.duration_since(s) >= Duration::from_secs(60));
+        if over {
+            *self = HedgeWindow {
+                start: Some(now),
+                ..HedgeWindow::default()
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_hedge_cap_holds_for_a_minute_from_the_first_request_then_starts_again() {
+        let state = TaskState::default();
+        for _ in 0..20 {
+            state.count_request();
+        }
+        assert!(state.take_hedge(0.1), "10 % of 20 requests: two hedges");
+        assert!(state.take_hedge(0.1));
+        assert!(!state.take_hedge(0.1), "a third is over the share");
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert!(!state.take_hedge(0.1), "still the same window");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        state.count_request();
+        assert!(state.take_hedge(0.1), "a new window allows at least one");
+        assert!(!state.take_hedge(0.1));
+        assert!(!state.take_hedge(0.0), "a share of 0 never hedges");
     }
 }
