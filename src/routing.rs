@@ -93,7 +93,9 @@ impl Needs {
     /// target's `max_output` when the request gives none).
     #[must_use]
     pub fn total_tokens(&self, target: &Target) -> u64 {
-        self.prompt_tokens + self.max_tokens.or(target.max_output).unwrap_or(0)
+        // Saturating: `max_tokens` is the client's, any non-negative integer.
+        self.prompt_tokens
+            .saturating_add(self.max_tokens.or(target.max_output).unwrap_or(0))
     }
 }
 

@@ -43,8 +43,11 @@ impl Account {
             self.task.state.add_spend(usd);
         }
         if let Some(limits) = &target.provider.limits {
-            let charged = self.prompt_estimate + self.max_tokens.or(target.max_output).unwrap_or(0);
-            limits.correct((prompt + completion).saturating_sub(charged));
+            // Saturating: the client's max_tokens and the upstream's counts may be absurd.
+            let charged = self
+                .prompt_estimate
+                .saturating_add(self.max_tokens.or(target.max_output).unwrap_or(0));
+            limits.correct(prompt.saturating_add(completion).saturating_sub(charged));
         }
     }
 }

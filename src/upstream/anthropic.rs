@@ -661,11 +661,12 @@ impl Usage {
     /// OpenAI counts cached prompt tokens in `prompt_tokens`; Anthropic's
     /// `input_tokens` leaves out cache writes and reads.
     fn prompt_tokens(&self) -> Option<u64> {
+        // Saturating: the counts are the upstream's, and may be absurd.
         let input = self.input_tokens?;
         Some(
             input
-                + self.cache_creation_input_tokens.unwrap_or(0)
-                + self.cache_read_input_tokens.unwrap_or(0),
+                .saturating_add(self.cache_creation_input_tokens.unwrap_or(0))
+                .saturating_add(self.cache_read_input_tokens.unwrap_or(0)),
         )
     }
 }
@@ -675,7 +676,7 @@ fn usage_json(prompt: u64, completion: u64, cached: u64) -> Value {
     let mut u = json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "total_tokens": prompt + completion,
+        "total_tokens": prompt.saturating_add(completion),
     });
     if cached > 0 {
         u["prompt_tokens_details"] = json!({ "cached_tokens": cached });
@@ -1145,6 +1146,18 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn absurd_usage_counts_saturate_instead_of_wrapping() {
+        let u = Usage {
+            input_tokens: Some(u64::MAX),
+            output_tokens: Some(u64::MAX),
+            cache_creation_input_tokens: Some(5),
+            cache_read_input_tokens: Some(u64::MAX),
+        };
+        assert_eq!(u.prompt_tokens(), Some(u64::MAX));
+        assert_eq!(usage_json(u64::MAX, u64::MAX, 0)["total_tokens"], u64::MAX);
     }
 
     #[test]
