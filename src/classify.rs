@@ -643,6 +643,89 @@ pub enum AnswerShape {
     NotACompletion,
 }
 
+/// How many entries an array has, counted without keeping them; each
+/// must be a choice.
+struct Entries(usize);
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Count;
+        impl<'de> serde::de::Visitor<'de> for Count {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Entries, A::Error> {
+                let mut n = 0;
+                while seq.next_element::<Choice>()?.is_some() {
+                    n += 1;
+                }
+                Ok(Entries(n))
+            }
+        }
+        d.deserialize_seq(Count)
+    }
+}
+/// A choice: an object whose `message` is an object (its fields unread).
+struct Choice;
+impl<'de> serde::Deserialize<'de> for Choice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = Choice;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a choice with a message object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Choice, A::Error> {
+                let mut message = false;
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if key == "message" {
+                        map.next_value::<ObjectOnly>()?;
+                        message = true;
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                if message {
+                    Ok(Choice)
+                } else {
+                    Err(serde::de::Error::missing_field("message"))
+                }
+            }
+        }
+        d.deserialize_map(Fields)
+    }
+}
+/// Any JSON object, skipped; anything else is an error.
+struct ObjectOnly;
+impl<'de> serde::Deserialize<'de> for ObjectOnly {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Skip;
+        impl<'de> serde::de::Visitor<'de> for Skip {
+            type Value = ObjectOnly;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ObjectOnly, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(ObjectOnly)
+            }
+        }
+        d.deserialize_map(Skip)
+    }
+}
+
 /// Reads a 2xx non-streamed body: only a chat completion is an answer.
 #[must_use]
 pub fn answer_shape(body: &[u8]) -> AnswerShape {
@@ -653,29 +736,10 @@ pub fn answer_shape(body: &[u8]) -> AnswerShape {
         #[serde(default)]
         choices: Option<Entries>,
     }
-    /// How many entries an array has, counted without keeping them.
-    struct Entries(usize);
-    impl<'de> serde::Deserialize<'de> for Entries {
-        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            struct Count;
-            impl<'de> serde::de::Visitor<'de> for Count {
-                type Value = Entries;
-                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                    f.write_str("an array")
-                }
-                fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                    self,
-                    mut seq: A,
-                ) -> Result<Entries, A::Error> {
-                    let mut n = 0;
-                    while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
-                        n += 1;
-                    }
-                    Ok(Entries(n))
-                }
-            }
-            d.deserialize_seq(Count)
-        }
+    // Skipped strings are not checked by the JSON reader: a body that is not
+    // UTF-8 is no answer to relay (the check runs at memory speed).
+    if std::str::from_utf8(body).is_err() {
+        return AnswerShape::NotACompletion;
     }
     let text = body.trim_ascii_start();
     if text.starts_with(b"data:") || text.starts_with(b"event:") {
@@ -902,6 +966,32 @@ mod tests {
         assert!(
             d > Duration::from_secs(27) && d <= Duration::from_secs(30),
             "{d:?}"
+        );
+    }
+
+    #[test]
+    fn choices_must_be_choices_and_the_body_utf8() {
+        use AnswerShape::{Completion, NotACompletion};
+        for body in [
+            &br#"{"choices":[1]}"#[..],
+            br#"{"choices":[{"message":null}]}"#,
+            br#"{"choices":[{"index":0}]}"#,
+            br#"{"choices":[{"message":"hi"}]}"#,
+            br#"{"choices":[{"message":{"content":"ok"}},2]}"#,
+            b"{\"choices\":[{\"message\":{\"content\":\"\xff\xfe\"}}]}",
+        ] {
+            assert_eq!(
+                answer_shape(body),
+                NotACompletion,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert_eq!(
+            answer_shape(
+                br#"{"choices":[{"index":0,"message":{"role":"assistant","tool_calls":[]},"finish_reason":"tool_calls"}]}"#
+            ),
+            Completion
         );
     }
 

@@ -18,6 +18,9 @@ pub struct Event {
     pub raw: Bytes,
     /// The `data:` lines joined by `\n`; `None` for comment/keep-alive-only events.
     pub data: Option<String>,
+    /// Not an event switchyard may relay: its `data` was not UTF-8 (`data`
+    /// then holds a lossy copy), or a translator could not read it.
+    pub malformed: bool,
 }
 
 /// Incremental parser: feed bytes, take complete events.
@@ -30,6 +33,8 @@ pub struct Parser {
     /// already searched, so a long line is not rescanned on every read.
     search_from: usize,
     data: Option<String>,
+    /// The current event's `data` had bytes that are not UTF-8.
+    not_utf8: bool,
     /// Bytes examined looking for line ends, for the linear-time test.
     #[cfg(test)]
     examined: usize,
@@ -91,6 +96,8 @@ impl Parser {
             let line = &self.buf[line_start..line_start + line_len];
             if let Some(value) = field(line, b"data") {
                 let value = String::from_utf8_lossy(value);
+                // A lossy copy means replaced bytes: never relayed as they came.
+                self.not_utf8 |= matches!(value, std::borrow::Cow::Owned(_));
                 match &mut self.data {
                     Some(d) => {
                         d.push('\n');
@@ -112,6 +119,7 @@ impl Parser {
         Event {
             raw,
             data: self.data.take(),
+            malformed: std::mem::take(&mut self.not_utf8),
         }
     }
 }
@@ -261,6 +269,9 @@ struct ErrorWire {
 /// Reads an event's data as an OpenAI chunk.
 #[must_use]
 pub fn classify_event(event: &Event) -> Chunk {
+    if event.malformed {
+        return Chunk::Malformed;
+    }
     let Some(data) = &event.data else {
         return Chunk::Empty;
     };
@@ -477,6 +488,7 @@ mod tests {
         classify_event(&Event {
             raw: Bytes::new(),
             data: Some(data.to_owned()),
+            malformed: false,
         })
     }
 

@@ -376,13 +376,18 @@ impl Events {
                             .ok()
                             .and_then(|t| t.strip_prefix("data: "))
                             .map(|t| t.trim_end().to_owned());
-                        self.ready.push_back(crate::sse::Event { raw, data });
+                        self.ready.push_back(crate::sse::Event {
+                            raw,
+                            data,
+                            malformed: false,
+                        });
                     }
                 }
                 Err(_) => {
                     return Some(crate::sse::Event {
                         raw: Bytes::new(),
-                        data: Some("{".to_owned()),
+                        data: None,
+                        malformed: true,
                     })
                 }
             }

@@ -404,3 +404,47 @@ async fn malformed_event_before_content_fails_over() {
     assert_eq!((a.calls(), b.calls()), (2, 1));
     assert_eq!(admin_target(&gw, "a").await["consecutive_failures"], 2);
 }
+
+/// An SSE answer of `events` (some not UTF-8), then a close.
+async fn raw_stream(events: &[&[u8]]) -> RawFake {
+    let mut bytes = fake::sse_head(&[]).into_bytes();
+    for e in events {
+        bytes.extend_from_slice(e);
+    }
+    RawFake::start(vec![(Duration::ZERO, bytes)]).await
+}
+
+#[tokio::test]
+async fn a_chunk_that_is_not_utf8_before_content_fails_over() {
+    let role = role(M, "\n");
+    let a = raw_stream(&[
+        role.as_bytes(),
+        b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\xff\xfe\"}}]}\n\n",
+        b"data: [DONE]\n\n",
+    ])
+    .await;
+    let b = Fake::always(fake::stream("model-b", &["from", " b"])).await;
+    let gw = gateway(&routes(&[hop("a", &a.url()), hop("b", &b.url())], "", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(ans.status, 200);
+    assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
+    assert_eq!(sse_text(&ans.text()), "from b");
+}
+
+#[tokio::test]
+async fn a_chunk_that_is_not_utf8_after_content_is_dropped_never_relayed() {
+    let good = [role(M, "\n"), content(M, "before", "\n")];
+    let rest = [content(M, " after", "\n"), finish(M, "\n"), done("\n")];
+    let mut events: Vec<&[u8]> = good.iter().map(|e| e.as_bytes()).collect();
+    events.push(b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\xff\"}}]}\n\n");
+    events.extend(rest.iter().map(|e| e.as_bytes()));
+    let a = raw_stream(&events).await;
+    let gw = gateway(&chain_config(&[("a", &a.url())], "", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(ans.status, 200);
+    assert!(
+        std::str::from_utf8(&ans.body).is_ok(),
+        "the client gets UTF-8 only"
+    );
+    assert_eq!(ans.text(), format!("{}{}", good.concat(), rest.concat()));
+}

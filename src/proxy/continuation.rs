@@ -625,6 +625,7 @@ mod tests {
         Event {
             raw: Bytes::from(format!("data: {data}\n\n")),
             data: Some(data.to_owned()),
+            malformed: false,
         }
     }
 
@@ -684,6 +685,7 @@ mod tests {
         let done = Event {
             raw: Bytes::from_static(b"data: [DONE]\n\n"),
             data: Some("[DONE]".into()),
+            malformed: false,
         };
         assert_eq!(s.event(&done), Spliced::Raw);
     }
