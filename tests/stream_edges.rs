@@ -448,3 +448,40 @@ async fn a_chunk_that_is_not_utf8_after_content_is_dropped_never_relayed() {
     );
     assert_eq!(ans.text(), format!("{}{}", good.concat(), rest.concat()));
 }
+
+#[tokio::test]
+async fn a_stream_of_nothing_but_done_fails_over() {
+    for events in [vec![done("\n")], vec![role(M, "\n"), done("\n")]] {
+        let a = Fake::always(pieces(events.clone(), Duration::ZERO)).await;
+        let b = Fake::always(fake::stream("model-b", &["from", " b"])).await;
+        let gw = gateway(&routes(&[hop("a", &a.url()), hop("b", &b.url())], "", "")).await;
+        let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+        assert_eq!(ans.status, 200);
+        assert_eq!(ans.header("x-switchyard-target"), "b", "{events:?}");
+        assert_eq!(sse_text(&ans.text()), "from b");
+    }
+    // An empty answer that says it finished is an answer.
+    let a = Fake::always(pieces(
+        vec![role(M, "\n"), finish(M, "\n"), done("\n")],
+        Duration::ZERO,
+    ))
+    .await;
+    let gw = gateway(&chain_config(&[("a", &a.url())], "", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "a", "{}", ans.text());
+}
+
+#[tokio::test]
+async fn a_whole_completion_where_a_stream_was_asked_for_fails_over() {
+    let a = Fake::always(fake::completion("model-a", "not a stream")).await;
+    let b = Fake::always(fake::stream("model-b", &["from", " b"])).await;
+    let gw = gateway(&routes(&[hop("a", &a.url()), hop("b", &b.url())], "", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(ans.status, 200);
+    assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
+    assert_eq!(sse_text(&ans.text()), "from b");
+    // Alone, it is a 502 the client can read, never JSON on a stream.
+    let gw = gateway(&chain_config(&[("a", &a.url())], "", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(ans.status, 502, "{}", ans.text());
+}

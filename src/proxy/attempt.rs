@@ -396,6 +396,13 @@ fn answered(
     if shape != AnswerShape::Completion {
         return not_an_answer(target, code, headers, shape, bytes, permit);
     }
+    if call.stream {
+        // A whole completion where a stream was asked for (a server that
+        // ignores `stream`): relayed, the client's stream reader would see
+        // no events at all.
+        debug!(target = %target.name, "a completion instead of the stream asked for");
+        return network(target, NetworkKind::Protocol, permit);
+    }
     if let Some(contract) = &call.contract {
         if let Err(violation) = contract.check_completion(&bytes) {
             return Attempt::Violated { violation, permit };
@@ -639,6 +646,11 @@ fn take_events(
                 // is held until the call is complete and checked.
                 tool = tool_delta && !text;
                 commit = !tool;
+            }
+            // `[DONE]` before any content, tool call or finish: an empty
+            // stream, no more an answer than a completion without choices.
+            Chunk::Done if !held.finished && !held.events.iter().any(|(_, tool)| *tool) => {
+                return Hold::Malformed
             }
             Chunk::Done => held.done = true,
             Chunk::Error { code } => {
