@@ -55,6 +55,9 @@ const MASKS: [char; 4] = ['*', '•', '●', '…'];
 /// The fewest characters a key needs before its first 8 and last 4 are
 /// treated as identifying fragments (shorter keys are only removed whole).
 const FRAGMENT_MIN_KEY: usize = 12;
+/// Consecutive characters of a key that name it wherever they appear (the
+/// length of the head a fragment is recognised by).
+const KEY_RUN: usize = 8;
 
 impl Sanitizer {
     /// Builds a sanitizer from configured words, upstream hosts and messages.
@@ -108,6 +111,28 @@ impl Sanitizer {
         self.keys.replace_all(&text, REDACTED).into_owned()
     }
 
+    /// `body` for the debug log: keys redacted as [`Sanitizer::redact_keys`],
+    /// inside each decoded JSON string when it is JSON (an escaped key, say
+    /// `\u0073k-...`, is found too), else in its text.
+    #[must_use]
+    pub fn redact_keys_in_body(&self, body: &[u8], secrets: &[&str]) -> String {
+        fn walk(s: &Sanitizer, v: &mut Value, secrets: &[&str]) {
+            match v {
+                Value::String(text) => *text = s.redact_keys(text, secrets),
+                Value::Array(items) => items.iter_mut().for_each(|i| walk(s, i, secrets)),
+                Value::Object(map) => map.values_mut().for_each(|i| walk(s, i, secrets)),
+                Value::Null | Value::Bool(_) | Value::Number(_) => {}
+            }
+        }
+        match serde_json::from_slice::<Value>(body) {
+            Ok(mut v) => {
+                walk(self, &mut v, secrets);
+                v.to_string()
+            }
+            Err(_) => self.redact_keys(&String::from_utf8_lossy(body), secrets),
+        }
+    }
+
     /// Scrubs one string: keys as [`Sanitizer::redact_keys`], then the
     /// sensitive words and upstream hosts.
     #[must_use]
@@ -139,7 +164,8 @@ impl Sanitizer {
                     Some(_) | None => (word, ""),
                 };
                 let named = word.contains(head) || word.contains(tail);
-                if named && (is_masked(word) || is_key_like(word)) {
+                // A run of the key's own characters names it, whatever is around it.
+                if has_key_run(word, key) || (named && (is_masked(word) || is_key_like(word))) {
                     format!("{REDACTED}{stop}")
                 } else {
                     m[0].to_owned()
@@ -174,6 +200,16 @@ impl Sanitizer {
             Value::Null | Value::Bool(_) | Value::Number(_) => {}
         }
     }
+}
+
+/// Whether `word` holds [`KEY_RUN`] or more consecutive characters of `key`
+/// (a key split by a space, or quoted from its middle).
+fn has_key_run(word: &str, key: &str) -> bool {
+    word.len() >= KEY_RUN
+        && key
+            .as_bytes()
+            .windows(KEY_RUN)
+            .any(|run| word.as_bytes().windows(KEY_RUN).any(|w| w == run))
 }
 
 /// Whether a word has a key's middle masked out: a mask character, or dots.
@@ -229,6 +265,34 @@ mod tests {
             HashMap::from([(429, "The model is busy; retry shortly.".to_owned())]),
         )
         .unwrap()
+    }
+
+    #[test]
+    fn runs_of_the_key_are_redacted_wherever_they_stand() {
+        let key = "sk-test-SECRETSECRET1234";
+        for text in [
+            "key sk-test-SECRET SECRET1234 refused",
+            "middle SECRETSECRET leaked",
+            "xSECRETSECRETx and SECRETSECRET12",
+        ] {
+            let out = s().redact_keys(text, &[key]);
+            assert!(!out.contains("SECRETSE"), "{text} -> {out}");
+        }
+        assert_eq!(
+            s().redact_keys("ordinary words SECRET and 1234", &[key]),
+            "ordinary words SECRET and 1234"
+        );
+    }
+
+    #[test]
+    fn the_debug_body_is_redacted_inside_escaped_json_strings() {
+        let key = "sk-test-SECRETSECRET1234";
+        let body = br#"{"error":{"message":"bad key sk-test-SECRETSECRET1234"}}"#;
+        let out = s().redact_keys_in_body(body, &[key]);
+        assert!(!out.contains("ECRETSECRET"), "{out}");
+        assert!(out.contains("bad key"), "{out}");
+        let text = s().redact_keys_in_body(b"<html>sk-test-SECRETSECRET1234</html>", &[key]);
+        assert!(!text.contains("SECRETSECRET"), "{text}");
     }
 
     #[test]

@@ -177,7 +177,7 @@ pub fn upstream_error(
     let keys: Vec<&str> = target.provider.secrets().collect();
     let body = crate::sanitize::redact_secrets(body.clone(), &keys);
     debug!(target = %target.name, status = status.as_u16(),
-        body = %sanitizer.redact_keys(&String::from_utf8_lossy(&body), &keys), "upstream error returned to the client");
+        body = %sanitizer.redact_keys_in_body(&body, &keys), "upstream error returned to the client");
     let bytes = sanitizer
         .clean_error_body(status.as_u16(), &body, &keys)
         .unwrap_or_else(|| {
