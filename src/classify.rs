@@ -683,8 +683,8 @@ impl<'de> serde::Deserialize<'de> for Choice {
                 mut map: A,
             ) -> Result<Choice, A::Error> {
                 let mut message = false;
-                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    if key == "message" {
+                while let Some(key) = map.next_key::<ChoiceKey>()? {
+                    if key.0 {
                         map.next_value::<ObjectOnly>()?;
                         message = true;
                     } else {
@@ -701,6 +701,24 @@ impl<'de> serde::Deserialize<'de> for Choice {
         d.deserialize_map(Fields)
     }
 }
+/// A choice's key: whether it is `message` (read without a copy).
+struct ChoiceKey(bool);
+impl<'de> serde::Deserialize<'de> for ChoiceKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = ChoiceKey;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<ChoiceKey, E> {
+                Ok(ChoiceKey(key == "message"))
+            }
+        }
+        d.deserialize_identifier(Name)
+    }
+}
+
 /// Any JSON object, skipped; anything else is an error.
 struct ObjectOnly;
 impl<'de> serde::Deserialize<'de> for ObjectOnly {

@@ -76,6 +76,17 @@ fn script(_: usize, seen: &Seen) -> Reply {
             delay: Duration::ZERO,
             cut: false,
         },
+        // A model (or a proxy in front of it) that repeats the key it was sent.
+        "echo" => fake::completion("m", &format!("your key is {KEY}")),
+        "echo-stream" => Reply::Stream {
+            pieces: vec![
+                chunk("your key is "),
+                chunk(KEY),
+                fake::chunk_event("m", serde_json::json!({}), Some("stop")),
+            ],
+            delay: Duration::ZERO,
+            cut: false,
+        },
         _ => fake::completion("m", "fine"),
     }
 }
@@ -152,8 +163,10 @@ async fn api_key_never_appears_in_responses_metrics_or_logs() {
     let mut served = Served::start(&path, dir.path(), &envs);
     let addr = served.addr;
 
-    let scenarios: [(&str, bool, u16); 10] = [
+    let scenarios: [(&str, bool, u16); 12] = [
         ("ok", false, 200),
+        ("echo", false, 200),
+        ("echo-stream", true, 200),
         ("401", false, 502),
         ("403", false, 502),
         ("400", false, 400),

@@ -433,7 +433,7 @@ fn answered(
     call.account.settle(target, sse::usage(&bytes), 0);
     Attempt::Answer {
         status,
-        body: bytes,
+        body: crate::sanitize::redact_secrets(bytes, target.provider.secrets()),
     }
 }
 

@@ -175,7 +175,7 @@ pub fn upstream_error(
 ) -> Response<Body> {
     let sanitizer = &snapshot.sanitizer;
     let keys: Vec<&str> = target.provider.secrets().collect();
-    let body = crate::sanitize::redact_secrets(body.clone(), &keys);
+    let body = crate::sanitize::redact_secrets(body.clone(), keys.iter().copied());
     debug!(target = %target.name, status = status.as_u16(),
         body = %sanitizer.redact_keys_in_body(&body, &keys), "upstream error returned to the client");
     let bytes = sanitizer

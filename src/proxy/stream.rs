@@ -123,7 +123,9 @@ impl Relay {
                 if next.is_empty() {
                     continue;
                 }
-                return Some(next);
+                // An upstream that echoes its own key never hands it on.
+                let secrets = self.state.target.provider.secrets();
+                return Some(crate::sanitize::redact_secrets(next, secrets));
             }
             if self.over {
                 return None;
