@@ -269,6 +269,11 @@ async fn serve(s: Arc<Shared>, req: http::Request<Incoming>) -> Result<Response<
                         }
                     }
                     if cut {
+                        // hyper flushes what it buffered only when the body goes
+                        // pending; an abort straight after the last piece could
+                        // drop those pieces unsent and turn "cut after n words"
+                        // into "cut before any".
+                        tokio::time::sleep(Duration::from_millis(5)).await;
                         let _ = tx.send(Err(Abort)).await;
                     }
                 });
