@@ -471,6 +471,68 @@ async fn a_continued_streams_access_line_names_the_target_that_finished_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continued_stream_has_a_span_for_the_attempt_that_finished_it() {
+    let collector = Collector::start().await;
+    let words = ["The", " quick", " brown", " fox"];
+    let a = Fake::always(fake::stream_cut_after("model-a", &words, 2)).await;
+    let b = Fake::always(Reply::Stream {
+        pieces: fake::sse_events("model-b", &words),
+        delay: Duration::from_millis(30),
+        cut: false,
+    })
+    .await;
+    let yaml = routes(
+        &[
+            hop("a", &a.url()),
+            hop("b", &b.url()).target("max_context: 1000"),
+        ],
+        "stream_recovery: { mode: continue }",
+        "",
+    );
+    let (served, _dir) = serve(&yaml, &collector.endpoint(), &[], &[]);
+    let ans = send(&served, "t-continued", hello_stream("gpt-4o"), &[]).await;
+    assert_eq!(ans.status, 200);
+    assert_eq!(stream_text(&ans.text()), "The quick brown fox");
+
+    let t = collector.trace_of("t-continued", 2).await;
+    assert_server(&t, 200, 2, 1);
+    let s = &t.server;
+    assert_eq!(s.text("switchyard.target"), "b", "{s:#?}");
+    assert_eq!(s.text("switchyard.stream.end"), "complete");
+    let seam = s.events_named("continuation");
+    assert_eq!(seam.len(), 1, "{:#?}", s.events);
+    assert_eq!(seam[0]["switchyard.from"], "a");
+    assert_eq!(seam[0]["switchyard.to"], "b");
+    assert_eq!(seam[0]["switchyard.mode"], "restart");
+    assert_eq!(seam[0]["switchyard.delivered_chars"], "The quick".len());
+
+    let (broken, finisher) = (&t.attempts[0], &t.attempts[1]);
+    assert_eq!(broken.text("switchyard.target"), "a");
+    assert_eq!(broken.text("switchyard.stream.end"), "reset");
+    assert_eq!(broken.status_code, STATUS_ERROR);
+    assert_eq!(finisher.text("switchyard.target"), "b");
+    assert_eq!(finisher.attr("switchyard.attempt"), 2);
+    assert_eq!(finisher.text("switchyard.outcome"), "success");
+    assert_eq!(finisher.events_named("commit").len(), 1);
+    assert_eq!(finisher.text("switchyard.stream.end"), "complete");
+    assert_ne!(finisher.status_code, STATUS_ERROR, "{finisher:#?}");
+    assert!(broken.start_ns < finisher.start_ns);
+    // The time to first token is the first commit's, not the seam's.
+    let ttft = s
+        .attr("switchyard.time_to_first_token_ms")
+        .as_f64()
+        .unwrap();
+    let seam_ms = (finisher.start_ns - s.start_ns) as f64 / 1e6;
+    assert!(ttft <= seam_ms, "ttft {ttft} ms, seam at {seam_ms} ms");
+    // b's upstream call is a child of its own attempt span.
+    let (trace, parent) = upstream_parent(&b.seen()[0]);
+    assert_eq!(
+        (trace, parent),
+        (s.trace_id.clone(), finisher.span_id.clone())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_can_be_turned_off() {
     let a = Fake::always(fake::completion("model-a", "hi")).await;
     let yaml = routes(

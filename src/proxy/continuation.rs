@@ -18,14 +18,16 @@
 //! continuation once a tool call, refusal or reasoning delta went out, nor
 //! while the answer's tool calls are under validation.
 
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::HeaderValue;
+use http::StatusCode;
+use opentelemetry::KeyValue;
 use serde_json::{Map, Value};
 use tokio::time::Instant;
-use tracing::{debug, info};
+use tracing::{debug, info, Instrument};
 
 use super::account::Account;
 use super::attempt::{self, Attempt, Call, Commit, Failed};
@@ -36,7 +38,7 @@ use crate::request::ChatRequest;
 use crate::routing::{self, Admission, Needs, Payload};
 use crate::snapshot::{KeySet, Snapshot, Target, Task};
 use crate::sse::{self, Event};
-use crate::telemetry::RequestTrace;
+use crate::telemetry::{self, AttemptFailure, RequestTrace};
 use crate::upstream::{Operation, TargetModel};
 
 /// How a continuation asks its target to go on.
@@ -110,6 +112,9 @@ pub struct Resumed {
     pub splice: Splice,
     /// The seam, for the metric and the log.
     pub seam: Seam,
+    /// The span of the attempt that took over, which the relay runs in from
+    /// now on (disabled with tracing off).
+    pub span: tracing::Span,
 }
 
 /// One seam: where a stream was continued.
@@ -258,7 +263,7 @@ impl Recovery {
         while let Some(admitted) = admission.next(false) {
             let target = Arc::clone(&admitted.target);
             self.tried.push(Arc::clone(&target));
-            let mut turn = Turn {
+            let turn = Turn {
                 mode: if target.can_prefill() {
                     Mode::Prefill
                 } else {
@@ -267,61 +272,130 @@ impl Recovery {
                 key: admitted.key,
                 keys: KeySet::default(),
             };
-            let mut permit = Some(admitted.permit);
-            while let Some(p) = permit.take() {
-                if let Some(k) = turn.key {
-                    turn.keys.insert(k);
-                }
-                let sent = match turn.mode {
-                    Mode::Prefill => self.prefill_body(&target),
-                    Mode::Restart => None,
-                };
-                let (sent, prefilled) = match sent {
-                    Some(b) => (b, true),
-                    None => (admitted.body.clone(), false),
-                };
-                turn.mode = if prefilled {
-                    Mode::Prefill
-                } else {
-                    Mode::Restart
-                };
-                let call = self.call(&snapshot, &task, &target, &account, turn.key);
-                match attempt::run(&call, sent, p).await {
-                    Attempt::Committed(commit) => {
-                        let seam = Seam {
-                            from: Arc::clone(broken),
-                            to: target,
-                            mode: turn.mode,
-                        };
-                        let splice = self.splice(turn.mode, &seam.to);
-                        return Ok(Resumed {
-                            commit: *commit,
-                            splice,
-                            seam,
-                        });
-                    }
-                    Attempt::Failed(failed) => {
-                        permit = turn.after_failure(
-                            &snapshot,
-                            &target,
-                            failed,
-                            prefilled,
-                            &mut admission,
+            let on = On {
+                snapshot: &snapshot,
+                task: &task,
+                account: &account,
+                target: &target,
+            };
+            match self
+                .take_over(&on, turn, admitted.permit, &mut admission)
+                .await
+            {
+                TakeOver::Committed(commit, mode, span) => {
+                    let seam = Seam {
+                        from: Arc::clone(broken),
+                        to: target,
+                        mode,
+                    };
+                    self.origin.trace.span().in_scope(|| {
+                        let delivered = i64::try_from(self.delivered_chars()).unwrap_or(i64::MAX);
+                        telemetry::event(
+                            "continuation",
+                            vec![
+                                KeyValue::new("switchyard.from", seam.from.name.clone()),
+                                KeyValue::new("switchyard.to", seam.to.name.clone()),
+                                KeyValue::new("switchyard.mode", mode.label()),
+                                KeyValue::new("switchyard.delivered_chars", delivered),
+                            ],
                         );
-                    }
-                    Attempt::Answer { .. } => {
-                        // A whole body to a streaming request cannot be spliced in.
-                        target
-                            .metrics
-                            .attempts
-                            .increment(AttemptOutcome::InvalidAnswer.label(), 1);
-                    }
-                    Attempt::Deadline => return Err(()),
-                    Attempt::Violated { permit: p, .. } => drop(p),
+                    });
+                    let splice = self.splice(mode, &seam.to);
+                    return Ok(Resumed {
+                        commit: *commit,
+                        splice,
+                        seam,
+                        span,
+                    });
                 }
+                TakeOver::Failed => {}
+                TakeOver::Deadline => return Err(()),
             }
         }
         Err(())
+    }
+
+    /// One target's turn: its attempts (another key, a restart after a
+    /// rejected prefill) until one commits or it has none left. Each attempt
+    /// is an upstream call on the request's record and has its own span.
+    async fn take_over(
+        &self,
+        on: &On<'_>,
+        mut turn: Turn,
+        permit: Permit,
+        admission: &mut Admission<'_>,
+    ) -> TakeOver {
+        let target = on.target;
+        let mut permit = Some(permit);
+        while let Some(p) = permit.take() {
+            if let Some(k) = turn.key {
+                turn.keys.insert(k);
+            }
+            let sent = match turn.mode {
+                Mode::Prefill => self.prefill_body(target),
+                Mode::Restart => None,
+            };
+            let (sent, prefilled) = match sent {
+                Some(b) => (b, true),
+                None => (self.origin.body.clone(), false),
+            };
+            turn.mode = if prefilled {
+                Mode::Prefill
+            } else {
+                Mode::Restart
+            };
+            let span = self.attempt_span(target);
+            let call = self.call(on.snapshot, on.task, target, on.account, turn.key);
+            let outcome = attempt::run(&call, sent, p).instrument(span.clone()).await;
+            let trace = &self.origin.trace;
+            trace.more_attempts(self.resends.swap(0, Ordering::Relaxed));
+            match outcome {
+                Attempt::Committed(commit) => {
+                    telemetry::attempt_served(&span, StatusCode::OK.as_u16());
+                    return TakeOver::Committed(commit, turn.mode, span);
+                }
+                Attempt::Failed(failed) => {
+                    let (outcome, status) = (failed.outcome.label(), failed.status);
+                    let rule = Arc::clone(&failed.decision.rule);
+                    permit = turn.after_failure(on.snapshot, target, failed, prefilled, admission);
+                    let action = if permit.is_some() {
+                        "retry"
+                    } else {
+                        "failover"
+                    };
+                    let failure = AttemptFailure {
+                        outcome,
+                        status,
+                        rule: &rule,
+                        action,
+                    };
+                    telemetry::attempt_failed(&span, &failure);
+                }
+                Attempt::Answer { .. } => {
+                    // A whole body to a streaming request cannot be spliced in.
+                    let invalid = AttemptOutcome::InvalidAnswer.label();
+                    target.metrics.attempts.increment(invalid, 1);
+                    telemetry::attempt_abandoned(&span, invalid, "failover");
+                }
+                Attempt::Deadline => {
+                    telemetry::attempt_abandoned(&span, "deadline", "return");
+                    return TakeOver::Deadline;
+                }
+                Attempt::Violated { permit: p, .. } => drop(p),
+            }
+        }
+        TakeOver::Failed
+    }
+
+    /// The span of one continuation attempt: a child of the request's span
+    /// (not of the broken attempt's, which the relay runs in), numbered on
+    /// from the request's attempts.
+    fn attempt_span(&self, target: &Target) -> tracing::Span {
+        let trace = &self.origin.trace;
+        let number = trace.more_attempts(1);
+        trace
+            .span()
+            .in_scope(|| trace.attempt(&attempt::span_info(target, number, Operation::Chat)))
     }
 
     fn call<'c>(
@@ -569,6 +643,24 @@ fn only_role(chunk: &Map<String, Value>) -> bool {
                     })
                 })
         })
+}
+
+/// What a continuation attempt runs against.
+struct On<'a> {
+    snapshot: &'a Snapshot,
+    task: &'a Arc<Task>,
+    account: &'a Account,
+    target: &'a Arc<Target>,
+}
+
+/// How a target's turn ended.
+enum TakeOver {
+    /// Past its commit point, in `mode`, its attempt's span.
+    Committed(Box<Commit>, Mode, tracing::Span),
+    /// Its attempts failed; the next target may try.
+    Failed,
+    /// The request's deadline passed.
+    Deadline,
 }
 
 /// One target's turn at taking over a broken stream.

@@ -335,7 +335,12 @@ impl Relay {
             commit,
             splice,
             seam,
+            span,
         } = resumed;
+        // The broken attempt's span ends here; the relay goes on in the new one's.
+        if !span.is_disabled() {
+            self.span = span;
+        }
         if self.recovery.as_ref().is_some_and(|r| r.seam_comment()) {
             let comment = format!(
                 ": switchyard continued this answer from {} on {} ({})\n\n",

@@ -236,13 +236,20 @@ impl RequestTrace {
         f.degraded = degraded;
     }
 
-    /// A broken stream carried on by another target (one more upstream call):
-    /// the record names the target that finished the answer.
+    /// Upstream calls made after the walk (a continuation's): counted on the
+    /// record; returns the count, the last call's number.
+    pub fn more_attempts(&self, calls: u32) -> u32 {
+        let mut f = self.0.fields.lock();
+        f.attempts = f.attempts.saturating_add(calls);
+        f.attempts
+    }
+
+    /// A broken stream carried on by another target: the record names the
+    /// target that finished the answer.
     pub fn continued(&self, target: &str, provider: &str) {
         let mut f = self.0.fields.lock();
         f.target = Some(target.into());
         f.provider = Some(provider.into());
-        f.attempts += 1;
         f.failovers += 1;
         f.degraded = true;
     }
@@ -267,7 +274,8 @@ impl RequestTrace {
     /// event on the current (attempt) span.
     pub fn committed(&self) {
         let ttft = self.0.arrival.elapsed();
-        self.0.fields.lock().ttft = Some(ttft);
+        // A continuation commits again: the first token was the first commit's.
+        self.0.fields.lock().ttft.get_or_insert(ttft);
         if tracing_on() {
             let ttft_ms = KeyValue::new("switchyard.time_to_first_token_ms", millis(ttft));
             event("commit", vec![ttft_ms]);
