@@ -162,6 +162,17 @@ async fn a_restart_that_begins_with_the_delivered_text_hides_it() {
         Some(1.0),
         "{m}"
     );
+    // The client's first token came from a: b's commit is no time to first token.
+    let ttft_count = |target: &str| {
+        series_value(
+            &m,
+            &format!(
+                r#"switchyard_time_to_first_token_seconds_count{{task="chat",target="{target}"}}"#
+            ),
+        )
+    };
+    assert_eq!(ttft_count("a"), Some(1.0), "{m}");
+    assert_eq!(ttft_count("b").unwrap_or(0.0), 0.0, "{m}");
 }
 
 #[tokio::test]

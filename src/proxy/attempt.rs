@@ -712,11 +712,12 @@ fn commit(
             out.extend_from_slice(&raw);
         }
     }
-    call.task
-        .route_metrics(Some(target))
-        .ttft
-        .record(call.arrival.elapsed().as_secs_f64());
-    call.account.trace.committed();
+    if let Some(ttft) = call.account.trace.committed() {
+        call.task
+            .route_metrics(Some(target))
+            .ttft
+            .record(ttft.as_secs_f64());
+    }
     debug!(target = %target.name, ttft_ms = started.elapsed().as_millis() as u64, "stream committed");
     target
         .health

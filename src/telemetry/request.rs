@@ -271,15 +271,22 @@ impl RequestTrace {
     }
 
     /// A stream reached its commit point: the time to first token, and an
-    /// event on the current (attempt) span.
-    pub fn committed(&self) {
+    /// event on the current (attempt) span. Returns the time to first token
+    /// the first time; `None` when a continuation commits again (the
+    /// client's first token was the first commit's).
+    pub fn committed(&self) -> Option<Duration> {
         let ttft = self.0.arrival.elapsed();
-        // A continuation commits again: the first token was the first commit's.
-        self.0.fields.lock().ttft.get_or_insert(ttft);
+        let first = {
+            let mut f = self.0.fields.lock();
+            let first = f.ttft.is_none();
+            f.ttft.get_or_insert(ttft);
+            first
+        };
         if tracing_on() {
             let ttft_ms = KeyValue::new("switchyard.time_to_first_token_ms", millis(ttft));
             event("commit", vec![ttft_ms]);
         }
+        first.then_some(ttft)
     }
 
     /// An answer's body (a completion) or one stream chunk: the model that
