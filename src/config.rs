@@ -359,6 +359,7 @@ pub struct RawTaskLimit {
     #[schemars(extend("exclusiveMinimum" = 0))]
     pub rps: Option<f64>,
     /// Task-wide bucket size: requests allowed at once (default: `rps` rounded up; needs `rps`).
+    #[schemars(range(min = 1))]
     pub burst: Option<u32>,
     /// One bucket per caller, each at this rate; a caller over it is refused
     /// without touching the task-wide bucket.
@@ -378,6 +379,7 @@ pub struct RawCallerLimit {
     #[schemars(extend("exclusiveMinimum" = 0))]
     pub rps: f64,
     /// Requests one caller may send at once (default: `rps` rounded up).
+    #[schemars(range(min = 1))]
     pub burst: Option<u32>,
     /// Callers tracked before idle ones (whose buckets have refilled) are
     /// forgotten (default 10,000).
@@ -395,6 +397,7 @@ pub struct RawProviderLimit {
     #[schemars(range(min = 1))]
     pub tpm: Option<u32>,
     /// Requests allowed at once (default: `rpm`).
+    #[schemars(range(min = 1))]
     pub burst: Option<u32>,
 }
 
@@ -729,6 +732,8 @@ pub fn load(path: &Path) -> Result<(Parsed, String), Vec<Diagnostic>> {
 /// a top-level key that is not a string). Type and unknown-key errors come
 /// back in [`Parsed::pending`] instead, with the rest of the file read.
 pub fn parse(text: &str) -> Result<Parsed, Vec<Diagnostic>> {
+    // Editors on Windows save a byte order mark; YAML allows one and it is no column.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let index = LocationIndex::build(text).map_err(|d| vec![d])?;
     if let Some(dup) = index.duplicates().first() {
         return Err(vec![dup.clone()]);
@@ -925,6 +930,16 @@ health:
             ),
             ("weight: 2", "weight: 0"),
             ("timeout: 2s", "rate_limit: { rpm: 0 }"),
+            ("timeout: 2s", "rate_limit: { rpm: 10, burst: 0 }"),
+            ("{ rps: 5 }", "{ rps: 5, burst: 0 }"),
+            (
+                "{ rps: 5 }",
+                "{ per_caller: { header: x-caller, rps: 1, burst: 0 } }",
+            ),
+            (
+                "timeout: 2s",
+                "keys: [{ name: k, env: K, rate_limit: { rpm: 10, burst: 0 } }]",
+            ),
             (
                 "base_url: http://127.0.0.1:9/v1",
                 "base_url: ftp://127.0.0.1:9/v1",

@@ -290,6 +290,84 @@ tasks:
 }
 
 #[test]
+fn a_bad_base_url_is_reported_once() {
+    for url in ["3", "not a url", "ftp://host/v1", "http://"] {
+        let text = format!(
+            "version: 1
+providers:
+  a: {{ base_url: '{url}' }}
+targets:
+  t: {{ provider: a, model: m }}
+tasks:
+  chat: {{ chain: [t] }}
+"
+        );
+        let all = rendered(&compile_errors(&text));
+        assert_eq!(all.len(), 1, "{url}: {all:#?}");
+        assert!(
+            all[0].starts_with("3:18:") && all[0].contains("bad URL"),
+            "{all:#?}"
+        );
+    }
+}
+
+#[test]
+fn a_bucket_of_zero_is_refused_where_it_is_written() {
+    let text = "version: 1
+providers:
+  a:
+    base_url: 'http://127.0.0.1:9/v1'
+    rate_limit: { rpm: 60, burst: 0 }
+    keys: [{ name: k1, env: K1, rate_limit: { rpm: 10, burst: 0 } }]
+targets:
+  t: { provider: a, model: m }
+tasks:
+  chat:
+    chain: [t]
+    rate_limit: { rps: 1, burst: 0, per_caller: { header: x-caller, rps: 1, burst: 0 } }
+";
+    let all = rendered(&compile_errors(text));
+    let at = |path: &str| {
+        all.iter()
+            .any(|d| d.contains("burst must be at least 1") && d.contains(&format!("(at {path})")))
+    };
+    for path in [
+        "providers.a.rate_limit.burst",
+        "providers.a.keys[0].rate_limit.burst",
+        "tasks.chat.rate_limit.burst",
+        "tasks.chat.rate_limit.per_caller.burst",
+    ] {
+        assert!(at(path), "{path}: {all:#?}");
+    }
+}
+
+#[test]
+fn a_byte_order_mark_is_no_column_and_no_second_document() {
+    let body = "version: 1
+providers:
+  a: { base_url: 'http://127.0.0.1:9/v1' }
+targets:
+  t: { provider: a, model: m }
+tasks:
+  chat: { chain: [t] }
+";
+    let with_bom = format!("\u{feff}{body}");
+    let parsed = switchyard::config::parse(&with_bom).unwrap();
+    let compiled = switchyard::snapshot::compile::compile(
+        &parsed,
+        &with_bom,
+        &switchyard::snapshot::LiveState::default(),
+        switchyard::snapshot::CompileOptions::default(),
+    );
+    assert!(compiled.is_ok(), "{:#?}", compiled.err());
+    // Locations on the first line are the editor's, as without the mark.
+    let broken = format!("\u{feff}version: 2\n{}", &body["version: 1\n".len()..]);
+    let all = rendered(&compile_errors(&broken));
+    assert_eq!(all.len(), 1, "{all:#?}");
+    assert!(all[0].starts_with("1:10:"), "{all:#?}");
+}
+
+#[test]
 fn list_items_after_a_removed_one_keep_their_own_locations() {
     let text = "version: 1
 providers:

@@ -796,9 +796,12 @@ fn endpoint(
         }
     }
     let query = query_string(&p.query);
-    let urls =
-        urls(base_url, adapter, &query).map_err(|e| c.error(&url_path, format!("bad URL: {e}")));
-    let urls = base.and(urls.ok())?;
+    // A base URL already refused is not refused again with its paths.
+    let urls = base.and_then(|_| {
+        urls(base_url, adapter, &query)
+            .map_err(|e| c.error(&url_path, format!("bad URL: {e}")))
+            .ok()
+    })?;
     if let Some(host) = crate::upstream::host_header(&urls.chat) {
         if !headers.contains_key(http::header::HOST) {
             headers.insert(http::header::HOST, host);
@@ -983,11 +986,7 @@ fn keys(
             fingerprint: secret.as_ref().map_or(0, |s| hash(s.expose())),
         };
         let limits = rate_limit.as_ref().and_then(|rl| {
-            if rl.rpm == Some(0) || rl.tpm == Some(0) {
-                c.error(
-                    &format!("{at}.rate_limit"),
-                    "rpm and tpm must be at least 1",
-                );
+            if !provider_limit_sizes(rl, &format!("{at}.rate_limit"), c) {
                 return None;
             }
             // Known by the same name on every replica (never the key: its fingerprint).
@@ -1117,6 +1116,32 @@ fn check_accept_encoding(path: &str, value: &str, c: &mut Checks<'_>) {
     }
 }
 
+/// `rpm`, `tpm` and `burst` of a provider's (or key's) limit are at least 1;
+/// says whether they are.
+fn provider_limit_sizes(
+    rl: &crate::config::RawProviderLimit,
+    at: &str,
+    c: &mut Checks<'_>,
+) -> bool {
+    let zero_rate = rl.rpm == Some(0) || rl.tpm == Some(0);
+    if zero_rate {
+        c.error(at, "rpm and tpm must be at least 1");
+    }
+    burst_at_least_one(rl.burst, &format!("{at}.burst"), c) && !zero_rate
+}
+
+/// A bucket of 0 would refuse every request: `burst` is at least 1.
+fn burst_at_least_one(burst: Option<u32>, at: &str, c: &mut Checks<'_>) -> bool {
+    if burst == Some(0) {
+        c.error(
+            at,
+            "burst must be at least 1 (a bucket of 0 refuses every request)",
+        );
+        return false;
+    }
+    true
+}
+
 /// The account's buckets, kept across reloads while account and limits stay.
 fn provider_limits(
     name: &str,
@@ -1127,11 +1152,7 @@ fn provider_limits(
     c: &mut Checks<'_>,
 ) -> Option<Arc<ProviderLimits>> {
     let rl = p.rate_limit.as_ref()?;
-    if rl.rpm == Some(0) || rl.tpm == Some(0) {
-        c.error(
-            &format!("{path}.rate_limit"),
-            "rpm and tpm must be at least 1",
-        );
+    if !provider_limit_sizes(rl, &format!("{path}.rate_limit"), c) {
         return None;
     }
     let key = ProviderLimitsKey {
@@ -1589,6 +1610,7 @@ fn task_limits(
         burst: rl.burst,
     });
     let mut ok = task_rate.is_none_or(|r| positive(c, "rps", r.rps));
+    ok &= burst_at_least_one(rl.burst, &format!("{lpath}.burst"), c);
     // With a key taken out for its type, the shape checks would be about what is left.
     let whole = c.intact(&lpath);
     if whole && rl.rps.is_none() && rl.burst.is_some() {
@@ -1599,7 +1621,8 @@ fn task_limits(
         ok = false;
     }
     let per_caller = rl.per_caller.as_ref().and_then(|pc| {
-        let rate_ok = positive(c, "per_caller.rps", pc.rps);
+        let rate_ok = positive(c, "per_caller.rps", pc.rps)
+            & burst_at_least_one(pc.burst, &format!("{lpath}.per_caller.burst"), c);
         let header = c.header_name(&format!("{lpath}.per_caller.header"), &pc.header);
         let rate = Rate {
             rps: pc.rps,
