@@ -886,6 +886,66 @@ health:
   failure_rate: 0.5
 ";
 
+    /// Edits of [`SCHEMA_BASE`] that both the schema and `validate` refuse.
+    const REFUSED: &[(&str, &str)] = &[
+        ("strategy: priority", "strategy: fastest"),
+        ("chain: [t]", "chain: []"),
+        ("    chain: [t]\n", ""),
+        ("version: 1", "version: 2"),
+        ("version: 1\n", ""),
+        ("failure_rate: 0.5", "failure_rate: 1.5"),
+        ("failure_rate: 0.5", "failure_rate: 0"),
+        ("timeout: 2s", "timeout: soon"),
+        ("timeout: 2s", "timeout: 0s"),
+        ("timeout: 2s", "timeout: 30"),
+        ("timeout: 2s", "protocol: grpc"),
+        ("action: failover", "action: explode"),
+        ("strategy: priority", "validate_tool_calls: sometimes"),
+        ("failure_rate: 0.5", "all_down: maybe"),
+        ("status: 503", "network: [wormhole]"),
+        ("status: 503", "network: []"),
+        ("status: 503", "status: []"),
+        ("status: 503", "status: 7xx"),
+        ("status: 503", "status: 503, network: [dns]"),
+        ("match: { status: 503 }, ", ""),
+        ("cooldown: 5s", "cooldown: 0s"),
+        ("rps: 5", "rps: 0"),
+        ("rps: 5", "burst: 5"),
+        ("{ rps: 5 }", "{}"),
+        (
+            "{ rps: 5 }",
+            "{ per_caller: { header: 'bad header', rps: 1 } }",
+        ),
+        ("weight: 2", "weight: 0"),
+        ("timeout: 2s", "rate_limit: { rpm: 0 }"),
+        ("timeout: 2s", "rate_limit: { rpm: 10, burst: 0 }"),
+        ("{ rps: 5 }", "{ rps: 5, burst: 0 }"),
+        (
+            "{ rps: 5 }",
+            "{ per_caller: { header: x-caller, rps: 1, burst: 0 } }",
+        ),
+        (
+            "timeout: 2s",
+            "keys: [{ name: k, env: K, rate_limit: { rpm: 10, burst: 0 } }]",
+        ),
+        (
+            "base_url: http://127.0.0.1:9/v1",
+            "base_url: ftp://127.0.0.1:9/v1",
+        ),
+        (
+            "base_url: http://127.0.0.1:9/v1",
+            "base_url: 'http://127.0.0.1:9/v1?x=1'",
+        ),
+        ("model: m", "model: ' '"),
+        ("version: 1", "version: 1\nlisten: localhost"),
+        ("version: 1", "version: 1\nmax_concurrent_requests: 0"),
+        (
+            "version: 1",
+            "version: 1\nsanitize: { messages: { '200': fine } }",
+        ),
+        ("timeout: 2s", "headers: { 'bad header': x }"),
+    ];
+
     #[test]
     fn the_schema_refuses_what_validate_refuses_and_accepts_what_it_accepts() {
         let validator = schema_validator();
@@ -899,65 +959,7 @@ health:
                 .collect::<Vec<_>>()
         );
         assert!(validate_accepts(SCHEMA_BASE));
-        let refused = [
-            ("strategy: priority", "strategy: fastest"),
-            ("chain: [t]", "chain: []"),
-            ("    chain: [t]\n", ""),
-            ("version: 1", "version: 2"),
-            ("version: 1\n", ""),
-            ("failure_rate: 0.5", "failure_rate: 1.5"),
-            ("failure_rate: 0.5", "failure_rate: 0"),
-            ("timeout: 2s", "timeout: soon"),
-            ("timeout: 2s", "timeout: 0s"),
-            ("timeout: 2s", "timeout: 30"),
-            ("timeout: 2s", "protocol: grpc"),
-            ("action: failover", "action: explode"),
-            ("strategy: priority", "validate_tool_calls: sometimes"),
-            ("failure_rate: 0.5", "all_down: maybe"),
-            ("status: 503", "network: [wormhole]"),
-            ("status: 503", "network: []"),
-            ("status: 503", "status: []"),
-            ("status: 503", "status: 7xx"),
-            ("status: 503", "status: 503, network: [dns]"),
-            ("match: { status: 503 }, ", ""),
-            ("cooldown: 5s", "cooldown: 0s"),
-            ("rps: 5", "rps: 0"),
-            ("rps: 5", "burst: 5"),
-            ("{ rps: 5 }", "{}"),
-            (
-                "{ rps: 5 }",
-                "{ per_caller: { header: 'bad header', rps: 1 } }",
-            ),
-            ("weight: 2", "weight: 0"),
-            ("timeout: 2s", "rate_limit: { rpm: 0 }"),
-            ("timeout: 2s", "rate_limit: { rpm: 10, burst: 0 }"),
-            ("{ rps: 5 }", "{ rps: 5, burst: 0 }"),
-            (
-                "{ rps: 5 }",
-                "{ per_caller: { header: x-caller, rps: 1, burst: 0 } }",
-            ),
-            (
-                "timeout: 2s",
-                "keys: [{ name: k, env: K, rate_limit: { rpm: 10, burst: 0 } }]",
-            ),
-            (
-                "base_url: http://127.0.0.1:9/v1",
-                "base_url: ftp://127.0.0.1:9/v1",
-            ),
-            (
-                "base_url: http://127.0.0.1:9/v1",
-                "base_url: 'http://127.0.0.1:9/v1?x=1'",
-            ),
-            ("model: m", "model: ' '"),
-            ("version: 1", "version: 1\nlisten: localhost"),
-            ("version: 1", "version: 1\nmax_concurrent_requests: 0"),
-            (
-                "version: 1",
-                "version: 1\nsanitize: { messages: { '200': fine } }",
-            ),
-            ("timeout: 2s", "headers: { 'bad header': x }"),
-        ];
-        for (from, to) in refused {
+        for &(from, to) in REFUSED {
             assert!(SCHEMA_BASE.contains(from), "{from}");
             let text = SCHEMA_BASE.replacen(from, to, 1);
             let value: serde_json::Value = serde_yaml::from_str(&text).unwrap();
