@@ -335,6 +335,11 @@ impl Walk<'_> {
                 // A violation gets one more candidate, not the whole chain.
                 break;
             }
+            if Instant::now() >= self.deadline {
+                // A request body that arrived past the deadline opens no upstream call.
+                self.deadline_hit = true;
+                break;
+            }
             let Some(admitted) = admission.next(self.tally.attempts == 0) else {
                 break;
             };

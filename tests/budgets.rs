@@ -117,6 +117,45 @@ async fn total_timeout_gives_504_on_time_and_tries_nothing_after() {
 }
 
 #[tokio::test]
+async fn a_body_that_arrives_past_the_deadline_opens_no_upstream_call() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = Fake::always(fake::completion("model-a", "from a")).await;
+    let gw = gateway(&routes(
+        &[hop("a", &a.url())],
+        "budget: { total_timeout: 200ms }",
+        "",
+    ))
+    .await;
+    let body = hello("gpt-4o").to_string();
+    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(&body.as_bytes()[..10]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tcp.write_all(&body.as_bytes()[10..]).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), tcp.read_to_string(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
+    assert!(answer.contains("deadline_exceeded"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("x-switchyard-attempts: 0\r\n"),
+        "{answer}"
+    );
+    assert_eq!(a.calls(), 0, "no upstream call after the deadline");
+    let m = metrics_page(&gw).await;
+    assert!(
+        !m.contains("switchyard_upstream_attempts_total{target=\"a\""),
+        "no attempt booked against a: {m}"
+    );
+}
+
+#[tokio::test]
 async fn streaming_total_timeout_gives_504_on_time() {
     // Headers at once, then nothing: the deadline, not first_token_timeout, ends it.
     let a = Fake::always(pieces(
