@@ -530,21 +530,8 @@ pub fn is_context_length(text: &str) -> bool {
     context_length_regex().is_match(text)
 }
 
-/// The default error-class table (the design's, documented in README.md), as
-/// rules tried after the file's own.
-///
-/// | outcome | action | health |
-/// |---|---|---|
-/// | timeout before response headers | failover | yes |
-/// | connect / reset / DNS / TLS / protocol error | retry once, then failover | yes |
-/// | 500, 502, 503, 504, 529 | retry once, then failover | yes |
-/// | 429 | failover, cool down for `Retry-After` (default 1 s) | no |
-/// | 401, 403, 404 | failover | yes |
-/// | 400 or 413 saying the context is too long ([`CONTEXT_LENGTH_PHRASES`]) | failover to a larger context | no |
-/// | 400, 413, 422 | return to client | no |
-/// | other 4xx | return to client | no |
-/// | other 5xx, anything else | failover | yes |
-///
+/// The default error-class table, as rules tried after the file's own (its
+/// one description is README.md's "The error-class table").
 #[must_use]
 pub fn default_rules() -> Vec<Rule> {
     use NetworkKind::{Connect, Dns, Protocol, Reset, Timeout, Tls};
@@ -596,6 +583,9 @@ pub fn default_rules() -> Vec<Rule> {
                 true,
             )
         },
+        // The upstream gave up waiting for switchyard's request: nothing the
+        // caller can change, so it is transient like a reset, not a 4xx to return.
+        rule("408", vec![Code(408)], vec![], Action::Retry, true),
         rule("404", vec![Code(404)], vec![], Action::Failover, true),
         Rule {
             matcher: Match {
@@ -960,6 +950,9 @@ mod tests {
         assert_eq!(d.cooldown, Some(Duration::from_secs(1)));
         assert_eq!(status(&t, 401, "").unwrap().action, Action::Failover);
         assert_eq!(status(&t, 404, "").unwrap().action, Action::Failover);
+        let d = status(&t, 408, "").unwrap();
+        assert_eq!((d.action, d.health), (Action::Retry, true));
+        assert_eq!(status(&t, 409, "").unwrap().action, Action::Return);
         assert_eq!(status(&t, 400, "bad").unwrap().action, Action::Return);
         assert_eq!(status(&t, 422, "").unwrap().action, Action::Return);
         assert_eq!(status(&t, 413, "").unwrap().action, Action::Return);

@@ -144,7 +144,9 @@ async fn a_body_that_arrives_past_the_deadline_opens_no_upstream_call() {
     assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
     assert!(answer.contains("deadline_exceeded"), "{answer}");
     assert!(
-        answer.to_ascii_lowercase().contains("x-switchyard-attempts: 0\r\n"),
+        answer
+            .to_ascii_lowercase()
+            .contains("x-switchyard-attempts: 0\r\n"),
         "{answer}"
     );
     assert_eq!(a.calls(), 0, "no upstream call after the deadline");

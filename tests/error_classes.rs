@@ -58,6 +58,18 @@ async fn status_code_rule_replaces_the_default_retry() {
 }
 
 #[tokio::test]
+async fn an_upstream_408_is_retried_then_failed_over_never_returned() {
+    let a = Fake::always(fake::error(408, "request timeout")).await;
+    let b = ok_fake("b").await;
+    let gw = gateway(&routes(&[hop("a", &a.url()), hop("b", &b.url())], "", "")).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    assert_eq!(a.calls(), 2, "retried once on a, like a reset");
+    assert_eq!(b.calls(), 1);
+}
+
+#[tokio::test]
 async fn status_class_rule_returns_the_upstream_answer() {
     let a = Fake::always(fake::error(500, "kaput")).await;
     let b = ok_fake("b").await;
