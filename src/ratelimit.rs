@@ -73,6 +73,11 @@ pub struct Lease {
 
 /// How long an allowance must sit unused before its surplus goes back.
 const IDLE_BEFORE_GIVING_BACK: Duration = Duration::from_secs(1);
+/// Ticks of demand the lease is sized by (about a second of 50 ms ticks).
+const PEAK_TICKS: usize = 20;
+/// A lease holds at least the bucket's refill over this long (two keeper
+/// ticks), so a replica's standing share of a fast bucket is not one request.
+const REFILL_HEADROOM_MS: u64 = 100;
 /// The wait a refused request is told at least: about one keeper tick.
 const MIN_SHARED_WAIT: Duration = Duration::from_millis(50);
 
@@ -85,6 +90,11 @@ struct Allowance {
     held: Pair,
     /// Asked for since the keeper last looked (admitted or not).
     demand: Pair,
+    /// The demand of the keeper's last [`PEAK_TICKS`] ticks (a ring), whose
+    /// busiest tick sizes the lease: one quiet tick must not shrink it.
+    recent: [Pair; PEAK_TICKS],
+    /// The ring's next slot.
+    slot: usize,
     /// The largest token ask seen (one request must fit the allowance).
     largest: u64,
     /// Tokens the upstream reported beyond the estimate, still to charge.
@@ -217,18 +227,25 @@ impl ProviderLimits {
         self.shared.lock().on
     }
 
-    /// The keeper's next lease, from the demand since its last call: keep
-    /// about two ticks' worth of this replica's demand (at least one request
-    /// of the largest size seen, at most a tenth of the bucket, so idle
-    /// replicas hoard little), take what is missing (and any token debt),
-    /// and give back a surplus that sat unused for a second.
+    /// The keeper's next lease, from this replica's demand: keep twice its
+    /// busiest tick of the last second, at least two ticks of the bucket's
+    /// refill and one request of the largest size seen, at most a tenth of
+    /// the bucket (so idle replicas hoard little); take what is missing (and
+    /// any token debt), and give back a surplus that sat unused for a second.
     pub fn plan_lease(&self, now: Instant) -> Lease {
         let mut a = self.shared.lock();
         if !a.on {
             return Lease::default();
         }
-        let demand = std::mem::take(&mut a.demand);
-        if demand == Pair::default() {
+        let tick = std::mem::take(&mut a.demand);
+        let slot = a.slot;
+        a.recent[slot] = tick;
+        a.slot = (slot + 1) % PEAK_TICKS;
+        let demand = Pair {
+            requests: a.recent.iter().map(|p| p.requests).max().unwrap_or(0),
+            tokens: a.recent.iter().map(|p| p.tokens).max().unwrap_or(0),
+        };
+        if tick == Pair::default() {
             a.idle_since.get_or_insert(now);
         } else {
             a.idle_since = None;
@@ -267,11 +284,15 @@ impl ProviderLimits {
     }
 }
 
-/// One bucket's block: (to take, to give back), keeping about two ticks of
-/// `demand`, at least `floor`, at most a tenth of the bucket (or `floor`).
+/// One bucket's block: (to take, to give back), keeping twice the busiest
+/// tick's `demand`, at least `floor` and the bucket's refill over
+/// [`REFILL_HEADROOM_MS`] (what an idle replica keeps standing), at most a
+/// tenth of the bucket (or `floor`).
 fn block(b: Bucket, floor: u64, demand: u64, held: u64, idle: bool) -> (u64, u64) {
-    let floor = floor.min(b.capacity);
-    let cap = (b.capacity / 10).max(floor);
+    let cap = (b.capacity / 10).max(floor.min(b.capacity));
+    let floor = floor
+        .max(b.per_minute.div_ceil(60_000 / REFILL_HEADROOM_MS))
+        .min(cap);
     let want = demand.saturating_mul(2).clamp(floor, cap);
     if held < want {
         (want - held, 0)
@@ -492,6 +513,36 @@ mod tests {
         l.set_shared(false);
         assert!(l.admit(10).is_ok());
         assert_eq!(l.plan_lease(Instant::now()), Lease::default());
+    }
+
+    /// The keeper's tick against a bucket with room: what it asks is granted.
+    fn tick(l: &ProviderLimits) {
+        let lease = l.plan_lease(Instant::now());
+        l.granted(lease.take, Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_tick_does_not_shrink_the_lease_below_a_burst_of_traffic() {
+        // 6000 rpm (100 a second), 100 at once; one replica sending about
+        // 20 a second, unevenly: 0 to 3 requests a tick.
+        let l = ProviderLimits::new(Some(6000), None, Some(100));
+        l.set_shared(true);
+        assert!(l.admit(0).is_err(), "nothing leased yet");
+        tick(&l);
+        let mut refused = 0;
+        for n in [1, 0, 0, 3, 1, 0, 2, 0, 0, 0, 3, 1, 2, 0, 3] {
+            for _ in 0..n {
+                refused += usize::from(l.admit(0).is_err());
+            }
+            tick(&l);
+        }
+        assert_eq!(
+            refused, 0,
+            "a replica far under the limit is refused nothing"
+        );
+        // The standing allowance stays small: a tenth of the bucket at most.
+        let held = l.shared.lock().held.requests;
+        assert!(held <= 10, "{held}");
     }
 
     const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);

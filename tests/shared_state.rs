@@ -260,6 +260,31 @@ async fn a_shared_rpm_limit_holds_across_three_replicas() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_far_under_a_shared_limit_is_refused_nothing() {
+    let redis = RedisServer::start();
+    let a = Fake::always(fake::completion("ma", "from a")).await;
+    let b = Fake::always(fake::completion("mb", "unused")).await;
+    let more = "targets:\n  a: { provider: pa, model: ma }\n  b: { provider: pb, model: mb }\n\
+                tasks:\n  chat: { aliases: [gpt-4o], chain: [a] }\n";
+    let yaml = config(&a.url(), &b.url(), &redis, more, "open_for: 60s").replace(
+        "retry: { max: 0 } }",
+        "retry: { max: 0 }, rate_limit: { rpm: 6000, burst: 100 } }",
+    );
+    let gw = gateway(&yaml).await;
+    assert!(eventually(Duration::from_secs(5), || async { up(&gw) == Some(1.0) }).await);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // About 20 a second against 100 a second, unevenly: pauses of 0 to 110 ms,
+    // so some keeper ticks see nothing and others several requests.
+    let mut statuses = Vec::new();
+    for n in 0..60u64 {
+        statuses.push(chat(gw.addr, hello("gpt-4o")).await.status.as_u16());
+        tokio::time::sleep(Duration::from_millis((n * 37) % 111)).await;
+    }
+    let refused = statuses.iter().filter(|&&s| s != 200).count();
+    assert_eq!(refused, 0, "{statuses:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_store_fails_no_request_and_its_return_resynchronises() {
     let mut redis = RedisServer::start();
     let a = Fake::always(fake::completion("ma", "from a")).await;
