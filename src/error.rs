@@ -10,6 +10,12 @@ use std::borrow::Cow;
 use bytes::Bytes;
 use http::StatusCode;
 
+/// nginx's status for a client that closed its connection first.
+const CLIENT_CLOSED_REQUEST: StatusCode = match StatusCode::from_u16(499) {
+    Ok(status) => status,
+    Err(_) => StatusCode::BAD_REQUEST,
+};
+
 /// Who caused an error, for logs and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Culprit {
@@ -45,6 +51,13 @@ pub enum GatewayError {
     /// Wrong method for the endpoint. 405.
     #[error("method not allowed")]
     MethodNotAllowed,
+    /// The request body did not arrive whole within the time allowed. 408.
+    #[error("the request body did not arrive within {} s", .0.as_secs())]
+    BodyTimeout(std::time::Duration),
+    /// The client closed the connection before its request body was whole:
+    /// nobody hears the answer; 499 (nginx's) in the access log and metrics.
+    #[error("the client closed the connection before its request body arrived")]
+    ClientGone,
     /// Request body over the limit. 413.
     #[error("request body larger than {0} bytes")]
     PayloadTooLarge(usize),
@@ -108,6 +121,8 @@ impl GatewayError {
             GatewayError::UnknownModel(_) | GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
             GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            GatewayError::ClientGone => CLIENT_CLOSED_REQUEST,
             GatewayError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             GatewayError::AllTargetsFailed { .. } | GatewayError::ContractViolation(_) => {
                 StatusCode::BAD_GATEWAY
@@ -132,6 +147,8 @@ impl GatewayError {
             | GatewayError::NotFound(_)
             | GatewayError::MethodNotAllowed
             | GatewayError::PayloadTooLarge(_)
+            | GatewayError::BodyTimeout(_)
+            | GatewayError::ClientGone
             | GatewayError::UnsupportedMediaType(_) => Culprit::Downstream,
             GatewayError::AllTargetsFailed { .. }
             | GatewayError::ContractViolation(_)
@@ -147,12 +164,16 @@ impl GatewayError {
     #[must_use]
     pub fn retryable(&self) -> bool {
         match self {
-            GatewayError::RateLimited(_) | GatewayError::Overloaded => true,
+            // A body that came too slowly may come in time on a retry.
+            GatewayError::RateLimited(_)
+            | GatewayError::Overloaded
+            | GatewayError::BodyTimeout(_) => true,
             GatewayError::BadRequest { .. }
             | GatewayError::UnknownModel(_)
             | GatewayError::NotFound(_)
             | GatewayError::MethodNotAllowed
             | GatewayError::PayloadTooLarge(_)
+            | GatewayError::ClientGone
             | GatewayError::UnsupportedMediaType(_)
             | GatewayError::AllTargetsFailed { .. }
             | GatewayError::NoTargetAvailable { .. }
@@ -177,6 +198,8 @@ impl GatewayError {
             | GatewayError::NotFound(_)
             | GatewayError::MethodNotAllowed
             | GatewayError::PayloadTooLarge(_)
+            | GatewayError::BodyTimeout(_)
+            | GatewayError::ClientGone
             | GatewayError::UnsupportedMediaType(_)
             | GatewayError::AllTargetsFailed { .. }
             | GatewayError::NoEligibleTarget(_)
@@ -208,6 +231,8 @@ impl GatewayError {
             | GatewayError::NotFound(_)
             | GatewayError::MethodNotAllowed
             | GatewayError::PayloadTooLarge(_)
+            | GatewayError::BodyTimeout(_)
+            | GatewayError::ClientGone
             | GatewayError::UnsupportedMediaType(_)
             | GatewayError::AllTargetsFailed { .. }
             | GatewayError::NoTargetAvailable { .. }
@@ -230,6 +255,8 @@ impl GatewayError {
             GatewayError::NotFound(_) => "not_found",
             GatewayError::MethodNotAllowed => "method_not_allowed",
             GatewayError::PayloadTooLarge(_) => "payload_too_large",
+            GatewayError::BodyTimeout(_) => "request_timeout",
+            GatewayError::ClientGone => "client_cancelled",
             GatewayError::UnsupportedMediaType(_) => "unsupported_media_type",
             GatewayError::AllTargetsFailed { .. } => "all_targets_failed",
             GatewayError::ContractViolation(_) => "degraded_contract_violation",
@@ -274,4 +301,20 @@ pub fn error_body_with(message: &str, error_type: &str, code: &str, param: Optio
         "error": { "message": message, "type": error_type, "code": code, "param": param }
     });
     Bytes::from(v.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_body_is_a_retryable_408_and_a_client_gone_is_499() {
+        let slow = GatewayError::BodyTimeout(std::time::Duration::from_secs(30));
+        assert_eq!(slow.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(slow.code(), "request_timeout");
+        assert!(slow.retryable());
+        assert_eq!(slow.culprit(), Culprit::Downstream);
+        assert_eq!(GatewayError::ClientGone.status().as_u16(), 499);
+        assert_eq!(GatewayError::ClientGone.code(), "client_cancelled");
+    }
 }

@@ -444,15 +444,18 @@ async fn proxied(
     let rejected = |e: &GatewayError, request_id: &HeaderValue| {
         snapshot.unrouted.increment(e.status().as_u16(), 1);
         trace.status(e.status().as_u16());
+        trace.error(e.code());
         respond::plain_error(e, request_id)
-    };
-    let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
-        return rejected(&GatewayError::Overloaded, &request_id);
     };
     let (parts, incoming) = req.into_parts();
     let bytes = match json_body(&parts.headers, incoming).await {
         Ok(bytes) => bytes,
         Err(e) => return rejected(&e, &request_id),
+    };
+    // The cap counts requests at work, not bodies still arriving: slow
+    // uploads cannot hold every slot (each is bounded by the body timeout).
+    let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
+        return rejected(&GatewayError::Overloaded, &request_id);
     };
     let (log_span, server_span) = (trace.log_span().clone(), trace.span().clone());
     let exchange = proxy::Exchange {
@@ -536,13 +539,13 @@ async fn read_body(headers: &http::HeaderMap, incoming: Incoming) -> Result<Byte
     }
     let read = tokio::time::timeout(BODY_READ_TIMEOUT, body::read_all(incoming, MAX_BODY_BYTES))
         .await
-        .map_err(|_| GatewayError::bad_request("the request body did not arrive in time"))?;
+        .map_err(|_| GatewayError::BodyTimeout(BODY_READ_TIMEOUT))?;
     match read {
         Ok(bytes) => Ok(bytes),
         Err(body::ReadError::TooLarge) => Err(GatewayError::PayloadTooLarge(MAX_BODY_BYTES)),
-        Err(body::ReadError::Body(_)) => {
-            Err(GatewayError::bad_request("could not read the request body"))
-        }
+        // hyper's only body errors are the connection's: the client went away
+        // (or broke the framing, which no one is left to hear about either).
+        Err(body::ReadError::Body(_)) => Err(GatewayError::ClientGone),
     }
 }
 

@@ -111,6 +111,29 @@ async fn over_the_concurrency_cap_gets_503_with_retry_after() {
 }
 
 #[tokio::test]
+async fn bodies_still_arriving_hold_no_slot_of_the_concurrency_cap() {
+    use tokio::io::AsyncWriteExt;
+    let a = Fake::always(fake::completion("m", "hi")).await;
+    let gw =
+        gateway(&(chain_config(&[("a", &a.url())], "", "") + "max_concurrent_requests: 2\n")).await;
+    // Five uploads stalled after their first byte: more than the cap.
+    let mut stalled = Vec::new();
+    for _ in 0..5 {
+        let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        tcp.write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+        stalled.push(tcp);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    drop(stalled);
+}
+
+#[tokio::test]
 async fn shutdown_waits_for_in_flight_requests_at_most_drain_timeout() {
     let a = Fake::always(Reply::Hang).await;
     let dir = tempfile::tempdir().unwrap();

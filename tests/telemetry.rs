@@ -533,6 +533,34 @@ async fn a_continued_stream_has_a_span_for_the_attempt_that_finished_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_mid_body_is_logged_as_499_not_as_a_bad_request() {
+    use tokio::io::AsyncWriteExt;
+    let a = Fake::always(fake::completion("model-a", "hi")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("routes.yaml");
+    std::fs::write(&config, chain_config(&[("a", &a.url())], "", "")).unwrap();
+    let served = Served::start_with(&config, dir.path(), &["--log-format", "json"], &[]);
+    let mut tcp = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    tcp.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-request-id: gone-mid-body\r\ncontent-length: 100\r\n\r\n{\"mod",
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(tcp);
+    let mut lines = Vec::new();
+    let written = wait_blocking(Duration::from_secs(5), || {
+        lines = access_lines(&served.log());
+        !lines.is_empty()
+    });
+    assert!(written, "{}", served.log());
+    assert_eq!(lines[0]["request_id"], "gone-mid-body");
+    assert_eq!(lines[0]["status"], 499, "{}", lines[0]);
+    assert_eq!(lines[0]["error"], "client_cancelled", "{}", lines[0]);
+    assert_eq!(a.calls(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_can_be_turned_off() {
     let a = Fake::always(fake::completion("model-a", "hi")).await;
     let yaml = routes(
