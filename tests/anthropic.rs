@@ -85,6 +85,30 @@ async fn a_messages_stream_comes_back_as_chat_chunks() {
 }
 
 #[tokio::test]
+async fn a_context_error_inside_a_messages_stream_reaches_the_client_in_openai_shape() {
+    let event = format!(
+        "event: message_start\ndata: {}\n\nevent: error\ndata: {}\n\n",
+        r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude","content":[],"stop_reason":null,"usage":{"input_tokens":9,"output_tokens":0}}}"#,
+        CONTEXT.trim()
+    );
+    // Both targets speak Messages and both are too small: the upstream's 400 comes back.
+    let (_a, _b, gw, _k) = setup(sse(&event), sse(&event), &["a", "b"]).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(ans.status, 400, "{}", ans.text());
+    let err = &ans.json()["error"];
+    assert_eq!(err["code"], "context_length_exceeded", "{err}");
+    assert_eq!(err["type"], "invalid_request_error", "{err}");
+    assert!(err.get("param").is_some(), "{err}");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("prompt is too long"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
 async fn streamed_tool_use_becomes_tool_call_deltas() {
     let (_a, _b, gw, _k) = setup(sse(STREAM_TOOLS), fake::completion("b", "b"), &["a"]).await;
     let ans = chat(gw.addr, hello_stream("gpt-4o")).await;

@@ -970,9 +970,17 @@ impl MessagesStream {
                 let (kind, message) = anthropic_error(data.as_bytes()).ok_or_else(|| {
                     TranslateError::InvalidResponse("malformed error event".into())
                 })?;
-                let (error_type, _) = openai_error_names(&kind, &message);
+                // The client may get this as its error body: OpenAI's shape, the
+                // string code; the status (which classifies it) beside it.
+                let (error_type, code) = openai_error_names(&kind, &message);
                 let body = json!({
-                    "error": { "message": message, "type": error_type, "code": status_of(&kind) }
+                    "error": {
+                        "message": message,
+                        "type": error_type,
+                        "code": code,
+                        "param": null,
+                        "status": status_of(&kind),
+                    }
                 });
                 vec![sse(&body)]
             }
@@ -1371,7 +1379,7 @@ mod tests {
     }
 
     #[test]
-    fn stream_error_event_carries_numeric_status() {
+    fn stream_error_event_is_openai_shaped_and_carries_numeric_status() {
         let mut t = MessagesStream::new(true);
         let out = t
             .on_event(fixture!("error_overloaded.json").trim())
@@ -1380,7 +1388,9 @@ mod tests {
         let s = std::str::from_utf8(&out[0]).unwrap();
         let body: Value =
             serde_json::from_str(s.strip_prefix("data: ").unwrap().trim_end()).unwrap();
-        assert_eq!(body["error"]["code"], json!(529));
+        assert_eq!(body["error"]["code"], "overloaded");
+        assert_eq!(body["error"]["param"], Value::Null);
+        assert_eq!(body["error"]["status"], json!(529));
         assert_eq!(body["error"]["message"], "Overloaded");
         assert_eq!(body["error"]["type"], "server_error");
         assert_eq!(
@@ -1393,7 +1403,10 @@ mod tests {
             .on_event(fixture!("error_rate_limit.json").trim())
             .unwrap();
         let s = std::str::from_utf8(&out[0]).unwrap();
-        assert!(s.contains(r#""code":429"#), "{s}");
+        assert!(s.contains(r#""status":429"#), "{s}");
+        let body = &s["data: ".len()..].trim_end();
+        let v: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(crate::sse::error_code(&v["error"].to_string()), Some(429));
     }
 
     /// The status an error body's type maps to.
