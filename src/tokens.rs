@@ -81,9 +81,52 @@ fn utf8_len(first: u8) -> usize {
     }
 }
 
+/// Estimated completion tokens of a chat completion body that reported no
+/// usage: its choices' text and tool call arguments. 0 for anything else.
+#[must_use]
+pub fn estimate_completion(body: &[u8]) -> u64 {
+    let Ok(answer) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return 0;
+    };
+    let Some(choices) = answer.get("choices").and_then(serde_json::Value::as_array) else {
+        return 0;
+    };
+    let text = |v: Option<&serde_json::Value>| {
+        v.and_then(serde_json::Value::as_str)
+            .map_or(0, estimate_text)
+    };
+    choices
+        .iter()
+        .filter_map(|c| c.get("message"))
+        .map(|m| {
+            let calls = m
+                .get("tool_calls")
+                .and_then(serde_json::Value::as_array)
+                .map_or(0, |calls| {
+                    calls
+                        .iter()
+                        .map(|c| text(c.pointer("/function/arguments")))
+                        .fold(0, u64::saturating_add)
+                });
+            text(m.get("content")).saturating_add(calls)
+        })
+        .fold(0, u64::saturating_add)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_completion_without_usage_is_estimated_from_its_text_and_calls() {
+        let answer = br#"{"choices":[{"message":{"content":"hello there"}},
+            {"message":{"content":null,"tool_calls":[{"function":{"name":"f","arguments":"{\"city\":\"Paris\"}"}}]}}]}"#;
+        let expected = estimate_text("hello there") + estimate_text(r#"{"city":"Paris"}"#);
+        assert!(expected > 0);
+        assert_eq!(estimate_completion(answer), expected);
+        assert_eq!(estimate_completion(b"not json"), 0);
+        assert_eq!(estimate_completion(br#"{"data":[]}"#), 0);
+    }
 
     const ENGLISH: &str =
         "The gateway sits next to the application and sends each request along a \

@@ -109,6 +109,34 @@ async fn a_context_error_inside_a_messages_stream_reaches_the_client_in_openai_s
 }
 
 #[tokio::test]
+async fn a_messages_answer_without_usage_is_booked_by_estimate_not_as_zero() {
+    let mut no_usage: serde_json::Value = serde_json::from_str(TEXT).unwrap();
+    no_usage.as_object_mut().unwrap().remove("usage");
+    let (_a, _b, gw, _k) = setup(
+        fake::json(200, &no_usage.to_string()),
+        fake::completion("b", "b"),
+        &["a"],
+    )
+    .await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert!(
+        ans.json().get("usage").is_none(),
+        "no counts are no usage, not zeros: {}",
+        ans.text()
+    );
+    let m = metrics_page(&gw).await;
+    let booked = |kind: &str| {
+        series_value(
+            &m,
+            &format!(r#"switchyard_tokens_total{{target="a",kind="{kind}"}}"#),
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(booked("prompt") > 0.0 && booked("completion") > 0.0, "{m}");
+}
+
+#[tokio::test]
 async fn streamed_tool_use_becomes_tool_call_deltas() {
     let (_a, _b, gw, _k) = setup(sse(STREAM_TOOLS), fake::completion("b", "b"), &["a"]).await;
     let ans = chat(gw.addr, hello_stream("gpt-4o")).await;

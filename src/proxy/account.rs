@@ -23,10 +23,10 @@ pub struct Account {
 }
 
 impl Account {
-    /// Books usage: the upstream's report, else the prompt estimate and one
-    /// token per content chunk.
-    pub fn settle(&self, target: &Target, usage: Option<(u64, u64)>, content_chunks: u64) {
-        let (prompt, completion) = usage.unwrap_or((self.prompt_estimate, content_chunks));
+    /// Books usage: the upstream's report, else the prompt estimate and
+    /// `completion_estimate` (a stream's content chunks, an answer's text).
+    pub fn settle(&self, target: &Target, usage: Option<(u64, u64)>, completion_estimate: u64) {
+        let (prompt, completion) = usage.unwrap_or((self.prompt_estimate, completion_estimate));
         target.metrics.prompt_tokens.increment(prompt);
         target.metrics.completion_tokens.increment(completion);
         let usd = target.usd(prompt, completion);

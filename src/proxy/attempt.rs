@@ -430,7 +430,13 @@ fn answered(
         .metrics
         .attempts
         .increment(AttemptOutcome::Success.label(), 1);
-    call.account.settle(target, sse::usage(&bytes), 0);
+    let usage = sse::usage(&bytes);
+    // Without reported usage, the answer's own text is the completion's estimate.
+    let estimate = match usage {
+        Some(_) => 0,
+        None => crate::tokens::estimate_completion(&bytes),
+    };
+    call.account.settle(target, usage, estimate);
     Attempt::Answer {
         status,
         body: crate::sanitize::redact_secrets(bytes, target.provider.secrets()),

@@ -658,6 +658,11 @@ struct Usage {
 }
 
 impl Usage {
+    /// Whether the upstream gave any count.
+    fn known(&self) -> bool {
+        self.input_tokens.is_some() || self.output_tokens.is_some()
+    }
+
     /// OpenAI counts cached prompt tokens in `prompt_tokens`; Anthropic's
     /// `input_tokens` leaves out cache writes and reads.
     fn prompt_tokens(&self) -> Option<u64> {
@@ -811,7 +816,7 @@ pub fn from_messages_response(body: &[u8]) -> Result<Bytes, TranslateError> {
         }
         message["tool_calls"] = Value::Array(tool_calls);
     }
-    let out = json!({
+    let mut out = json!({
         "id": m.id,
         "object": "chat.completion",
         "created": now_secs(),
@@ -822,12 +827,15 @@ pub fn from_messages_response(body: &[u8]) -> Result<Bytes, TranslateError> {
             "logprobs": null,
             "finish_reason": finish_reason(m.stop_reason.as_deref()),
         }],
-        "usage": usage_json(
+    });
+    // No counts is no `usage`, not zeros: the gateway then books its estimate.
+    if m.usage.known() {
+        out["usage"] = usage_json(
             m.usage.prompt_tokens().unwrap_or(0),
             m.usage.output_tokens.unwrap_or(0),
             m.usage.cache_read_input_tokens.unwrap_or(0),
-        ),
-    });
+        );
+    }
     Ok(Bytes::from(out.to_string()))
 }
 
@@ -873,6 +881,9 @@ pub struct MessagesStream {
     prompt_tokens: u64,
     completion_tokens: u64,
     cached_tokens: u64,
+    /// Any count arrived: without one there is no usage chunk (zeros would
+    /// be booked as the truth).
+    usage_seen: bool,
     tools: Vec<ToolBlock>,
     finished: bool,
 }
@@ -895,6 +906,7 @@ impl MessagesStream {
             prompt_tokens: 0,
             completion_tokens: 0,
             cached_tokens: 0,
+            usage_seen: false,
             tools: Vec::new(),
             finished: false,
         }
@@ -952,7 +964,7 @@ impl MessagesStream {
             "message_stop" => {
                 self.finished = true;
                 let mut out = Vec::new();
-                if self.include_usage {
+                if self.include_usage && self.usage_seen {
                     let chunk = json!({
                         "id": self.id,
                         "object": "chat.completion.chunk",
@@ -1054,6 +1066,7 @@ impl MessagesStream {
         };
         let u = Usage::deserialize(usage)
             .map_err(|e| TranslateError::InvalidResponse(format!("bad usage: {e}")))?;
+        self.usage_seen |= u.known();
         if let Some(p) = u.prompt_tokens() {
             self.prompt_tokens = p;
             self.cached_tokens = u.cache_read_input_tokens.unwrap_or(0);
@@ -1140,6 +1153,24 @@ mod tests {
         text.split("\n\n")
             .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data: ")))
             .collect()
+    }
+
+    #[test]
+    fn a_stream_without_counts_has_no_usage_chunk() {
+        let mut t = MessagesStream::new(true);
+        let start = r#"{"type":"message_start","message":{"id":"m","type":"message","role":"assistant","model":"c","content":[]}}"#;
+        let mut out = Vec::new();
+        for data in [
+            start,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":"hi"}}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"}}"#,
+            r#"{"type":"message_stop"}"#,
+        ] {
+            out.extend(t.on_event(data).unwrap());
+        }
+        let all: String = out.iter().map(|b| String::from_utf8_lossy(b)).collect();
+        assert!(!all.contains("usage"), "{all}");
+        assert!(all.ends_with("data: [DONE]\n\n"), "{all}");
     }
 
     fn run_stream(text: &str, include_usage: bool) -> Vec<String> {
