@@ -232,6 +232,59 @@ fn validate_many_paths_reports_each_and_fails_if_any_is_bad() {
 }
 
 #[test]
+fn relative_secret_files_are_read_from_the_configs_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("secrets")).unwrap();
+    for name in ["key", "admin", "redis"] {
+        std::fs::write(
+            dir.path().join("secrets").join(name),
+            "s3cret-value-0123456789",
+        )
+        .unwrap();
+    }
+    std::fs::write(dir.path().join("secrets/redis"), "redis://127.0.0.1:9/0").unwrap();
+    let text = GOOD
+        .replace(
+            "timeout: 2s }",
+            "timeout: 2s, keys: [{ name: k, file: secrets/key }] }",
+        )
+        .replace(
+            "version: 1\n",
+            "version: 1\nadmin_token_file: secrets/admin\nshared_state: { redis: { url_file: secrets/redis } }\n",
+        );
+    let path = write(dir.path(), "routes.yaml", &text);
+    // Run from elsewhere: the paths are the file's, not the shell's.
+    let out = binary::run(&["validate", &path], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let out = stdout(&out);
+    assert!(!out.contains("warning"), "{out}");
+}
+
+#[test]
+fn json_mode_on_an_anthropic_target_is_a_warning_where_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("key"), "sk-ant-test-0123456789").unwrap();
+    let text = GOOD
+        .replace(
+            "timeout: 2s }",
+            "timeout: 2s, protocol: anthropic, api_key_file: key }",
+        )
+        .replace("model: m1 }", "model: m1, capabilities: [json_mode] }");
+    let path = write(dir.path(), "json.yaml", &text);
+    let out = binary::run(&["validate", &path], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let out = stdout(&out);
+    let warn: Vec<&str> = out.lines().filter(|l| l.contains("warning")).collect();
+    assert_eq!(warn.len(), 1, "{out}");
+    assert!(warn[0].contains("no JSON mode"), "{out}");
+    let at = locate(&text, "capabilities");
+    assert!(
+        warn[0].starts_with(&format!("{path}:{}:{}: ", at.0, at.1)),
+        "{out}"
+    );
+}
+
+#[test]
 fn validate_strict_turns_an_unset_key_warning_into_failure() {
     let dir = tempfile::tempdir().unwrap();
     let var = "SWITCHYARD_CLI_TEST_UNSET_KEY_VAR";

@@ -200,7 +200,8 @@ async fn mixed(hops: &[(&str, &Fake)], anthropic: &[&str]) -> (Gw, tempfile::Tem
     let hops: Vec<_> = hops
         .iter()
         .map(|(name, f)| {
-            let h = hop(name, &f.url());
+            // Each claims JSON mode: only the protocol can rule a target out.
+            let h = hop(name, &f.url()).target("capabilities: [json_mode]");
             if anthropic.contains(name) {
                 h.provider(&format!(
                     "protocol: anthropic\napi_key_file: {}",
@@ -236,11 +237,22 @@ fn unanswerable_by_anthropic() -> Vec<(&'static str, serde_json::Value)> {
             serde_json::json!({"model": "gpt-4o", "messages": messages,
             "logprobs": true, "top_logprobs": 2}),
         ),
+        (
+            "response_format",
+            serde_json::json!({"model": "gpt-4o", "messages": messages,
+            "response_format": {"type": "json_object"}}),
+        ),
+        (
+            "response_format",
+            serde_json::json!({"model": "gpt-4o", "messages": messages,
+            "response_format": {"type": "json_schema",
+                "json_schema": {"name": "greeting", "schema": {"type": "object"}}}}),
+        ),
     ]
 }
 
 #[tokio::test]
-async fn audio_or_logprobs_skip_an_anthropic_target_for_an_openai_one() {
+async fn audio_json_or_logprobs_skip_an_anthropic_target_for_an_openai_one() {
     let a = Fake::always(fake::json(
         200,
         include_str!("fixtures/anthropic/text_response.anthropic.json"),

@@ -5,6 +5,7 @@
 //! value, so one pass reports every problem in the file, each with the dotted
 //! path and line:column where it stands.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue};
@@ -28,6 +29,8 @@ const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 pub struct Checks<'a> {
     index: &'a LocationIndex,
     removed: &'a Removed,
+    /// The file's directory: relative paths in it are relative to it.
+    base_dir: Option<&'a Path>,
     /// Everything found so far, in the order found.
     pub diagnostics: Vec<Diagnostic>,
 }
@@ -46,7 +49,25 @@ impl<'a> Checks<'a> {
         Self {
             index,
             removed,
+            base_dir: None,
             diagnostics: Vec::new(),
+        }
+    }
+
+    /// The same collector, for a file in `dir` (`None`: text parsed on its own).
+    #[must_use]
+    pub fn in_dir(mut self, dir: Option<&'a Path>) -> Self {
+        self.base_dir = dir;
+        self
+    }
+
+    /// A path the file names (a key file, a schema), relative to the file's
+    /// directory unless absolute, as an operator reading the file expects.
+    #[must_use]
+    pub fn file(&self, name: &str) -> PathBuf {
+        match self.base_dir {
+            Some(dir) => dir.join(name),
+            None => PathBuf::from(name),
         }
     }
 

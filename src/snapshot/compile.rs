@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,7 +65,7 @@ pub fn compile(
     live: &LiveState,
     opts: CompileOptions,
 ) -> Result<Compiled, Vec<Diagnostic>> {
-    let mut c = Checks::reading(&parsed.index, &parsed.removed);
+    let mut c = Checks::reading(&parsed.index, &parsed.removed).in_dir(parsed.base_dir.as_deref());
     c.diagnostics.extend(parsed.pending.iter().cloned());
     let raw = &parsed.raw;
     check_version(raw, &mut c);
@@ -80,7 +80,7 @@ pub fn compile(
     let file_rules = error_rules(&raw.error_classes, "error_classes", &mut c);
     let providers = providers(raw, &file_rules, &health, live, &mut c);
     let targets = targets(raw, &providers, live, &mut c);
-    let (tasks, models) = tasks(raw, &targets, parsed.base_dir.as_deref(), live, &mut c);
+    let (tasks, models) = tasks(raw, &targets, live, &mut c);
     let default_task = raw.default_task.as_ref().and_then(|d| {
         let found = tasks.get(d).cloned();
         if found.is_none() && !raw.tasks.contains_key(d) && !c.gone(&format!("tasks.{d}")) {
@@ -250,7 +250,7 @@ fn shared_store(raw: &RawConfig, c: &mut Checks<'_>) -> Option<SharedStore> {
             );
             None
         }),
-        (None, Some(file)) => file_secret(file).ok().flatten().or_else(|| {
+        (None, Some(file)) => file_secret(&c.file(file)).ok().flatten().or_else(|| {
             c.warn(
                 &format!("{base}.url_file"),
                 format!("cannot read a URL from `{file}`: this replica will not share state"),
@@ -445,7 +445,7 @@ fn admin_token(raw: &RawConfig, c: &mut Checks<'_>) -> Option<Secret> {
             );
             None
         }),
-        (None, Some(file)) => match file_secret(file) {
+        (None, Some(file)) => match file_secret(&c.file(file)) {
             Ok(Some(token)) => Some(token),
             Ok(None) | Err(_) => {
                 c.error(
@@ -471,7 +471,7 @@ fn env_secret(var: &str) -> Option<Secret> {
 /// A secret from a file, trimmed: at most 64 KiB, and only a regular file (a
 /// FIFO or a device such as /dev/zero would block or never end). `Ok(None)`
 /// for an empty file.
-fn file_secret(path: &str) -> std::io::Result<Option<Secret>> {
+fn file_secret(path: &Path) -> std::io::Result<Option<Secret>> {
     use std::io::Read as _;
     let file = std::fs::File::open(path)?;
     if !file.metadata()?.is_file() {
@@ -898,7 +898,7 @@ fn key_sources(p: &RawProvider, path: &str, c: &mut Checks<'_>) -> Vec<KeySpec> 
         }
         (Some(var), None) => Some((KeySource::Env(var.clone()), format!("{path}.api_key_env"))),
         (None, Some(file)) => Some((
-            KeySource::File(PathBuf::from(file)),
+            KeySource::File(c.file(file)),
             format!("{path}.api_key_file"),
         )),
         (None, None) => None,
@@ -940,7 +940,7 @@ fn key_sources(p: &RawProvider, path: &str, c: &mut Checks<'_>) -> Vec<KeySpec> 
         }
         let (source, setting) = match (&k.env, &k.file) {
             (Some(var), None) => (KeySource::Env(var.clone()), format!("{at}.env")),
-            (None, Some(file)) => (KeySource::File(PathBuf::from(file)), format!("{at}.file")),
+            (None, Some(file)) => (KeySource::File(c.file(file)), format!("{at}.file")),
             (Some(_), Some(_)) | (None, None) => {
                 c.error(&at, "a key needs exactly one of `env` or `file`");
                 continue;
@@ -1031,7 +1031,7 @@ fn read_key(source: &KeySource, at: &str, c: &mut Checks<'_>) -> Option<Secret> 
             c.warn(at, format!("environment variable `{var}` is not set"));
             None
         }),
-        KeySource::File(file) => match file_secret(&file.to_string_lossy()) {
+        KeySource::File(file) => match file_secret(file) {
             Ok(Some(key)) => Some(key),
             Ok(None) => {
                 c.warn(at, format!("key file `{}` is empty", file.display()));
@@ -1230,6 +1230,14 @@ fn targets(
             Some(w) => w,
             None => 1,
         };
+        if provider.endpoint.adapter.name() == "anthropic"
+            && t.capabilities.iter().any(|c| c == "json_mode")
+        {
+            c.warn(
+                &format!("{path}.capabilities"),
+                "the Anthropic Messages API has no JSON mode: requests with a JSON `response_format` skip this target",
+            );
+        }
         let id = TargetId {
             base_url: provider.base_url.clone(),
             model: t.model.clone(),
@@ -1325,7 +1333,6 @@ type Tasks = (BTreeMap<String, Arc<Task>>, HashMap<String, Arc<Task>>);
 fn tasks(
     raw: &RawConfig,
     targets: &BTreeMap<String, Arc<Target>>,
-    base_dir: Option<&Path>,
     live: &LiveState,
     c: &mut Checks<'_>,
 ) -> Tasks {
@@ -1346,7 +1353,7 @@ fn tasks(
                 );
             }
         }
-        let task = Arc::new(task(name, t, &path, raw, targets, base_dir, live, c));
+        let task = Arc::new(task(name, t, &path, raw, targets, live, c));
         for id in std::iter::once(name).chain(&t.aliases) {
             models.insert(id.clone(), Arc::clone(&task));
         }
@@ -1365,7 +1372,6 @@ fn task(
     path: &str,
     raw: &RawConfig,
     targets: &BTreeMap<String, Arc<Target>>,
-    base_dir: Option<&Path>,
     live: &LiveState,
     c: &mut Checks<'_>,
 ) -> Task {
@@ -1427,7 +1433,7 @@ fn task(
         fallback_budget,
         state: live.tasks.get(name.to_owned()),
         validate_tool_calls,
-        tool_schemas: Arc::new(tool_schemas(&t.tool_schemas, path, base_dir, c)),
+        tool_schemas: Arc::new(tool_schemas(&t.tool_schemas, path, c)),
         routes: chain
             .iter()
             .map(|target| metrics.route(name, &target.name))
@@ -1664,12 +1670,11 @@ fn task_limits(
 fn tool_schemas(
     files: &BTreeMap<String, String>,
     task_path: &str,
-    base_dir: Option<&Path>,
     c: &mut Checks<'_>,
 ) -> crate::schema::Overrides {
     let mut out = crate::schema::Overrides::new();
     for (function, file) in files {
-        let full = base_dir.map_or_else(|| PathBuf::from(file), |d| d.join(file));
+        let full = c.file(file);
         match schema_file(&full) {
             Ok(v) => {
                 out.insert(function.clone(), Arc::new(v));

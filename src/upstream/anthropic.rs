@@ -219,7 +219,7 @@ pub fn to_messages_request(
 }
 
 /// Asks whose answer a Messages response could not carry: more than one
-/// choice, audio output, log probabilities. Dropping them would hand the
+/// choice, audio output, JSON output, log probabilities. Dropping them would hand the
 /// client an answer without what it asked for, so the target is skipped.
 fn unanswerable(openai: &Map<String, Value>) -> Result<(), TranslateError> {
     if let Some(n) = non_null(openai, "n") {
@@ -233,6 +233,17 @@ fn unanswerable(openai: &Map<String, Value>) -> Result<(), TranslateError> {
     if audio_modality || non_null(openai, "audio").is_some() {
         return Err(TranslateError::Unsupported(
             "audio output (`audio` / `modalities: [\"audio\"]`)".into(),
+        ));
+    }
+    // Messages has no JSON mode: dropped, the answer would be prose where
+    // the client asked for JSON (or JSON to a schema).
+    let json_output = non_null(openai, "response_format")
+        .and_then(|f| f.get("type"))
+        .and_then(Value::as_str)
+        .is_some_and(|kind| kind != "text");
+    if json_output {
+        return Err(TranslateError::Unsupported(
+            "JSON output (`response_format` other than `text`)".into(),
         ));
     }
     if non_null(openai, "top_logprobs").is_some() {
@@ -1671,6 +1682,9 @@ mod tests {
             json!({ "messages": hi(), "modalities": ["text", "audio"] }),
             json!({ "messages": hi(), "logprobs": true }),
             json!({ "messages": hi(), "top_logprobs": 3 }),
+            json!({ "messages": hi(), "response_format": { "type": "json_object" } }),
+            json!({ "messages": hi(), "response_format": { "type": "json_schema",
+                "json_schema": { "name": "x", "schema": { "type": "object" } } } }),
         ];
         for body in unsupported {
             let got = request(body.clone());
@@ -1680,9 +1694,15 @@ mod tests {
             );
         }
         let fine = json!({ "messages": hi(), "audio": null, "modalities": ["text"],
-            "logprobs": false, "top_logprobs": null });
+            "logprobs": false, "top_logprobs": null, "response_format": { "type": "text" } });
         let got = request(fine).unwrap();
-        for dropped in ["audio", "modalities", "logprobs", "top_logprobs"] {
+        for dropped in [
+            "audio",
+            "modalities",
+            "logprobs",
+            "top_logprobs",
+            "response_format",
+        ] {
             assert!(got.get(dropped).is_none(), "{got}");
         }
     }
