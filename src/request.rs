@@ -67,6 +67,8 @@ struct Wire<'a> {
     max_tokens: Option<&'a RawValue>,
     #[serde(borrow, default)]
     max_completion_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    n: Option<&'a RawValue>,
 }
 
 /// One message, as far as the gateway reads it.
@@ -163,6 +165,7 @@ impl<'a> ChatRequest<'a> {
         let max_completion_tokens =
             token_limit(wire.max_completion_tokens, "max_completion_tokens")?;
         let max_tokens = token_limit(wire.max_tokens, "max_tokens")?;
+        choices(wire.n)?;
         let mut request = Self {
             body,
             model,
@@ -180,7 +183,28 @@ impl<'a> ChatRequest<'a> {
             prompt_tokens: 0,
         };
         request.prompt_tokens = request.estimate_prompt_tokens();
+        request.tool_choice_has_tools()?;
         Ok(request)
+    }
+
+    /// A `tool_choice` that demands a call (`required`, a named function)
+    /// needs tools to call: no answer could keep it.
+    fn tool_choice_has_tools(&self) -> Result<(), RequestError> {
+        let Some(choice) = self.tool_choice else {
+            return Ok(());
+        };
+        let demands_a_call = match choice.get().trim() {
+            "null" | "\"auto\"" | "\"none\"" => false,
+            // "required", or an object naming a function (or allowed tools).
+            _ => true,
+        };
+        if demands_a_call && !self.offers_tools() {
+            return Err(RequestError::field(
+                "tool_choice",
+                "`tool_choice` asks for a tool call but the request has no `tools`",
+            ));
+        }
+        Ok(())
     }
 
     /// The request's bytes, as the client sent them.
@@ -395,6 +419,18 @@ fn message(i: usize, raw: &RawValue) -> Result<Message<'_>, RequestError> {
     })
 }
 
+/// `n`, when given: how many choices, at least 1.
+fn choices(raw: Option<&RawValue>) -> Result<(), RequestError> {
+    match raw.map(|r| serde_json::from_str::<Option<u64>>(r.get())) {
+        None | Some(Ok(None)) => Ok(()),
+        Some(Ok(Some(n))) if n >= 1 => Ok(()),
+        Some(_) => Err(RequestError::field(
+            "n",
+            "`n` must be an integer of at least 1",
+        )),
+    }
+}
+
 /// `max_tokens` / `max_completion_tokens`, when given.
 fn token_limit(raw: Option<&RawValue>, field: &'static str) -> Result<Option<u64>, RequestError> {
     raw.map(|raw| {
@@ -542,10 +578,40 @@ mod tests {
                 assert_eq!(refused(&body).as_deref(), Some(field), "{body}");
             }
         }
+        for bad in ["0", "-1", "1.5", "\"2\"", "true"] {
+            let body = format!(r#"{{"n":{bad},{user}}}"#);
+            assert_eq!(refused(&body).as_deref(), Some("n"), "{body}");
+        }
+        for fine in ["1", "3", "null"] {
+            assert!(ChatRequest::parse(format!(r#"{{"n":{fine},{user}}}"#).as_bytes()).is_ok());
+        }
         let e = ChatRequest::parse(b"[1]").unwrap_err();
         assert!(e.message.starts_with("body is not a JSON object"), "{e}");
         assert_eq!(e.param, None);
         assert!(ChatRequest::parse(br#"{"model":"a","model":"b"}"#).is_err());
+    }
+
+    #[test]
+    fn a_tool_choice_that_demands_a_call_needs_tools() {
+        let user = r#""messages":[{"role":"user","content":"hi"}]"#;
+        let tools = r#""tools":[{"type":"function","function":{"name":"f"}}]"#;
+        for demand in [
+            r#""required""#,
+            r#"{"type":"function","function":{"name":"f"}}"#,
+        ] {
+            let without = format!(r#"{{"tool_choice":{demand},{user}}}"#);
+            assert_eq!(
+                refused(&without).as_deref(),
+                Some("tool_choice"),
+                "{without}"
+            );
+            let with = format!(r#"{{"tool_choice":{demand},{tools},{user}}}"#);
+            assert!(ChatRequest::parse(with.as_bytes()).is_ok(), "{with}");
+        }
+        for harmless in [r#""auto""#, r#""none""#, "null"] {
+            let body = format!(r#"{{"tool_choice":{harmless},{user}}}"#);
+            assert!(ChatRequest::parse(body.as_bytes()).is_ok(), "{body}");
+        }
     }
 
     #[test]

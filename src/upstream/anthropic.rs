@@ -60,7 +60,7 @@ impl Adapter for Anthropic {
     ) -> Result<Bytes, Unsupported> {
         let object = request
             .to_object()
-            .map_err(|e| Unsupported(format!("invalid request: {e}")))?;
+            .map_err(|e| Unsupported(e.to_string()))?;
         let body = to_messages_request(
             &object,
             target.model,
@@ -97,7 +97,8 @@ impl Adapter for Anthropic {
 #[derive(Debug, thiserror::Error)]
 pub enum TranslateError {
     /// The OpenAI request is malformed (the client's fault).
-    #[error("invalid request: {0}")]
+    // The client's 400 says "invalid request" already.
+    #[error("{0}")]
     InvalidRequest(String),
     /// The OpenAI request uses something Anthropic cannot express.
     #[error("not supported by the Anthropic Messages API: {0}")]
