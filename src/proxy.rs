@@ -325,6 +325,16 @@ struct Walk<'a> {
     context_answer: Option<ContextAnswer>,
 }
 
+impl Drop for Walk<'_> {
+    fn drop(&mut self) {
+        // A walk cut short (the client hung up before an answer) made its
+        // upstream calls all the same: the request's record counts them.
+        self.account
+            .trace
+            .at_least(self.tally.attempts, self.tally.failovers);
+    }
+}
+
 impl Walk<'_> {
     /// Step 5: the outer (failover) loop.
     async fn run(&mut self, admission: &mut Admission<'_>) -> Response<Body> {

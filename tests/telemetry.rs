@@ -560,6 +560,66 @@ async fn a_client_gone_mid_body_is_logged_as_499_not_as_a_bad_request() {
     assert_eq!(a.calls(), 0);
 }
 
+/// Sends a streaming request with id `id` over raw TCP, reads `wait` of
+/// the answer, then hangs up.
+async fn hang_up_after(served: &Served, id: &str, wait: Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = hello_stream("gpt-4o").to_string();
+    let mut tcp = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-request-id: {id}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let _ = tokio::time::timeout(wait, async {
+        loop {
+            if tcp.read(&mut buf).await.unwrap_or(0) == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+    drop(tcp);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_before_or_after_the_commit_point_is_logged_with_its_calls() {
+    // Each event 150 ms apart: the role chunk by 150 ms, the first word by 300 ms.
+    let a = Fake::always(Reply::Stream {
+        pieces: fake::sse_events("model-a", &["one", "two", "three", "four"]),
+        delay: Duration::from_millis(150),
+        cut: false,
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("routes.yaml");
+    std::fs::write(&config, chain_config(&[("a", &a.url())], "", "")).unwrap();
+    let served = Served::start_with(&config, dir.path(), &["--log-format", "json"], &[]);
+    hang_up_after(&served, "gone-early", Duration::from_millis(200)).await;
+    hang_up_after(&served, "gone-late", Duration::from_millis(450)).await;
+    let mut lines = Vec::new();
+    let written = wait_blocking(Duration::from_secs(5), || {
+        lines = access_lines(&served.log());
+        lines.len() >= 2
+    });
+    assert!(written, "{}", served.log());
+    let line = |id: &str| {
+        lines
+            .iter()
+            .find(|l| l["request_id"] == id)
+            .unwrap_or_else(|| panic!("{id}: {lines:?}"))
+            .clone()
+    };
+    let early = line("gone-early");
+    assert_eq!(early["status"], 499, "{early}");
+    assert_eq!(early["attempts"], 1, "the upstream call it made: {early}");
+    let late = line("gone-late");
+    assert_eq!(late["status"], 200, "{late}");
+    assert_eq!(late["attempts"], 1, "{late}");
+    assert_eq!(late["stream_end"], "client_gone", "{late}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_can_be_turned_off() {
     let a = Fake::always(fake::completion("model-a", "hi")).await;

@@ -236,6 +236,14 @@ impl RequestTrace {
         f.degraded = degraded;
     }
 
+    /// The walk's counts so far, unless the record has more already (it was
+    /// told who served, or a continuation added calls).
+    pub fn at_least(&self, attempts: u32, failovers: u32) {
+        let mut f = self.0.fields.lock();
+        f.attempts = f.attempts.max(attempts);
+        f.failovers = f.failovers.max(failovers);
+    }
+
     /// Upstream calls made after the walk (a continuation's): counted on the
     /// record; returns the count, the last call's number.
     pub fn more_attempts(&self, calls: u32) -> u32 {
