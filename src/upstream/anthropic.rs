@@ -767,6 +767,21 @@ fn openai_error_names(kind: &str, message: &str) -> (&'static str, &'static str)
     }
 }
 
+/// A `tool_use` block's id and name: a call the client cannot answer (no
+/// id to send its result back under) or cannot run (no name) is no answer.
+fn tool_names(block: &Value) -> Result<(&str, &str), TranslateError> {
+    let field = |k: &str| {
+        block
+            .get(k)
+            .and_then(Value::as_str)
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| {
+                TranslateError::InvalidResponse(format!("a tool_use block without `{k}`"))
+            })
+    };
+    Ok((field("id")?, field("name")?))
+}
+
 /// Anthropic Messages response body -> OpenAI `chat.completion` JSON (bytes).
 ///
 /// Text blocks are concatenated into `message.content` (`null` when there is
@@ -810,12 +825,20 @@ pub fn from_messages_response(body: &[u8]) -> Result<Bytes, TranslateError> {
                 }
             }
             Some("tool_use") => {
-                let field = |k: &str| block.get(k).and_then(Value::as_str).unwrap_or_default();
-                let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
+                let (id, name) = tool_names(block)?;
+                let input = match block.get("input") {
+                    None | Some(Value::Null) => json!({}),
+                    Some(input @ Value::Object(_)) => input.clone(),
+                    Some(_) => {
+                        return Err(TranslateError::InvalidResponse(
+                            "a tool_use block's input is not an object".into(),
+                        ))
+                    }
+                };
                 tool_calls.push(json!({
-                    "id": field("id"),
+                    "id": id,
                     "type": "function",
-                    "function": { "name": field("name"), "arguments": input.to_string() },
+                    "function": { "name": name, "arguments": input.to_string() },
                 }));
             }
             _ => {}
@@ -1029,12 +1052,12 @@ impl MessagesStream {
                     index,
                     sent_arguments: false,
                 });
-                let field = |k: &str| block.get(k).and_then(Value::as_str).unwrap_or_default();
+                let (id, name) = tool_names(block)?;
                 let call = json!({
                     "index": index,
-                    "id": field("id"),
+                    "id": id,
                     "type": "function",
-                    "function": { "name": field("name"), "arguments": "" },
+                    "function": { "name": name, "arguments": "" },
                 });
                 vec![self.chunk(json!({ "tool_calls": [call] }), Value::Null)]
             }
@@ -1165,6 +1188,32 @@ mod tests {
         text.split("\n\n")
             .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data: ")))
             .collect()
+    }
+
+    #[test]
+    fn a_tool_call_without_id_name_or_object_input_is_no_answer() {
+        let answer = |block: Value| {
+            let body = json!({ "type": "message", "id": "m", "model": "c",
+                "content": [block], "stop_reason": "tool_use" });
+            from_messages_response(body.to_string().as_bytes())
+        };
+        for bad in [
+            json!({ "type": "tool_use", "name": "f", "input": {} }),
+            json!({ "type": "tool_use", "id": "", "name": "f", "input": {} }),
+            json!({ "type": "tool_use", "id": "t1", "input": {} }),
+            json!({ "type": "tool_use", "id": "t1", "name": "f", "input": "not an object" }),
+        ] {
+            assert!(
+                matches!(answer(bad.clone()), Err(TranslateError::InvalidResponse(_))),
+                "{bad}"
+            );
+        }
+        assert!(
+            answer(json!({ "type": "tool_use", "id": "t1", "name": "f", "input": {} })).is_ok()
+        );
+        let mut t = MessagesStream::new(false);
+        let start = r#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","name":"f","input":{}}}"#;
+        assert!(t.on_event(start).is_err(), "a streamed call without an id");
     }
 
     #[test]
