@@ -100,6 +100,61 @@ async fn idle_timeout_after_content_ends_with_error_event_and_done() {
 }
 
 #[tokio::test]
+async fn a_stream_that_breaks_after_its_finish_is_complete_not_continued() {
+    // Content and its finish, then the connection is aborted before `[DONE]`.
+    let a = Fake::always(fake::Reply::Stream {
+        pieces: vec![
+            format!("{}{}", role(M, "\n"), content(M, "one", "\n")),
+            finish(M, "\n"),
+        ],
+        delay: Duration::ZERO,
+        cut: true,
+    })
+    .await;
+    let b = Fake::always(fake::stream("model-b", &["must not appear"])).await;
+    let hops = [hop("a", &a.url()), hop("b", &b.url())];
+    let gw = gateway(&routes(&hops, "stream_recovery: { mode: continue }", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(ans.status, 200);
+    let text = ans.text();
+    assert!(!text.contains("stream_interrupted"), "{text}");
+    assert_eq!(sse_text(&text), "one");
+    assert_eq!(text.matches("finish_reason\":\"stop").count(), 1, "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!(b.calls(), 0, "a whole answer is not continued");
+    let m = metrics_page(&gw).await;
+    assert!(!m.contains("switchyard_stream_interrupts_total{"), "{m}");
+    assert_eq!(admin_target(&gw, "a").await["state"], "healthy");
+}
+
+#[tokio::test]
+async fn a_stream_that_stalls_after_its_finish_is_complete() {
+    // The answer and its finish at 400 ms; `[DONE]` would come 400 ms later,
+    // past the 300 ms idle timeout.
+    let parts = vec![
+        format!(
+            "{}{}{}",
+            role(M, "\n"),
+            content(M, "one", "\n"),
+            finish(M, "\n")
+        ),
+        done("\n"),
+    ];
+    let a = Fake::always(pieces(parts, Duration::from_millis(400))).await;
+    let gw = gateway(&routes(
+        &[hop("a", &a.url()).provider("idle_timeout: 300ms")],
+        "",
+        "",
+    ))
+    .await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    let text = ans.text();
+    assert!(!text.contains("stream_interrupted"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!(sse_text(&text), "one");
+}
+
+#[tokio::test]
 async fn client_cancel_while_waiting_for_the_first_token_closes_the_upstream() {
     // Headers, a role chunk, then only keep-alives: stalled before content.
     let mut parts = vec![role(M, "\n")];

@@ -131,11 +131,24 @@ impl Relay {
                 return None;
             }
             if let Some(end) = self.advance().await {
+                let end = self.settled(end);
                 match self.continue_on_next(end).await {
                     Continued::No => self.conclude(end),
                     Continued::Yes | Continued::Ended => {}
                 }
             }
+        }
+    }
+
+    /// After a `finish_reason` the answer is whole: a connection that then
+    /// breaks, stalls or outlives the deadline ends a complete stream
+    /// (`[DONE]` added), never a broken one to report or continue.
+    fn settled(&self, end: StreamEnd) -> StreamEnd {
+        match end {
+            StreamEnd::BodyError | StreamEnd::Idle | StreamEnd::Deadline if self.state.finished => {
+                StreamEnd::Eof { finished: true }
+            }
+            other => other,
         }
     }
 
