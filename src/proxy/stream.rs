@@ -144,11 +144,14 @@ impl Relay {
     /// breaks, stalls or outlives the deadline ends a complete stream
     /// (`[DONE]` added), never a broken one to report or continue.
     fn settled(&self, end: StreamEnd) -> StreamEnd {
-        match end {
-            StreamEnd::BodyError | StreamEnd::Idle | StreamEnd::Deadline if self.state.finished => {
-                StreamEnd::Eof { finished: true }
-            }
-            other => other,
+        let cut_off = matches!(
+            end,
+            StreamEnd::BodyError | StreamEnd::Idle | StreamEnd::Deadline
+        );
+        if cut_off && self.state.finished {
+            StreamEnd::Eof { finished: true }
+        } else {
+            end
         }
     }
 
