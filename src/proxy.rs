@@ -443,6 +443,7 @@ impl Walk<'_> {
                             let served = self.deliver(&target, attempt, &span);
                             return served.map_or(TargetEnd::Deadline, TargetEnd::Served);
                         }
+                        Hedged::Returned(resp) => return TargetEnd::Served(resp),
                         Hedged::BothFailed { reason } => return TargetEnd::Exhausted { reason },
                     }
                 }
@@ -568,8 +569,10 @@ impl Walk<'_> {
                 )
             };
             let first = attempt::run(&call, body, permit).instrument(primary.span.clone());
+            // An error the caller must hear (a 400) ends the race like an
+            // answer: the other side was sent the same request.
             hedge::race(first, delay, start, |a| {
-                matches!(a, Attempt::Answer { .. } | Attempt::Committed(_))
+                matches!(a, Attempt::Answer { .. } | Attempt::Committed(_)) || a.is_for_the_caller()
             })
             .await
         };
@@ -588,7 +591,7 @@ impl Walk<'_> {
             key,
             span: &span,
         };
-        self.settle_race(primary, hedge, raced)
+        self.settle_race(primary, hedge, raced, admission)
     }
 
     /// After a race that hedged: books both sides and says who answered.
@@ -597,12 +600,12 @@ impl Walk<'_> {
         primary: Racer<'_>,
         hedge: Racer<'_>,
         raced: hedge::Raced<Attempt>,
+        admission: &mut Admission<'_>,
     ) -> Hedged {
         self.tally.attempts += 1 + self.resends.swap(0, Ordering::Relaxed);
-        self.tally.failovers += 1;
         self.tried.push(Arc::clone(hedge.target));
         info!(task = %self.task.name, primary = %primary.target.name, hedge = %hedge.target.name, "hedged the first attempt");
-        telemetry::failover(&primary.target.name, &hedge.target.name, "hedge");
+        self.failover(primary.target, hedge.target, "hedge");
         let hedge::Raced {
             primary: p_out,
             hedge: h_out,
@@ -610,13 +613,25 @@ impl Walk<'_> {
             ..
         } = raced;
         let mut won = None;
+        let mut returned = None;
+        let mut reason = AttemptOutcome::Network(crate::classify::NetworkKind::Timeout).label();
         for (side, racer, out) in [
             (hedge::Side::Primary, primary, p_out),
             (hedge::Side::Hedge, hedge, h_out),
         ] {
             match out {
-                Some(answer) if winner == Some(side) => won = Some((racer, answer)),
-                Some(failure) => self.raced_failure(racer, failure),
+                Some(answer @ (Attempt::Answer { .. } | Attempt::Committed(_)))
+                    if winner == Some(side) =>
+                {
+                    won = Some((racer, answer));
+                }
+                Some(failure) => {
+                    let (label, for_caller) = self.raced_failure(racer, failure, admission);
+                    reason = label;
+                    if returned.is_none() {
+                        returned = for_caller;
+                    }
+                }
                 None => {
                     // Cancelled before it answered: no one's failure; its prompt was still sent.
                     telemetry::attempt_abandoned(racer.span, "cancelled", "hedge");
@@ -624,68 +639,103 @@ impl Walk<'_> {
                 }
             }
         }
-        let result = match winner {
-            Some(hedge::Side::Hedge) => "won",
-            Some(hedge::Side::Primary) => "lost",
-            None => "cancelled",
+        let result = match (winner, &won) {
+            (Some(hedge::Side::Hedge), Some(_)) => "won",
+            (Some(hedge::Side::Primary), Some(_)) => "lost",
+            (_, None) | (None, Some(_)) => "cancelled",
         };
         self.task.hedges.increment(result, 1);
         self.hedge_result = Some(result);
-        match won {
-            Some((racer, attempt)) => Hedged::Won {
+        match (won, returned) {
+            (Some((racer, attempt)), _) => Hedged::Won {
                 target: Arc::clone(racer.target),
                 attempt,
                 span: racer.span.clone(),
             },
-            None => Hedged::BothFailed {
-                reason: AttemptOutcome::Network(crate::classify::NetworkKind::Timeout).label(),
-            },
+            (None, Some(resp)) => Hedged::Returned(resp),
+            (None, None) => Hedged::BothFailed { reason },
         }
     }
 
     /// A side of a hedged race that ended without an answer: recorded like
-    /// any failed attempt, with no retry.
-    fn raced_failure(&mut self, racer: Racer<'_>, outcome: Attempt) {
+    /// any failed attempt, with no retry. Returns its outcome label and, for
+    /// an error the caller must hear (the table says `return`), the response.
+    fn raced_failure(
+        &mut self,
+        racer: Racer<'_>,
+        outcome: Attempt,
+        admission: &mut Admission<'_>,
+    ) -> (&'static str, Option<Response<Body>>) {
         let target = racer.target;
         match outcome {
             Attempt::Failed(failed) => {
-                self.last_status = failed.status.or(self.last_status);
-                if failed.decision.rate_limited {
-                    if let Some(cooldown) = failed.decision.cooldown {
+                let Failed {
+                    decision,
+                    outcome,
+                    status,
+                    answer,
+                    permit,
+                } = failed;
+                self.last_status = status.or(self.last_status);
+                if decision.rate_limited {
+                    if let Some(cooldown) = decision.cooldown {
                         self.holdbacks.limited(Instant::now() + cooldown);
                     }
                 } else {
                     self.holdbacks.failed = true;
                 }
-                info!(target = %target.name, outcome = failed.outcome.label(), rule = %failed.decision.rule, "hedged attempt failed");
-                telemetry::attempt_failed(
-                    racer.span,
-                    &AttemptFailure {
-                        outcome: failed.outcome.label(),
-                        status: failed.status,
-                        rule: &failed.decision.rule,
-                        action: "failover",
-                    },
-                );
-                attempt::record(
-                    self.snapshot,
-                    target,
-                    &failed.decision,
-                    failed.outcome,
-                    failed.permit,
-                    racer.key,
-                );
+                let action = match decision.action {
+                    Action::Return => "return",
+                    Action::Retry | Action::Failover => "failover",
+                };
+                info!(target = %target.name, outcome = outcome.label(), rule = %decision.rule, next = action, "hedged attempt failed");
+                let failure = AttemptFailure {
+                    outcome: outcome.label(),
+                    status,
+                    rule: &decision.rule,
+                    action,
+                };
+                telemetry::attempt_failed(racer.span, &failure);
+                attempt::record(self.snapshot, target, &decision, outcome, permit, racer.key);
+                if decision.context_window {
+                    self.context_error(target, answer.as_ref(), admission);
+                }
+                let for_caller = (decision.action == Action::Return).then(|| {
+                    let (status, bytes) = answer.unwrap_or((StatusCode::BAD_GATEWAY, Bytes::new()));
+                    let resp = respond::upstream_error(self.snapshot, status, &bytes, target);
+                    self.serve(resp, target)
+                });
+                (outcome.label(), for_caller)
             }
             Attempt::Violated { violation, permit } => {
                 telemetry::attempt_abandoned(racer.span, "contract_violation", "failover");
                 self.violated(target, violation, permit);
+                (AttemptOutcome::ContractViolation.label(), None)
             }
             Attempt::Deadline => {
                 telemetry::attempt_abandoned(racer.span, "deadline", "return");
                 self.deadline_hit = true;
+                ("deadline", None)
             }
-            Attempt::Answer { .. } | Attempt::Committed(_) => {}
+            Attempt::Answer { .. } | Attempt::Committed(_) => ("success", None),
         }
+    }
+
+    /// A context-length error from `target`: only larger windows are tried
+    /// from here, and its answer is kept for the client in case none is left.
+    fn context_error(
+        &mut self,
+        target: &Arc<Target>,
+        answer: Option<&(StatusCode, Bytes)>,
+        admission: &mut Admission<'_>,
+    ) {
+        admission.raise_context_floor(target);
+        self.context_answer = answer.map(|(status, bytes)| ContextAnswer {
+            status: *status,
+            body: bytes.clone(),
+            target: Arc::clone(target),
+            attempts: self.tally.attempts,
+        });
     }
 
     /// What one attempt of `target` needs.
@@ -818,13 +868,7 @@ impl Walk<'_> {
             return Next::Retry;
         }
         if decision.context_window {
-            admission.raise_context_floor(target);
-            self.context_answer = answer.as_ref().map(|(status, bytes)| ContextAnswer {
-                status: *status,
-                body: bytes.clone(),
-                target: Arc::clone(target),
-                attempts: self.tally.attempts,
-            });
+            self.context_error(target, answer.as_ref(), admission);
         }
         match (decision.action, retry) {
             (Action::Return, _) => {
@@ -941,7 +985,9 @@ enum Hedged {
         attempt: Attempt,
         span: tracing::Span,
     },
-    /// A hedge ran and both sides failed (both recorded).
+    /// A hedge ran and one side's error is the caller's to hear (a 400).
+    Returned(Response<Body>),
+    /// A hedge ran and both sides failed (both recorded); the last one's reason.
     BothFailed { reason: &'static str },
 }
 

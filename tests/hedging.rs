@@ -162,6 +162,66 @@ async fn the_rate_cap_suppresses_hedges() {
 }
 
 #[tokio::test]
+async fn a_callers_error_during_a_hedge_is_returned_not_failed_over() {
+    // Both sides say 400 (the request is at fault), after the hedge started.
+    let bad = || {
+        slow(
+            Duration::from_millis(300),
+            fake::error(400, "unknown parameter: frobnicate"),
+        )
+    };
+    let a = Fake::always(bad()).await;
+    let b = Fake::always(bad()).await;
+    let c = Fake::always(fake::completion("model-c", "must not answer")).await;
+    let yaml = routes(
+        &[hop("a", &a.url()), hop("b", &b.url()), hop("c", &c.url())],
+        "hedge: { after: 100ms, max_share: 1 }",
+        "",
+    );
+    let gw = gateway(&yaml).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 400, "{}", ans.text());
+    assert!(ans.text().contains("frobnicate"), "{}", ans.text());
+    assert_eq!(c.calls(), 0, "a caller's error is not rerouted");
+    // The first 400 ends the race: the other side is cancelled, not waited for.
+    assert_eq!(a.calls() + b.calls(), 2);
+    let m = metrics_page(&gw).await;
+    assert_eq!(
+        series_value(
+            &m,
+            r#"switchyard_failovers_total{task="chat",from="a",to="b",reason="hedge"}"#
+        ),
+        Some(1.0),
+        "the hedge is counted where x-switchyard-failovers counts it: {m}"
+    );
+}
+
+#[tokio::test]
+async fn when_both_sides_fail_the_failover_says_why() {
+    let down = || slow(Duration::from_millis(300), fake::error(503, "busy"));
+    let a = Fake::always(down()).await;
+    let b = Fake::always(down()).await;
+    let c = Fake::always(fake::completion("model-c", "from c")).await;
+    let yaml = routes(
+        &[
+            hop("a", &a.url()).provider("retry: { max: 0 }"),
+            hop("b", &b.url()).provider("retry: { max: 0 }"),
+            hop("c", &c.url()),
+        ],
+        "hedge: { after: 100ms, max_share: 1 }",
+        "",
+    );
+    let gw = gateway(&yaml).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "c", "{}", ans.text());
+    let m = metrics_page(&gw).await;
+    assert!(
+        m.contains(r#"switchyard_failovers_total{task="chat",from="a",to="c",reason="5xx"}"#),
+        "the reason is the failure's, not a made-up timeout: {m}"
+    );
+}
+
+#[tokio::test]
 async fn a_first_attempt_that_fails_before_the_delay_fails_over_normally() {
     let a = Fake::always(Reply::Reset).await;
     let b = Fake::always(fake::completion("model-b", "b")).await;

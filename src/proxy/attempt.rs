@@ -97,6 +97,15 @@ pub enum Attempt {
     },
 }
 
+impl Attempt {
+    /// A failure the error table returns to the caller (its request is at
+    /// fault): no other target would answer it differently.
+    #[must_use]
+    pub fn is_for_the_caller(&self) -> bool {
+        matches!(self, Attempt::Failed(f) if f.decision.action == crate::classify::Action::Return)
+    }
+}
+
 /// What the relay carries over from the commit point.
 #[derive(Debug)]
 pub struct RelayState {
