@@ -35,6 +35,9 @@ pub struct Parser {
     data: Option<String>,
     /// The current event's `data` had bytes that are not UTF-8.
     not_utf8: bool,
+    /// The start was checked for a byte order mark (which the SSE spec
+    /// strips, and which would otherwise hide the first event's field name).
+    past_bom: bool,
     /// Bytes examined looking for line ends, for the linear-time test.
     #[cfg(test)]
     examined: usize,
@@ -55,6 +58,16 @@ impl Parser {
     /// The next complete event, if the buffer holds one. `eof` finishes a last
     /// line that has no line end.
     pub fn next_event(&mut self, eof: bool) -> Option<Event> {
+        const BOM: &[u8] = b"\xEF\xBB\xBF";
+        if !self.past_bom {
+            if !eof && self.buf.len() < BOM.len() && BOM.starts_with(&self.buf) {
+                return None;
+            }
+            if self.buf.starts_with(BOM) {
+                let _ = self.buf.split_to(BOM.len());
+            }
+            self.past_bom = true;
+        }
         loop {
             let rest = &self.buf[self.scanned..];
             let skip = self
@@ -424,6 +437,23 @@ mod tests {
             out.push(e);
         }
         out
+    }
+
+    #[test]
+    fn a_byte_order_mark_at_the_start_is_dropped_even_split() {
+        for input in [
+            &[&b"\xEF\xBB\xBFdata: one\n\n"[..]][..],
+            &[&b"\xEF"[..], b"\xBB", b"\xBFdata: one\n\n"],
+        ] {
+            let out = events(input);
+            assert_eq!(out.len(), 1);
+            assert_eq!(out[0].data.as_deref(), Some("one"));
+            assert_eq!(&out[0].raw[..], b"data: one\n\n");
+        }
+        // Only at the start: later it is part of a line.
+        let out = events(&[b"data: a\n\n\xEF\xBB\xBFdata: b\n\n"]);
+        assert_eq!(out[0].data.as_deref(), Some("a"));
+        assert_ne!(out.get(1).and_then(|e| e.data.as_deref()), Some("b"));
     }
 
     #[test]
