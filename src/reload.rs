@@ -33,6 +33,10 @@ use crate::state::App;
 /// and ConfigMap updates produce bursts of events for one logical change. Fixed
 /// from the first event, so a busy directory cannot postpone a reload.
 const DEBOUNCE: Duration = Duration::from_millis(150);
+/// How long, and how often, a config file that is empty or missing is waited
+/// for before the reload reads it anyway (and reports it).
+const SETTLE: Duration = Duration::from_millis(250);
+const SETTLE_TRIES: usize = 4;
 
 /// Logs a compiled file's warnings (notes are for `validate`).
 pub fn log_warnings(path: &Path, compiled: &Compiled) {
@@ -166,6 +170,16 @@ async fn debounce_loop(
         }
         tokio::time::sleep(DEBOUNCE).await;
         while rx.try_recv().is_ok() {}
+        // A file truncated before it is written (a plain `>` save) or deleted
+        // before it is recreated is a save in progress, not a broken config:
+        // give it a moment before judging it (a file that stays empty is).
+        for _ in 0..SETTLE_TRIES {
+            if !being_written(&app.config_path) {
+                break;
+            }
+            tokio::time::sleep(SETTLE).await;
+            while rx.try_recv().is_ok() {}
+        }
         // Reading and compiling may take a while on a large file: keep it off
         // the threads that serve requests.
         let app2 = Arc::clone(&app);
@@ -176,6 +190,11 @@ async fn debounce_loop(
             watches.update(&app);
         }
     }
+}
+
+/// Whether the config file looks mid-save: missing, or empty.
+fn being_written(path: &Path) -> bool {
+    std::fs::metadata(path).map_or(true, |m| m.len() == 0)
 }
 
 /// Re-reads the file and swaps it in if it changed (text or keys) and is

@@ -261,6 +261,41 @@ async fn invalid_reload_keeps_the_old_config_until_fixed() {
 }
 
 #[tokio::test]
+async fn a_save_that_truncates_then_writes_is_one_reload_not_an_error() {
+    let a = dual("a").await;
+    let b = dual("b").await;
+    let gw = gateway(&config(&a, &b, "a")).await;
+    assert_eq!(ask(&gw, false).await, (200, "a".into()));
+    // A plain `>` save: the file is empty for a moment, then written.
+    std::fs::write(&gw.config, "").unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        ask(&gw, false).await,
+        (200, "a".into()),
+        "the old config serves meanwhile"
+    );
+    std::fs::write(&gw.config, config(&a, &b, "b")).unwrap();
+    let applied = eventually(Duration::from_secs(3), || async {
+        ask(&gw, false).await == (200, "b".into())
+    })
+    .await;
+    assert!(applied, "the written file was not applied");
+    assert_eq!(
+        reloads(&gw, "error").await,
+        0.0,
+        "a save in progress is no error"
+    );
+    // A file that stays empty is reported.
+    std::fs::write(&gw.config, "").unwrap();
+    let rejected = eventually(Duration::from_secs(4), || async {
+        reloads(&gw, "error").await == 1.0
+    })
+    .await;
+    assert!(rejected, "an empty file was never reported");
+    assert_eq!(ask(&gw, false).await, (200, "b".into()));
+}
+
+#[tokio::test]
 async fn identical_rewrite_changes_nothing() {
     let a = dual("a").await;
     let b = dual("b").await;
