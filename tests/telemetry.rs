@@ -585,10 +585,11 @@ async fn hang_up_after(served: &Served, id: &str, wait: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_gone_before_or_after_the_commit_point_is_logged_with_its_calls() {
-    // Each event 150 ms apart: the role chunk by 150 ms, the first word by 300 ms.
+    // Each event 200 ms apart: the role chunk by 200 ms, the first word (the
+    // commit point) by 400 ms, the end by 1.4 s.
     let a = Fake::always(Reply::Stream {
         pieces: fake::sse_events("model-a", &["one", "two", "three", "four"]),
-        delay: Duration::from_millis(150),
+        delay: Duration::from_millis(200),
         cut: false,
     })
     .await;
@@ -596,8 +597,8 @@ async fn a_client_gone_before_or_after_the_commit_point_is_logged_with_its_calls
     let config = dir.path().join("routes.yaml");
     std::fs::write(&config, chain_config(&[("a", &a.url())], "", "")).unwrap();
     let served = Served::start_with(&config, dir.path(), &["--log-format", "json"], &[]);
-    hang_up_after(&served, "gone-early", Duration::from_millis(200)).await;
-    hang_up_after(&served, "gone-late", Duration::from_millis(450)).await;
+    hang_up_after(&served, "gone-early", Duration::from_millis(250)).await;
+    hang_up_after(&served, "gone-late", Duration::from_millis(700)).await;
     let mut lines = Vec::new();
     let written = wait_blocking(Duration::from_secs(5), || {
         lines = access_lines(&served.log());
