@@ -41,7 +41,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::body::Body;
-use crate::classify::{Action, AttemptOutcome, Scope};
+use crate::classify::{Action, AttemptOutcome, Decision, Scope};
 use crate::error::GatewayError;
 use crate::health::Failure;
 use crate::request::{ChatRequest, EmbeddingsRequest};
@@ -676,14 +676,7 @@ impl Walk<'_> {
                     answer,
                     permit,
                 } = failed;
-                self.last_status = status.or(self.last_status);
-                if decision.rate_limited {
-                    if let Some(cooldown) = decision.cooldown {
-                        self.holdbacks.limited(Instant::now() + cooldown);
-                    }
-                } else {
-                    self.holdbacks.failed = true;
-                }
+                self.held_back_by(status, &decision, Instant::now());
                 let action = match decision.action {
                     Action::Return => "return",
                     Action::Retry | Action::Failover => "failover",
@@ -700,11 +693,8 @@ impl Walk<'_> {
                 if decision.context_window {
                     self.context_error(target, answer.as_ref(), admission);
                 }
-                let for_caller = (decision.action == Action::Return).then(|| {
-                    let (status, bytes) = answer.unwrap_or((StatusCode::BAD_GATEWAY, Bytes::new()));
-                    let resp = respond::upstream_error(self.snapshot, status, &bytes, target);
-                    self.serve(resp, target)
-                });
+                let for_caller =
+                    (decision.action == Action::Return).then(|| self.returned(target, answer));
                 (outcome.label(), for_caller)
             }
             Attempt::Violated { violation, permit } => {
@@ -719,6 +709,24 @@ impl Walk<'_> {
             }
             Attempt::Answer { .. } | Attempt::Committed(_) => ("success", None),
         }
+    }
+
+    /// What a failure tells the walk's final answer: the last upstream
+    /// status, and whether a rate limit (until when) or a real failure held
+    /// the request back.
+    fn held_back_by(&mut self, status: Option<u16>, decision: &Decision, now: Instant) {
+        self.last_status = status.or(self.last_status);
+        match (decision.rate_limited, decision.cooldown) {
+            (true, Some(cooldown)) => self.holdbacks.limited(now + cooldown),
+            (true, None) | (false, _) => self.holdbacks.failed = true,
+        }
+    }
+
+    /// The upstream's own error, for the caller (the table said `return`).
+    fn returned(&self, target: &Target, answer: Option<(StatusCode, Bytes)>) -> Response<Body> {
+        let (status, bytes) = answer.unwrap_or((StatusCode::BAD_GATEWAY, Bytes::new()));
+        let resp = respond::upstream_error(self.snapshot, status, &bytes, target);
+        self.serve(resp, target)
     }
 
     /// A context-length error from `target`: only larger windows are tried
@@ -827,13 +835,9 @@ impl Walk<'_> {
             answer,
             permit,
         } = failed;
-        self.last_status = status.or(self.last_status);
         attempt::record(self.snapshot, target, &decision, outcome, permit, tries.key);
         let now = Instant::now();
-        match (decision.rate_limited, decision.cooldown) {
-            (true, Some(cooldown)) => self.holdbacks.limited(now + cooldown),
-            (true, None) | (false, _) => self.holdbacks.failed = true,
-        }
+        self.held_back_by(status, &decision, now);
         // What really happens next: the provider's next key after a
         // key-scoped failure; else a retry only if the pause fits the
         // deadline and the target will take it (a cooldown or an open
@@ -871,11 +875,7 @@ impl Walk<'_> {
             self.context_error(target, answer.as_ref(), admission);
         }
         match (decision.action, retry) {
-            (Action::Return, _) => {
-                let (status, bytes) = answer.unwrap_or((StatusCode::BAD_GATEWAY, Bytes::new()));
-                let resp = respond::upstream_error(self.snapshot, status, &bytes, target);
-                Next::Return(self.serve(resp, target))
-            }
+            (Action::Return, _) => Next::Return(self.returned(target, answer)),
             (Action::Retry | Action::Failover, Some(pause)) => {
                 tries.take(&decision, pause);
                 Next::Retry
@@ -889,7 +889,7 @@ impl Walk<'_> {
     fn next_key(
         &self,
         target: &Target,
-        decision: &crate::classify::Decision,
+        decision: &Decision,
         tries: &Tries,
         admission: &mut Admission<'_>,
     ) -> Option<usize> {
@@ -1039,7 +1039,7 @@ impl Tries {
     /// The pause a retry after `decision` would take, if one is allowed.
     fn pause_after(
         &self,
-        decision: &crate::classify::Decision,
+        decision: &Decision,
         policy: &crate::snapshot::RetryPolicy,
     ) -> Option<Duration> {
         match (decision.wait, decision.action) {
@@ -1053,7 +1053,7 @@ impl Tries {
     }
 
     /// Takes the retry `pause_after` offered.
-    fn take(&mut self, decision: &crate::classify::Decision, pause: Duration) {
+    fn take(&mut self, decision: &Decision, pause: Duration) {
         if decision.wait.is_some() && !self.waited {
             self.waited = true;
         } else {
