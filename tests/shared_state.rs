@@ -48,6 +48,17 @@ fn chains(n: usize) -> String {
     targets + &tasks
 }
 
+/// Task `chat` = [a] alone, `pa` limited by `rate_limit`: a request the
+/// allowance cannot take is answered 429 (no other target).
+fn limited_chain(a: &Fake, b: &Fake, redis: &RedisServer, rate_limit: &str) -> String {
+    let more = "targets:\n  a: { provider: pa, model: ma }\n  b: { provider: pb, model: mb }\n\
+                tasks:\n  chat: { aliases: [gpt-4o], chain: [a] }\n";
+    config(&a.url(), &b.url(), redis, more, "open_for: 60s").replace(
+        "retry: { max: 0 } }",
+        &format!("retry: {{ max: 0 }}, rate_limit: {rate_limit} }}"),
+    )
+}
+
 /// Three replicas of one file, each connected to the store.
 async fn replicas(yaml: &str) -> Vec<Gw> {
     let mut gws = Vec::new();
@@ -199,14 +210,8 @@ async fn a_shared_rpm_limit_holds_across_three_replicas() {
     let redis = RedisServer::start();
     let a = Fake::always(fake::completion("ma", "from a")).await;
     let b = Fake::always(fake::completion("mb", "unused")).await;
-    // 600 requests a minute (10/s), 20 at once, for all three together; a
-    // request the allowance cannot take is answered 429 (no other target).
-    let more = "targets:\n  a: { provider: pa, model: ma }\n  b: { provider: pb, model: mb }\n\
-                tasks:\n  chat: { aliases: [gpt-4o], chain: [a] }\n";
-    let yaml = config(&a.url(), &b.url(), &redis, more, "open_for: 60s").replace(
-        "retry: { max: 0 } }",
-        "retry: { max: 0 }, rate_limit: { rpm: 600, burst: 20 } }",
-    );
+    // 600 requests a minute (10/s), 20 at once, for all three together.
+    let yaml = limited_chain(&a, &b, &redis, "{ rpm: 600, burst: 20 }");
     let gws = replicas(&yaml).await;
     // Let each replica take its standing allowance first.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -264,12 +269,7 @@ async fn a_replica_far_under_a_shared_limit_is_refused_nothing() {
     let redis = RedisServer::start();
     let a = Fake::always(fake::completion("ma", "from a")).await;
     let b = Fake::always(fake::completion("mb", "unused")).await;
-    let more = "targets:\n  a: { provider: pa, model: ma }\n  b: { provider: pb, model: mb }\n\
-                tasks:\n  chat: { aliases: [gpt-4o], chain: [a] }\n";
-    let yaml = config(&a.url(), &b.url(), &redis, more, "open_for: 60s").replace(
-        "retry: { max: 0 } }",
-        "retry: { max: 0 }, rate_limit: { rpm: 6000, burst: 100 } }",
-    );
+    let yaml = limited_chain(&a, &b, &redis, "{ rpm: 6000, burst: 100 }");
     let gw = gateway(&yaml).await;
     assert!(eventually(Duration::from_secs(5), || async { up(&gw) == Some(1.0) }).await);
     tokio::time::sleep(Duration::from_millis(200)).await;
