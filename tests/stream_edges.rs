@@ -19,6 +19,17 @@ async fn one(parts: Vec<String>, delay: Duration) -> (Fake, Gw) {
     (a, gw)
 }
 
+/// A stream request to the chain [a (at `a_url`), b] is served by a healthy
+/// `b`, in full.
+async fn fails_over_to_b(a_url: &str) {
+    let b = Fake::always(fake::stream("model-b", &["from", " b"])).await;
+    let gw = gateway(&routes(&[hop("a", a_url), hop("b", &b.url())], "", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(ans.status, 200);
+    assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
+    assert_eq!(sse_text(&ans.text()), "from b");
+}
+
 // ----- timeouts and cancellation -----
 
 #[tokio::test]
@@ -478,12 +489,7 @@ async fn a_chunk_that_is_not_utf8_before_content_fails_over() {
         b"data: [DONE]\n\n",
     ])
     .await;
-    let b = Fake::always(fake::stream("model-b", &["from", " b"])).await;
-    let gw = gateway(&routes(&[hop("a", &a.url()), hop("b", &b.url())], "", "")).await;
-    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
-    assert_eq!(ans.status, 200);
-    assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
-    assert_eq!(sse_text(&ans.text()), "from b");
+    fails_over_to_b(&a.url()).await;
 }
 
 #[tokio::test]
@@ -508,12 +514,7 @@ async fn a_chunk_that_is_not_utf8_after_content_is_dropped_never_relayed() {
 async fn a_stream_of_nothing_but_done_fails_over() {
     for events in [vec![done("\n")], vec![role(M, "\n"), done("\n")]] {
         let a = Fake::always(pieces(events.clone(), Duration::ZERO)).await;
-        let b = Fake::always(fake::stream("model-b", &["from", " b"])).await;
-        let gw = gateway(&routes(&[hop("a", &a.url()), hop("b", &b.url())], "", "")).await;
-        let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
-        assert_eq!(ans.status, 200);
-        assert_eq!(ans.header("x-switchyard-target"), "b", "{events:?}");
-        assert_eq!(sse_text(&ans.text()), "from b");
+        fails_over_to_b(&a.url()).await;
     }
     // An empty answer that says it finished is an answer.
     let a = Fake::always(pieces(
@@ -529,12 +530,7 @@ async fn a_stream_of_nothing_but_done_fails_over() {
 #[tokio::test]
 async fn a_whole_completion_where_a_stream_was_asked_for_fails_over() {
     let a = Fake::always(fake::completion("model-a", "not a stream")).await;
-    let b = Fake::always(fake::stream("model-b", &["from", " b"])).await;
-    let gw = gateway(&routes(&[hop("a", &a.url()), hop("b", &b.url())], "", "")).await;
-    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
-    assert_eq!(ans.status, 200);
-    assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
-    assert_eq!(sse_text(&ans.text()), "from b");
+    fails_over_to_b(&a.url()).await;
     // Alone, it is a 502 the client can read, never JSON on a stream.
     let gw = gateway(&chain_config(&[("a", &a.url())], "", "")).await;
     let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
