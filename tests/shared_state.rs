@@ -1,5 +1,6 @@
 //! Shared state across replicas: three in-process gateways share one real
-//! `redis-server` (started by the test on a free port, stopped after it).
+//! `redis-server` (started by the test on a free port, stopped after it;
+//! `support::redis` finds or provisions the binary).
 //! An outage one replica sees reaches the others within a second, a
 //! recovering target gets one half-open trial across the three, a shared
 //! rpm limit holds under load spread over them, and losing the store fails

