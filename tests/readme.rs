@@ -1,15 +1,20 @@
-//! README's curl examples run against a live gateway, exactly as written
-//! (only the port differs).
+//! README's commands run as written (only the ports differ): the curl
+//! examples against a live gateway, and the offline sidecar path on the
+//! shipped fake upstream and `examples/local/routes.yaml`.
 
+use clap::Parser;
+
+use crate::fake_upstream::{Args, Behaviour, Upstream};
 use crate::support::fake::{self, Fake};
 use crate::support::*;
 
-fn readme_curl_commands() -> Vec<String> {
+/// The lines of the first bash block after `heading` that start with `prefix`.
+fn readme_lines(heading: &str, prefix: &str) -> Vec<String> {
     let readme = include_str!("../README.md");
     let section = readme
-        .split("### With curl")
+        .split(heading)
         .nth(1)
-        .expect("README has a `### With curl` section");
+        .unwrap_or_else(|| panic!("README has a `{heading}` section"));
     let block = section
         .split("```bash")
         .nth(1)
@@ -17,9 +22,33 @@ fn readme_curl_commands() -> Vec<String> {
         .expect("a bash block");
     block
         .lines()
-        .filter(|l| l.starts_with("curl "))
+        .filter(|l| l.starts_with(prefix))
         .map(str::to_owned)
         .collect()
+}
+
+fn readme_curl_commands() -> Vec<String> {
+    readme_lines("### With curl", "curl ")
+}
+
+/// Runs one README command line with `sh`; its stdout.
+async fn run_shell(cmd: String) -> String {
+    let run = cmd.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&run)
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("sh runs");
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,22 +72,70 @@ async fn readme_curl_examples_work() {
     ];
     for (cmd, want) in commands.iter().zip(expected) {
         let cmd = cmd.replace("127.0.0.1:8080", &gw.addr.to_string());
-        let run = cmd.clone();
-        let out = tokio::task::spawn_blocking(move || {
-            std::process::Command::new("sh")
-                .arg("-c")
-                .arg(&run)
-                .output()
-        })
-        .await
-        .unwrap()
-        .expect("sh runs");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "`{cmd}` failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stdout = run_shell(cmd.clone()).await;
         assert!(stdout.contains(want), "`{cmd}` printed {stdout}");
     }
+}
+
+/// "Run it as a sidecar", offline: the fakes started with README's own
+/// arguments, the shipped local config pointed at them, and the curl
+/// examples answered 200 by one of the two, never by an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_offline_sidecar_path_serves_the_curl_examples() {
+    let build = readme_lines("## Run it as a sidecar", "cargo build");
+    assert_eq!(
+        build,
+        ["cargo build --release --bin switchyard --example fake_upstream"]
+    );
+    let serve = readme_lines(
+        "## Run it as a sidecar",
+        "./target/release/switchyard serve",
+    );
+    assert_eq!(
+        serve,
+        ["./target/release/switchyard serve --config examples/local/routes.yaml"]
+    );
+    let mut config = include_str!("../examples/local/routes.yaml").to_owned();
+    let mut fakes = Vec::new();
+    for line in readme_lines(
+        "## Run it as a sidecar",
+        "./target/release/examples/fake_upstream",
+    ) {
+        let words = line.trim_end_matches('&').split_whitespace();
+        let mut args = Args::try_parse_from(words).unwrap_or_else(|e| panic!("`{line}`: {e}"));
+        let documented = args.listen;
+        let base_url = format!("http://{documented}/v1");
+        assert!(config.contains(&base_url), "no provider at {base_url}");
+        args.listen = "127.0.0.1:0".parse().unwrap();
+        let up = Upstream::start(args.listen, Behaviour::from_args(&args).unwrap())
+            .await
+            .unwrap();
+        config = config.replace(&base_url, &format!("http://{}/v1", up.addr));
+        fakes.push(up);
+    }
+    assert_eq!(
+        fakes.len(),
+        2,
+        "README starts a primary and a fallback fake"
+    );
+    let gw = gateway(&config).await;
+    let expected = [
+        "\"object\":\"list\"",
+        "\"chat.completion\"",
+        "data: [DONE]",
+        "HTTP/1.1 200",
+    ];
+    for _round in 0..5 {
+        for (cmd, want) in readme_curl_commands().iter().zip(expected) {
+            let cmd = cmd.replace("127.0.0.1:8080", &gw.addr.to_string());
+            let stdout = run_shell(cmd.clone()).await;
+            assert!(stdout.contains(want), "`{cmd}` printed {stdout}");
+            assert!(!stdout.contains("\"error\""), "`{cmd}` printed {stdout}");
+        }
+    }
+    let served: u64 = fakes.iter().map(|f| f.stats().requests).sum();
+    assert!(
+        served >= 15,
+        "the fakes answered the chat requests: {served}"
+    );
 }
