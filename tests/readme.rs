@@ -139,3 +139,37 @@ async fn readme_offline_sidecar_path_serves_the_curl_examples() {
         "the fakes answered the chat requests: {served}"
     );
 }
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files_under(&path, found);
+        } else {
+            found.push(path);
+        }
+    }
+}
+
+/// A clone of the repository is all a user has: what README, BENCHMARKS and
+/// the examples run or cite lives in it, never beside it.
+#[test]
+fn nothing_a_user_runs_points_outside_the_repository() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md"), root.join("BENCHMARKS.md")];
+    files_under(&root.join("examples"), &mut files);
+    let outside: Vec<String> = files
+        .iter()
+        .filter_map(|f| Some((f, std::fs::read_to_string(f).ok()?)))
+        .flat_map(|(f, text)| {
+            text.lines()
+                .enumerate()
+                .filter(|(_, l)| l.contains("../shared") || l.contains("shared/peers"))
+                .map(|(n, l)| format!("{}:{}: {l}", f.display(), n + 1))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(outside.is_empty(), "{outside:#?}");
+    assert!(root.join("examples/peers/peers.sh").exists());
+}

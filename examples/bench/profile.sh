@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Where switchyard's CPU goes: a flame graph of the gateway under load against
-# the neutral upstream of ../shared/bench/overhead.sh (nginx `return 200` of a
+# the neutral upstream of run.sh's `neutral` paths (nginx `return 200` of a
 # static completion, or of a static 16-chunk SSE body), and a flat summary.
 #
 #   examples/bench/profile.sh                 # plain requests, wrk -c64, 8 s sampled

@@ -19,7 +19,7 @@
 #                 `three` (orders 1-3 = dead1, dead2, live) for the 3-chain
 # and, against a neutral upstream (nginx, 1 worker, `return 200` of a static
 # completion and a static 16-chunk SSE body: no fake, no Rust on the far side,
-# as ../shared/bench/overhead.sh measures):
+# the usual side-by-side against nginx):
 #   neutral                the neutral upstream itself (the floor)
 #   nginx-neutral          nginx proxy_pass (2 workers) in front of it
 #   switchyard-neutral     switchyard, chain [neutral]
@@ -33,7 +33,7 @@
 # full load (routes.yaml rewritten every 200 ms during a c=64 run: must fail nothing).
 #
 # Installs what is missing: oha (cargo install, ~6 min), nginx (apt),
-# LiteLLM (../shared/peers/setup.sh, a venv). Every server listens on
+# LiteLLM (examples/peers/peers.sh setup, a venv). Every server listens on
 # 127.0.0.1 and is killed (by PID) on exit. Results: $OUT/results.md
 # (tables), $OUT/points.tsv (every repetition), raw oha JSON next to them.
 #
@@ -42,7 +42,7 @@
 #             switchyard-neutral switchyard-neutral-3")
 #      LONG_CHUNKS (1000) LONG_DELAY (5ms) LONG_STREAMS (128; 0 skips the long stream)
 #      CHUNKS (16) CHUNK_DELAY (0ms) per stream; OPEN_STREAMS (1000) TTFT_DURATION (3)
-#      OUT (/tmp/switchyard-bench/DATE) PORT_BASE (19000) PEERS_DIR (../shared/peers)
+#      OUT (/tmp/switchyard-bench/DATE) PORT_BASE (19000) PEERS_VENV (~/.cache/switchyard-peers/venv)
 #      CARGO_TARGET_DIR (target) SKIP_BUILD=1 to use existing binaries
 #      SWITCHYARD_BIN (the release build) to measure another switchyard binary
 #      SCRAPE_EVERY (15): seconds between GET /metrics, as Prometheus would (0: never;
@@ -63,7 +63,7 @@ CHUNK_DELAY="${CHUNK_DELAY:-0ms}"
 OPEN_STREAMS="${OPEN_STREAMS:-1000}"
 TTFT_DURATION="${TTFT_DURATION:-3}"
 SCRAPE_EVERY="${SCRAPE_EVERY:-15}"
-PEERS_DIR="${PEERS_DIR:-$REPO/../shared/peers}"
+PEERS="$REPO/examples/peers/peers.sh"
 PEERS_VENV="${PEERS_VENV:-$HOME/.cache/switchyard-peers/venv}"
 export PEERS_VENV
 OUT="${OUT:-/tmp/switchyard-bench/$(date +%Y%m%d-%H%M%S)}"
@@ -89,8 +89,8 @@ if { has nginx || has_neutral; } && ! command -v nginx >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
 fi
 if has litellm; then
-  log "LiteLLM venv ($PEERS_DIR/setup.sh)"
-  "$PEERS_DIR/setup.sh" >&2
+  log "LiteLLM venv ($PEERS setup)"
+  "$PEERS" setup >&2
 fi
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   log "building switchyard, fake_upstream and bench (release)"
@@ -259,7 +259,7 @@ fi
 if has litellm; then
   SY_BENCH_LIVE="http://127.0.0.1:$P_FAKE/v1" SY_BENCH_DEAD1="http://127.0.0.1:$P_DEAD1/v1" \
   SY_BENCH_DEAD2="http://127.0.0.1:$P_DEAD2/v1" LITELLM_CONFIG="$HERE/litellm_config.yaml" \
-  LITELLM_SKIP_SETUP=1 LITELLM_NO_AUTH=1 "$PEERS_DIR/litellm.sh" "$P_LITELLM" >"$OUT/litellm.log" 2>&1 &
+  "$PEERS" litellm "$P_LITELLM" >"$OUT/litellm.log" 2>&1 &
   LITELLM_PID=$!; PIDS+=("$LITELLM_PID")
 fi
 

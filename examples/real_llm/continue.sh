@@ -7,7 +7,7 @@
 #
 #   cargo build --release && examples/real_llm/continue.sh     # from the repo root
 #
-# Env as run.sh: SWITCHYARD_BIN PEERS_DIR PEERS_VENV LOG_DIR LLM_THREADS; AFTER (8 chunks)
+# Env as run.sh: SWITCHYARD_BIN PEERS_VENV LOG_DIR LLM_THREADS; AFTER (8 chunks)
 set -euo pipefail
 LOG_PREFIX=switchyard-continue
 # shellcheck source=examples/real_llm/common.sh

@@ -4,8 +4,8 @@
 #
 #   cargo build --release && examples/real_llm/run.sh        # from the repo root
 #
-# Needs the peers venv with llama-cpp-python (../shared/peers/setup.sh llm).
-# Env: SWITCHYARD_BIN (./target/release/switchyard)  PEERS_DIR (../shared/peers)
+# Installs the LLM servers itself on first use (examples/peers/peers.sh setup llm).
+# Env: SWITCHYARD_BIN (./target/release/switchyard)
 #      PEERS_VENV (~/.cache/switchyard-peers/venv)  LOG_DIR (mktemp -d)
 #      N (12 requests besides the mid-stream one)  LLM_THREADS (1 per server)
 set -euo pipefail
