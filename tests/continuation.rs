@@ -391,3 +391,172 @@ async fn explain_shows_whether_a_task_continues() {
     );
     assert_eq!(ans.json()["stream_recovery"]["max_continuations"], 1);
 }
+
+/// A real provider's answer to a model it does not serve.
+fn model_not_found(model: &Value) -> Reply {
+    fake::json(
+        404,
+        &serde_json::json!({"error": {"message": format!("The model `{model}` does not exist"),
+            "type": "invalid_request_error", "code": "model_not_found"}})
+        .to_string(),
+    )
+}
+
+/// A fake that serves only `model`, answering `reply` to what it accepts
+/// and 404 `model_not_found` to any other model.
+async fn serving_only(model: &'static str, reply: fn(&Seen) -> Reply) -> Fake {
+    Fake::start(move |_, seen: &Seen| {
+        if seen.body["model"] == model {
+            reply(seen)
+        } else {
+            model_not_found(&seen.body["model"])
+        }
+    })
+    .await
+}
+
+/// No attempt at `target` was booked as anything but a success.
+fn assert_never_failed(m: &str, target: &str) {
+    let prefix = format!(r#"switchyard_upstream_attempts_total{{target="{target}","#);
+    let failed: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with(&prefix) && !l.contains(r#"outcome="success""#))
+        .collect();
+    assert!(failed.is_empty(), "{target} counted failed: {failed:?}");
+}
+
+#[tokio::test]
+async fn a_restart_goes_with_the_continuing_targets_model() {
+    let a = breaking_primary().await;
+    let b = serving_only("upstream-b", |_| stream_with_id("chatcmpl-b", &WORDS)).await;
+    let gw = gateway(&recovering(&a, &b, "max_context: 1000", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(
+        stream_text(&ans.text()),
+        "The quick brown fox",
+        "{}",
+        ans.text()
+    );
+    assert_one_stream(&ans.text());
+    assert_eq!(b.seen()[0].body["model"], "upstream-b", "not the alias");
+    let m = metrics_page(&gw).await;
+    assert_never_failed(&m, "b");
+    assert!(m.contains(r#"mode="restart",result="completed"} 1"#), "{m}");
+}
+
+#[tokio::test]
+async fn a_rejected_prefill_restarts_with_the_continuing_targets_model() {
+    // The public failover suite's "fallback rejects prefill": b serves only
+    // its own model and refuses an assistant prefix.
+    let a = breaking_primary().await;
+    let b = serving_only("upstream-b", |seen| {
+        let prefixed = seen.body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .is_some_and(|m| m["role"] == "assistant");
+        if prefixed {
+            fake::error(400, "assistant prefill is not supported for this model")
+        } else {
+            stream_with_id("chatcmpl-b", &WORDS)
+        }
+    })
+    .await;
+    let gw = gateway(&recovering(&a, &b, "capabilities: [prefill]", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(
+        stream_text(&ans.text()),
+        "The quick brown fox",
+        "{}",
+        ans.text()
+    );
+    assert_one_stream(&ans.text());
+    let seen = b.seen();
+    assert_eq!(seen.len(), 2, "the prefill, then the restart");
+    assert!(
+        seen.iter().all(|s| s.body["model"] == "upstream-b"),
+        "{:?}",
+        seen.iter().map(|s| &s.body).collect::<Vec<_>>()
+    );
+}
+
+/// An Anthropic Messages stream of `words`.
+fn messages_stream(words: &[&str]) -> Reply {
+    let event = |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
+    let mut pieces = vec![
+        event(
+            "message_start",
+            serde_json::json!({"type": "message_start", "message": {"id": "msg_b", "type": "message",
+                "role": "assistant", "content": [], "model": "upstream-b", "stop_reason": null,
+                "usage": {"input_tokens": 5, "output_tokens": 1}}}),
+        ),
+        event(
+            "content_block_start",
+            serde_json::json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}),
+        ),
+    ];
+    for w in words {
+        pieces.push(event(
+            "content_block_delta",
+            serde_json::json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": w}}),
+        ));
+    }
+    pieces.push(event(
+        "content_block_stop",
+        serde_json::json!({"type": "content_block_stop", "index": 0}),
+    ));
+    pieces.push(event(
+        "message_delta",
+        serde_json::json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+            "usage": {"output_tokens": 4}}),
+    ));
+    pieces.push(event(
+        "message_stop",
+        serde_json::json!({"type": "message_stop"}),
+    ));
+    Reply::Stream {
+        pieces,
+        delay: Duration::ZERO,
+        cut: false,
+    }
+}
+
+#[tokio::test]
+async fn a_restart_on_an_anthropic_target_is_a_messages_request() {
+    let a = breaking_primary().await;
+    let b = Fake::start(|_, seen: &Seen| {
+        let messages = seen.uri.ends_with("/messages")
+            && seen.body["model"] == "upstream-b"
+            && seen.body["max_tokens"].is_u64();
+        if messages {
+            messages_stream(&WORDS)
+        } else {
+            model_not_found(&seen.body["model"])
+        }
+    })
+    .await;
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("key");
+    std::fs::write(&key, "sk-ant-test-0123456789").unwrap();
+    let cfg = recovering(&a, &b, "max_context: 1000", "").replace(
+        "  p-b:\n",
+        &format!(
+            "  p-b:\n    protocol: anthropic\n    api_key_file: {}\n",
+            key.display()
+        ),
+    );
+    let gw = gateway(&cfg).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(
+        stream_text(&ans.text()),
+        "The quick brown fox",
+        "{}",
+        ans.text()
+    );
+    assert_one_stream(&ans.text());
+    let seen = &b.seen()[0];
+    assert_eq!(seen.headers["x-api-key"], "sk-ant-test-0123456789");
+    assert!(seen.body.get("stream_options").is_none(), "{}", seen.body);
+    assert_never_failed(&metrics_page(&gw).await, "b");
+}

@@ -6,7 +6,8 @@
 //!   messages plus one trailing assistant message holding exactly the text
 //!   already delivered (and its provider's `prefill` fields), and what it
 //!   generates is relayed;
-//! - **restart and verify**: any other target gets the original request; its
+//! - **restart and verify**: any other target gets the original request,
+//!   encoded for it as a first attempt would be (its model, protocol); its
 //!   output is held until it has produced at least the delivered text; if it
 //!   begins with exactly that text (whitespace at token seams aside) the
 //!   prefix is dropped and the rest relayed, else the stream ends with the
@@ -271,6 +272,7 @@ impl Recovery {
                 },
                 key: admitted.key,
                 keys: KeySet::default(),
+                restart: admitted.body,
             };
             let on = On {
                 snapshot: &snapshot,
@@ -337,7 +339,9 @@ impl Recovery {
             };
             let (sent, prefilled) = match sent {
                 Some(b) => (b, true),
-                None => (self.origin.body.clone(), false),
+                // The request as admission encoded it for this target, like a
+                // first attempt: its model, its protocol, its provider's fields.
+                None => (turn.restart.clone(), false),
             };
             turn.mode = if prefilled {
                 Mode::Prefill
@@ -670,6 +674,8 @@ struct Turn {
     key: Option<usize>,
     /// The keys tried on this target.
     keys: KeySet,
+    /// The original request encoded for this target (what a restart sends).
+    restart: Bytes,
 }
 
 impl Turn {
