@@ -530,6 +530,33 @@ pub fn is_context_length(text: &str) -> bool {
     context_length_regex().is_match(text)
 }
 
+/// How providers say "the account is out of credit or quota": OpenAI
+/// (`insufficient_quota`, "exceeded your current quota"), DeepSeek and
+/// others ("insufficient balance"), Anthropic ("credit balance is too low"),
+/// OpenRouter ("insufficient credits"), and a plain "payment required".
+pub const OUT_OF_CREDIT_PHRASES: &[&str] = &[
+    r"insufficient[_ ]quota",
+    r"insufficient[_ ](account[_ ])?balance",
+    r"insufficient[_ ]credits?",
+    r"credit balance is too low",
+    r"exceeded your current quota",
+    r"quota[_ ]exceeded",
+    r"payment[_ ]required",
+];
+
+/// How long the default rules hold back a provider that is out of credit.
+pub const OUT_OF_CREDIT_COOLDOWN: Duration = Duration::from_secs(600);
+
+/// The out-of-credit phrases as one case-insensitive regex.
+fn out_of_credit_regex() -> &'static Regex {
+    static RE: std::sync::OnceLock<Regex> = std::sync::OnceLock::new();
+    RE.get_or_init(|| {
+        let pattern = format!("(?i){}", OUT_OF_CREDIT_PHRASES.join("|"));
+        #[allow(clippy::expect_used)] // a constant list, compiled by a unit test
+        Regex::new(&pattern).expect("the out-of-credit phrases compile")
+    })
+}
+
 /// The default error-class table, as rules tried after the file's own (its
 /// one description is README.md's "The error-class table").
 #[must_use]
@@ -567,6 +594,23 @@ pub fn default_rules() -> Vec<Rule> {
             Action::Retry,
             true,
         ),
+        // An account out of credit is the provider's problem, not the
+        // caller's: every target of it is held back, the chain moves on.
+        Rule {
+            cooldown: Some(Cooldown::Fixed(OUT_OF_CREDIT_COOLDOWN)),
+            scope: Scope::Provider,
+            ..rule("402", vec![Code(402)], vec![], Action::Failover, false)
+        },
+        Rule {
+            matcher: Match {
+                status: vec![Class(4), Class(5)],
+                body: Some(out_of_credit_regex().clone()),
+                ..Match::default()
+            },
+            cooldown: Some(Cooldown::Fixed(OUT_OF_CREDIT_COOLDOWN)),
+            scope: Scope::Provider,
+            ..rule("out-of-credit", vec![], vec![], Action::Failover, false)
+        },
         Rule {
             cooldown: Some(Cooldown::RetryAfter(Duration::from_secs(1))),
             scope: Scope::Key,

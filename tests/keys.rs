@@ -566,3 +566,90 @@ fn the_azure_example_validates() {
         Some(1536)
     );
 }
+
+/// A chain `[one, two]` of provider `acct` (serving `reply` for model m1),
+/// then `b` of another provider: an out-of-credit answer on `one` must fail
+/// over to `b` and hold back `two` (same account) without calling it.
+async fn out_of_credit_fails_over_and_cools_the_provider(reply: Reply, stream: bool) {
+    let acct = Fake::start(move |_, seen| match seen.body["model"].as_str() {
+        Some("m1") => reply.clone(),
+        _ => fake::completion("m2", "never"),
+    })
+    .await;
+    let b = Fake::start(move |_, _| {
+        if stream {
+            fake::stream("upstream-b", &["from", " b"])
+        } else {
+            fake::completion("upstream-b", "from b")
+        }
+    })
+    .await;
+    let yaml = format!(
+        "version: 1
+providers:
+  acct: {{ base_url: '{}' }}
+  other: {{ base_url: '{}' }}
+targets:
+  one: {{ provider: acct, model: m1 }}
+  two: {{ provider: acct, model: m2 }}
+  b: {{ provider: other, model: upstream-b }}
+tasks:
+  chat: {{ aliases: [gpt-4o], chain: [one, two, b] }}
+",
+        acct.url(),
+        b.url()
+    );
+    let gw = gateway(&yaml).await;
+    let body = if stream {
+        hello_stream("gpt-4o")
+    } else {
+        hello("gpt-4o")
+    };
+    for _ in 0..2 {
+        let ans = chat(gw.addr, body.clone()).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert_eq!(ans.header("x-switchyard-target"), "b");
+    }
+    assert_eq!(acct.calls(), 1, "the account is held back after its answer");
+    assert_eq!(
+        metric(
+            &gw,
+            r#"switchyard_route_exclusions_total{task="chat",target="two",reason="provider_cooldown"}"#
+        )
+        .await,
+        2.0
+    );
+}
+
+#[tokio::test]
+async fn a_402_payment_required_fails_over_and_cools_the_provider_down() {
+    out_of_credit_fails_over_and_cools_the_provider(fake::error(402, "Payment Required"), false)
+        .await;
+}
+
+#[tokio::test]
+async fn an_in_band_402_stream_error_fails_over_and_cools_the_provider_down() {
+    let reply = pieces(
+        vec![event(
+            r#"{"error":{"message":"insufficient balance","code":402}}"#,
+            "\n",
+        )],
+        Duration::ZERO,
+    );
+    out_of_credit_fails_over_and_cools_the_provider(reply, true).await;
+}
+
+#[tokio::test]
+async fn insufficient_quota_texts_on_400_and_429_fail_over_and_cool_the_provider_down() {
+    let quota = Reply::Json {
+        status: 429,
+        body: r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","code":"insufficient_quota"}}"#.into(),
+        headers: vec![("retry-after".into(), "1".into())],
+    };
+    out_of_credit_fails_over_and_cools_the_provider(quota, false).await;
+    let credit = fake::json(
+        400,
+        r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API."}}"#,
+    );
+    out_of_credit_fails_over_and_cools_the_provider(credit, false).await;
+}
