@@ -143,6 +143,13 @@ impl Metrics {
         self.handle.render()
     }
 
+    /// [`Metrics::render`] without the gauges of tasks, targets and keys the
+    /// loaded config no longer names (their handles outlive a reload).
+    #[must_use]
+    pub fn render_named(&self, named: &Named) -> String {
+        retain_named(&self.handle.render(), named)
+    }
+
     /// Drains histogram samples into their buckets. Without a scrape or this,
     /// the recorder keeps every sample: an unscraped sidecar would grow.
     pub fn upkeep(&self) {
@@ -526,6 +533,89 @@ pub fn status_class(status: u16) -> &'static str {
     }
 }
 
+/// What the loaded config names: a per-task, per-target or per-key gauge of
+/// anything else is left out of the page (a reload removed it; its last value
+/// would keep an alert firing).
+#[derive(Debug, Default)]
+pub struct Named {
+    /// Task names.
+    pub tasks: std::collections::HashSet<String>,
+    /// Target names (`none` is always named).
+    pub targets: std::collections::HashSet<String>,
+    /// `(provider, key)` names.
+    pub keys: std::collections::HashSet<(String, String)>,
+}
+
+/// The gauges that describe the present state of a task, target or key.
+const LIVE_GAUGES: &[&str] = &[TASK_TARGETS_AVAILABLE, TARGET_HEALTH, KEY_STATE, COST];
+
+impl Named {
+    fn keeps(&self, labels: &[(String, String)]) -> bool {
+        let get = |k: &str| labels.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        let task = get("task").is_none_or(|t| self.tasks.contains(t));
+        let target = get("target").is_none_or(|t| t == "none" || self.targets.contains(t));
+        let key = match (get("provider"), get("key")) {
+            (Some(p), Some(k)) => self.keys.contains(&(p.to_owned(), k.to_owned())),
+            _ => true,
+        };
+        task && target && key
+    }
+}
+
+/// The name and labels of one exposition line (`None` for comments and
+/// lines that do not parse).
+fn parse_series(line: &str) -> Option<(&str, Vec<(String, String)>)> {
+    if line.starts_with('#') {
+        return None;
+    }
+    let end = line.find(['{', ' '])?;
+    let name = &line[..end];
+    let mut labels = Vec::new();
+    if line[end..].starts_with('{') {
+        let mut chars = line[end + 1..].chars();
+        loop {
+            let mut key = String::new();
+            for c in chars.by_ref() {
+                match c {
+                    '=' => break,
+                    '}' => return Some((name, labels)),
+                    ',' => {}
+                    c => key.push(c),
+                }
+            }
+            if chars.next()? != '"' {
+                return None;
+            }
+            let mut value = String::new();
+            loop {
+                match chars.next()? {
+                    '\\' => match chars.next()? {
+                        'n' => value.push('\n'),
+                        c => value.push(c),
+                    },
+                    '"' => break,
+                    c => value.push(c),
+                }
+            }
+            labels.push((key, value));
+        }
+    }
+    Some((name, labels))
+}
+
+/// `page` without the [`LIVE_GAUGES`] series of what `named` does not name.
+fn retain_named(page: &str, named: &Named) -> String {
+    let mut out = String::with_capacity(page.len());
+    for line in page.split_inclusive('\n') {
+        let stale = parse_series(line.trim_end())
+            .is_some_and(|(name, labels)| LIVE_GAUGES.contains(&name) && !named.keeps(&labels));
+        if !stale {
+            out.push_str(line);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -552,6 +642,48 @@ mod tests {
         let page = m.render();
         assert!(
             page.contains(r#"switchyard_breaker_transitions_total{from="healthy",to="down"} 2"#),
+            "{page}"
+        );
+    }
+
+    #[test]
+    fn gauges_of_what_the_config_no_longer_names_are_left_out() {
+        let m = Metrics::new();
+        m.gauge(TASK_TARGETS_AVAILABLE, &[("task", "gone".into())])
+            .set(0.0);
+        m.gauge(TASK_TARGETS_AVAILABLE, &[("task", "kept".into())])
+            .set(1.0);
+        m.target("old").health.set(2.0);
+        m.target("t\"x").health.set(1.0);
+        m.gauge(KEY_STATE, &[("provider", "p".into()), ("key", "k1".into())])
+            .set(2.0);
+        m.gauge(KEY_STATE, &[("provider", "p".into()), ("key", "k2".into())])
+            .set(0.0);
+        m.target("old").attempts.increment("success", 1);
+        let named = Named {
+            tasks: ["kept".to_owned()].into(),
+            targets: ["t\"x".to_owned()].into(),
+            keys: [("p".to_owned(), "k2".to_owned())].into(),
+        };
+        let page = m.render_named(&named);
+        assert!(
+            page.contains(r#"switchyard_task_targets_available{task="kept"} 1"#),
+            "{page}"
+        );
+        assert!(!page.contains(r#"task="gone""#), "{page}");
+        assert!(
+            !page.contains(r#"switchyard_target_health{target="old"}"#),
+            "{page}"
+        );
+        assert!(
+            page.contains(r#"switchyard_target_health{target="t\"x"} 1"#),
+            "{page}"
+        );
+        assert!(!page.contains(r#"key="k1""#), "{page}");
+        assert!(page.contains(r#"key="k2""#), "{page}");
+        // Counters are totals: they stay.
+        assert!(
+            page.contains(r#"switchyard_upstream_attempts_total{target="old""#),
             "{page}"
         );
     }

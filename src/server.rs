@@ -378,8 +378,10 @@ async fn handle(
         (&Method::GET, "/readyz") => readiness(&app.snapshot.load()),
         (&Method::GET, "/metrics") => {
             crate::telemetry::publish(app.metrics());
-            publish_availability(&app.snapshot.load());
-            let mut resp = Response::new(body::full(Bytes::from(app.metrics().render())));
+            let snapshot = app.snapshot.load();
+            publish_availability(&snapshot);
+            let page = app.metrics().render_named(&named(&snapshot));
+            let mut resp = Response::new(body::full(Bytes::from(page)));
             resp.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4"),
@@ -662,6 +664,19 @@ fn model(s: &Snapshot, id: &str, request_id: &HeaderValue) -> Response<Body> {
             &GatewayError::UnknownModel(id.chars().take(128).collect()),
             request_id,
         ),
+    }
+}
+
+/// The tasks, targets and keys `s` names: only their gauges are on `/metrics`.
+fn named(s: &Snapshot) -> crate::metrics::Named {
+    crate::metrics::Named {
+        tasks: s.tasks.keys().cloned().collect(),
+        targets: s.targets.keys().cloned().collect(),
+        keys: s
+            .providers
+            .iter()
+            .flat_map(|(p, provider)| provider.keys.iter().map(|k| (p.clone(), k.name.clone())))
+            .collect(),
     }
 }
 

@@ -464,3 +464,68 @@ async fn a_change_written_between_bind_and_run_is_applied() {
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
 }
+
+#[tokio::test]
+async fn a_reload_drops_the_gauges_of_removed_tasks_targets_and_keys() {
+    let a = dual("a").await;
+    let b = dual("b").await;
+    let keys = tempfile::tempdir().unwrap();
+    for name in ["k1", "k2"] {
+        std::fs::write(keys.path().join(name), format!("key-{name}")).unwrap();
+    }
+    let pool = |names: &[&str]| {
+        let mut yaml = String::from(", keys: [");
+        for n in names {
+            yaml.push_str(&format!(
+                "{{ name: {n}, file: '{}' }},",
+                keys.path().join(n).display()
+            ));
+        }
+        yaml + "] }"
+    };
+    let base = config(&a, &b, "a, b") + "  other:\n    chain: [b]\n";
+    let before = base.replacen(
+        "timeout: 2s }",
+        &format!("timeout: 2s{}", pool(&["k1", "k2"])),
+        1,
+    );
+    let gw = gateway(&before).await;
+    let page = metrics_page(&gw).await;
+    for series in [
+        r#"switchyard_task_targets_available{task="other"}"#,
+        r#"switchyard_target_health{target="b"}"#,
+        r#"switchyard_key_state{provider="p-a",key="k2"}"#,
+    ] {
+        assert!(
+            series_value(&page, series).is_some(),
+            "{series} missing before:\n{page}"
+        );
+    }
+
+    // Task `other`, target `b` and key `k2` removed.
+    let after = config(&a, &b, "a")
+        .replace("  b: { provider: p-b, model: upstream-b }\n", "")
+        .replacen("timeout: 2s }", &format!("timeout: 2s{}", pool(&["k1"])), 1);
+    apply(&gw, &after).await;
+    let page = metrics_page(&gw).await;
+    for series in [
+        r#"switchyard_task_targets_available{task="other"}"#,
+        r#"switchyard_target_health{target="b"}"#,
+        r#"switchyard_key_state{provider="p-a",key="k2"}"#,
+    ] {
+        assert!(
+            series_value(&page, series).is_none(),
+            "{series} still exported:\n{page}"
+        );
+    }
+    for series in [
+        r#"switchyard_task_targets_available{task="chat"}"#,
+        r#"switchyard_target_health{target="a"}"#,
+        r#"switchyard_key_state{provider="p-a",key="k1"}"#,
+    ] {
+        assert!(
+            series_value(&page, series).is_some(),
+            "{series} missing after:\n{page}"
+        );
+    }
+}
