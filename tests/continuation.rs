@@ -560,3 +560,62 @@ async fn a_restart_on_an_anthropic_target_is_a_messages_request() {
     assert!(seen.body.get("stream_options").is_none(), "{}", seen.body);
     assert_never_failed(&metrics_page(&gw).await, "b");
 }
+
+/// `a` delivers `delivered` (one chunk per piece), then breaks; `b`
+/// restarts with `restart`. The client's stream.
+async fn restarted(delivered: &[&str], restart: &'static [&'static str]) -> (String, String) {
+    let a = Fake::always(fake::stream_cut_after(
+        "model-a",
+        delivered,
+        delivered.len(),
+    ))
+    .await;
+    let b = Fake::always(stream_with_id("chatcmpl-b", restart)).await;
+    let gw = gateway(&recovering(&a, &b, "max_context: 1000", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(b.calls(), 1, "{}", ans.text());
+    (ans.text(), metrics_page(&gw).await)
+}
+
+fn assert_diverged(text: &str, m: &str, delivered: &str) {
+    assert_eq!(stream_text(text), delivered, "{text}");
+    assert!(text.contains("stream_interrupted"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(m.contains(r#"mode="restart",result="diverged"} 1"#), "{m}");
+}
+
+#[tokio::test]
+async fn a_restart_that_indents_differently_diverges() {
+    let (text, m) = restarted(
+        &["if x:\n", "        return"],
+        &["if x:\n", "  return", " None"],
+    )
+    .await;
+    assert!(!text.contains("None"), "{text}");
+    assert_diverged(&text, &m, "if x:\n        return");
+}
+
+#[tokio::test]
+async fn a_restart_that_joins_delivered_words_diverges() {
+    let (text, m) = restarted(
+        &["I have", " 1", " 0"],
+        &["I have", " 10", " apples", " today"],
+    )
+    .await;
+    assert!(!text.contains("apples"), "{text}");
+    assert_diverged(&text, &m, "I have 1 0");
+}
+
+#[tokio::test]
+async fn a_restart_that_differs_only_in_whitespace_at_the_seam_continues() {
+    // The client has "The quick " (its space at the seam); the restart puts
+    // two spaces after "quick": neither is sent twice.
+    let (text, m) = restarted(&["The", " quick "], &["The", " quick", "  brown", " fox"]).await;
+    assert_eq!(stream_text(&text), "The quick brown fox", "{text}");
+    assert_one_stream(&text);
+    assert!(m.contains(r#"mode="restart",result="completed"} 1"#), "{m}");
+    // And a seam where the restart moved the space to the other side.
+    let (text, _) = restarted(&["The", " quick"], &["The", " quick ", "brown", " fox"]).await;
+    assert_eq!(stream_text(&text), "The quick brown fox", "{text}");
+    assert_one_stream(&text);
+}

@@ -9,7 +9,7 @@
 //! - **restart and verify**: any other target gets the original request,
 //!   encoded for it as a first attempt would be (its model, protocol); its
 //!   output is held until it has produced at least the delivered text; if it
-//!   begins with exactly that text (whitespace at token seams aside) the
+//!   begins with exactly that text (whitespace at the seam aside) the
 //!   prefix is dropped and the rest relayed, else the stream ends with the
 //!   interruption event: the client never sees text that contradicts what it
 //!   already has. A target that rejects a prefill (4xx) is restarted instead.
@@ -571,32 +571,30 @@ enum SeamMatch {
     Found(usize),
 }
 
-/// Compares, whitespace aside (tokenizers split spaces differently at a
-/// seam), whether `produced` begins with `delivered`.
+/// Whether `produced` begins with `delivered`, exactly up to the seam: only
+/// whitespace *at* the seam (tokenizers split spaces differently there) may
+/// differ; any other difference, whitespace inside the delivered text
+/// included, contradicts what the client has.
 fn seam_match(delivered: &str, produced: &str) -> SeamMatch {
-    let mut want = delivered.chars().filter(|c| !c.is_whitespace()).peekable();
-    let mut at = 0;
-    for (i, c) in produced.char_indices() {
-        if want.peek().is_none() {
-            break;
-        }
-        if c.is_whitespace() {
-            continue;
-        }
-        if want.next() != Some(c) {
-            return SeamMatch::Diverged;
-        }
-        at = i + c.len_utf8();
+    let core = delivered.trim_end();
+    let Some(after) = produced.strip_prefix(core) else {
+        return if core.starts_with(produced) {
+            SeamMatch::Short
+        } else {
+            SeamMatch::Diverged
+        };
+    };
+    if core.len() == delivered.len() {
+        return SeamMatch::Found(core.len());
     }
-    if want.peek().is_some() {
+    // The client already has whitespace at the seam: the restart's own
+    // whitespace there is not sent too, and where it ends is known only
+    // once something else follows.
+    let rest = after.trim_start();
+    if rest.is_empty() {
         return SeamMatch::Short;
     }
-    // Whitespace the client already has is not sent twice.
-    if delivered.ends_with(char::is_whitespace) {
-        let skipped = produced[at..].len() - produced[at..].trim_start().len();
-        at += skipped;
-    }
-    SeamMatch::Found(at)
+    SeamMatch::Found(produced.len() - rest.len())
 }
 
 fn chunk_finished(chunk: &Map<String, Value>) -> bool {
@@ -741,15 +739,33 @@ mod tests {
     }
 
     #[test]
-    fn the_seam_is_found_whitespace_aside() {
+    fn the_seam_is_found_whitespace_at_the_seam_aside() {
         assert_eq!(seam_match("Hello wor", "Hello world"), SeamMatch::Found(9));
         assert_eq!(seam_match("Hello ", "Hello world"), SeamMatch::Found(6));
-        assert_eq!(
-            seam_match("Hello  world", "Hello world, again"),
-            SeamMatch::Found(11)
-        );
+        assert_eq!(seam_match("Hello ", "Hello   world"), SeamMatch::Found(8));
+        assert_eq!(seam_match("Hello\n", "Helloworld"), SeamMatch::Found(5));
+        assert_eq!(seam_match("Hello", "Hello world"), SeamMatch::Found(5));
+        assert_eq!(seam_match("Hello ", "Hello "), SeamMatch::Short);
         assert_eq!(seam_match("Hello world", "Hello"), SeamMatch::Short);
         assert_eq!(seam_match("Hello world", "Help"), SeamMatch::Diverged);
+    }
+
+    #[test]
+    fn whitespace_inside_the_delivered_text_must_match() {
+        assert_eq!(
+            seam_match("Hello  world", "Hello world, again"),
+            SeamMatch::Diverged
+        );
+        assert_eq!(
+            seam_match("if x:\n        return", "if x:\n  return None"),
+            SeamMatch::Diverged
+        );
+        assert_eq!(
+            seam_match("I have 1 0", "I have 10 apples"),
+            SeamMatch::Diverged
+        );
+        assert_eq!(seam_match("I have 1 0", "I have 1"), SeamMatch::Short);
+        assert_eq!(seam_match("I have 1 0", "I have 10"), SeamMatch::Diverged);
     }
 
     #[test]
