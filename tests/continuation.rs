@@ -619,3 +619,51 @@ async fn a_restart_that_differs_only_in_whitespace_at_the_seam_continues() {
     assert_eq!(stream_text(&text), "The quick brown fox", "{text}");
     assert_one_stream(&text);
 }
+
+/// A chunk of choice `index`.
+fn choice_event(index: u64, delta: Value) -> String {
+    let chunk = serde_json::json!({"id": "chatcmpl-a", "object": "chat.completion.chunk", "created": 1,
+        "model": "model-a", "choices": [{"index": index, "delta": delta, "finish_reason": null}]});
+    format!("data: {chunk}\n\n")
+}
+
+/// `a` streams two choices, interleaved, then breaks; `b` could take over.
+/// The client's stream and how often `b` was called.
+async fn two_choices_break(n: Option<u64>) -> (String, usize) {
+    let role = serde_json::json!({"role": "assistant", "content": ""});
+    let a = Fake::always(Reply::Stream {
+        pieces: vec![
+            choice_event(0, role.clone()),
+            choice_event(1, role),
+            choice_event(0, serde_json::json!({"content": "The"})),
+            choice_event(1, serde_json::json!({"content": "A"})),
+            choice_event(0, serde_json::json!({"content": " quick"})),
+        ],
+        delay: Duration::ZERO,
+        cut: true,
+    })
+    .await;
+    let b = Fake::always(stream_with_id("chatcmpl-b", &WORDS)).await;
+    let gw = gateway(&recovering(&a, &b, "capabilities: [prefill]", "")).await;
+    let mut body = hello_stream("gpt-4o");
+    if let Some(n) = n {
+        body["n"] = Value::from(n);
+    }
+    let ans = chat(gw.addr, body).await;
+    (ans.text(), b.calls())
+}
+
+#[tokio::test]
+async fn a_stream_of_several_choices_is_not_continued() {
+    let (text, b_calls) = two_choices_break(Some(2)).await;
+    assert!(text.contains("stream_interrupted"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!(b_calls, 0, "n > 1 ends as a broken stream:\n{text}");
+    // Also when the request did not ask for them but the upstream sent them.
+    let (text, b_calls) = two_choices_break(None).await;
+    assert!(text.contains("stream_interrupted"), "{text}");
+    assert_eq!(
+        b_calls, 0,
+        "a second choice ends as a broken stream:\n{text}"
+    );
+}

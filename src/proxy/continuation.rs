@@ -16,8 +16,9 @@
 //!
 //! The client sees one stream ([`Splice`]): the committed `id` and `created`
 //! on every chunk, no second role chunk, one finish chunk, one `[DONE]`. No
-//! continuation once a tool call, refusal or reasoning delta went out, nor
-//! while the answer's tool calls are under validation.
+//! continuation of a stream with more than one choice, nor once a tool call,
+//! refusal or reasoning delta went out, nor while the answer's tool calls are
+//! under validation.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -139,7 +140,10 @@ impl Recovery {
         origin: Origin,
         tried: Vec<Arc<Target>>,
     ) -> Option<Self> {
-        task.stream_recovery.continues.then(|| Self {
+        // One transcript cannot stand for several choices: a stream of
+        // `n > 1` breaks as with `mode: off`.
+        let continues = task.stream_recovery.continues && !several_choices(&origin.body);
+        continues.then(|| Self {
             snapshot,
             task,
             origin,
@@ -163,6 +167,11 @@ impl Recovery {
                     });
                 }
             }
+        }
+        if self.continuable && beyond_first_choice(data) {
+            // The upstream sent another choice than asked for: nothing to
+            // continue one transcript with.
+            self.continuable = false;
         }
         match sse::delivered(data) {
             Some(d) if d.plain => self.transcript.push_str(&d.text),
@@ -461,6 +470,37 @@ impl Recovery {
             }),
         }
     }
+}
+
+/// Whether the request asks for more than one choice (`n > 1`).
+fn several_choices(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Wire {
+        n: Option<serde_json::Number>,
+    }
+    serde_json::from_slice::<Wire>(body)
+        .ok()
+        .and_then(|w| w.n)
+        .is_some_and(|n| n.as_u64() != Some(1))
+}
+
+/// Whether a chunk carries a choice other than the first (`index` > 0).
+fn beyond_first_choice(data: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Chunk {
+        #[serde(default)]
+        choices: Vec<Choice>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Choice {
+        #[serde(default)]
+        index: Option<serde_json::Number>,
+    }
+    serde_json::from_str::<Chunk>(data.trim()).is_ok_and(|c| {
+        c.choices
+            .iter()
+            .any(|choice| choice.index.as_ref().is_some_and(|i| i.as_u64() != Some(0)))
+    })
 }
 
 /// `request` encoded for `target`'s protocol.
