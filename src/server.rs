@@ -220,12 +220,15 @@ impl Gateway {
         // The Prometheus recorder keeps every histogram sample until it is
         // drained: by a scrape of /metrics, or by this upkeep. Without it an
         // unscraped sidecar grows by ~20 bytes per request, forever.
-        let metrics = self.app.metrics().clone();
+        // It also drops the upstream pools of providers a reload removed that
+        // a request in flight still held at the reload.
+        let app = Arc::clone(&self.app);
         let upkeep = tokio::spawn(async move {
             let mut every = tokio::time::interval(Duration::from_secs(5));
             loop {
                 every.tick().await;
-                metrics.upkeep();
+                app.metrics().upkeep();
+                app.live.clients.prune();
             }
         });
         let mut builder = auto::Builder::new(TokioExecutor::new());

@@ -234,7 +234,7 @@ pub struct Endpoint {
     /// Whether the host is a DNS name (to tell DNS failures from others).
     pub host_is_name: bool,
     /// The pooled client.
-    pub client: HttpClient,
+    pub client: std::sync::Arc<HttpClient>,
 }
 
 impl Endpoint {

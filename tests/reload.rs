@@ -528,4 +528,107 @@ async fn a_reload_drops_the_gauges_of_removed_tasks_targets_and_keys() {
             "{series} missing after:\n{page}"
         );
     }
+/// A keep-alive upstream on raw TCP: answers every request on a connection
+/// with a completion, and counts the connections switchyard has closed.
+async fn keep_alive_upstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let closed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = Arc::clone(&closed);
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let count = Arc::clone(&count);
+            tokio::spawn(async move {
+                let body = fake::completion_body("upstream-a", "from a");
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    match sock.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                    // One answer per request whose body has arrived.
+                    let Some(head_end) = seen.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&seen[..head_end]).to_ascii_lowercase();
+                    let len = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if seen.len() >= head_end + 4 + len {
+                        seen.drain(..head_end + 4 + len);
+                        if sock.write_all(answer.as_bytes()).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+    });
+    (url, closed)
+}
+
+/// A provider a reload removed has its pool dropped: its idle keep-alive
+/// connection is closed by switchyard (not left open until the upstream
+/// gives up on it).
+#[tokio::test]
+async fn a_provider_removed_by_reload_has_its_idle_connections_closed() {
+    let (a_url, a_closed) = keep_alive_upstream().await;
+    let b = dual("b").await;
+    let with_a = format!(
+        "version: 1
+providers:
+  p-a: {{ base_url: '{a_url}', timeout: 2s }}
+  p-b: {{ base_url: '{}', timeout: 2s }}
+targets:
+  a: {{ provider: p-a, model: upstream-a }}
+  b: {{ provider: p-b, model: upstream-b }}
+tasks:
+  chat:
+    aliases: [gpt-4o]
+    chain: [a, b]
+",
+        b.url()
+    );
+    let gw = gateway(&with_a).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert!(ans.text().contains("from a"), "{}", ans.text());
+    // The connection to a sits idle in the pool, open.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(a_closed.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+    let without_a = format!(
+        "version: 1
+providers:
+  p-b: {{ base_url: '{}', timeout: 2s }}
+targets:
+  b: {{ provider: p-b, model: upstream-b }}
+tasks:
+  chat:
+    aliases: [gpt-4o]
+    chain: [b]
+",
+        b.url()
+    );
+    apply(&gw, &without_a).await;
+    // Pruned at the reload, or (if a request still held the old snapshot
+    // then) by the upkeep within 5 s.
+    assert!(
+        eventually(Duration::from_secs(8), || async {
+            a_closed.load(std::sync::atomic::Ordering::SeqCst) == 1
+        })
+        .await,
+        "the removed provider's idle connection is still open"
+    );
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert!(ans.text().contains("from b"), "{}", ans.text());
 }

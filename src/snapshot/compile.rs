@@ -817,7 +817,7 @@ fn endpoint(
         urls,
         headers,
         host_is_name,
-        client: live.clients.get(connect_timeout),
+        client: live.clients.get(base_url, connect_timeout),
     })
 }
 

@@ -116,6 +116,7 @@ impl LiveState {
         self.tasks.prune();
         self.provider_limits.prune();
         self.task_limits.prune();
+        self.clients.prune();
     }
 }
 

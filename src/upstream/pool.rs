@@ -1,8 +1,11 @@
 //! The pooled HTTP(S) client that talks to upstream providers, and the
 //! mapping of its I/O errors to [`NetworkKind`]s.
 //!
-//! One keep-alive pool per distinct connect timeout, shared by every provider
-//! and kept across reloads, so a reload never drops warm connections. TLS is
+//! One keep-alive pool per provider `base_url` and connect timeout, kept
+//! across reloads while a snapshot uses it (so a reload never drops warm
+//! connections) and dropped, with its idle connections, once none does. Idle
+//! connections close after [`POOL_IDLE_TIMEOUT`] (the pool's timer is tokio's).
+//! TLS is
 //! rustls with the webpki root set (no dependence on the host's CA bundle);
 //! HTTP/2 is negotiated by ALPN where the upstream offers it.
 
@@ -22,7 +25,7 @@ use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use parking_lot::Mutex;
 
 use crate::classify::NetworkKind;
@@ -34,10 +37,11 @@ pub type HttpClient = Client<Counting<HttpsConnector<HttpConnector>>, Full<Bytes
 /// of provider load balancers, so we close first and never reuse a dead one).
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// Upstream clients by connect timeout; lives outside config snapshots.
+/// Upstream clients by provider `base_url` and connect timeout; lives outside
+/// config snapshots.
 #[derive(Default)]
 pub struct Clients {
-    by_connect_timeout: Mutex<HashMap<Duration, HttpClient>>,
+    by_provider: Mutex<HashMap<(String, Duration), Arc<HttpClient>>>,
 }
 
 impl std::fmt::Debug for Clients {
@@ -47,16 +51,27 @@ impl std::fmt::Debug for Clients {
 }
 
 impl Clients {
-    /// A pooled client whose TCP+TLS connect gives up after `connect_timeout`.
-    pub fn get(&self, connect_timeout: Duration) -> HttpClient {
-        let mut map = self.by_connect_timeout.lock();
-        map.entry(connect_timeout)
-            .or_insert_with(|| build(connect_timeout))
-            .clone()
+    /// The pooled client of the provider at `base_url` whose TCP+TLS connect
+    /// gives up after `connect_timeout`.
+    pub fn get(&self, base_url: &str, connect_timeout: Duration) -> Arc<HttpClient> {
+        let mut map = self.by_provider.lock();
+        Arc::clone(
+            map.entry((base_url.to_owned(), connect_timeout))
+                .or_insert_with(|| Arc::new(build(connect_timeout, POOL_IDLE_TIMEOUT))),
+        )
+    }
+
+    /// Drops the pools no snapshot holds any more (a provider a reload
+    /// removed), which closes their idle connections.
+    pub fn prune(&self) {
+        self.by_provider.lock().retain(|k, c| {
+            eprintln!("PRUNE {k:?} {}", Arc::strong_count(c));
+            Arc::strong_count(c) > 1
+        });
     }
 }
 
-fn build(connect_timeout: Duration) -> HttpClient {
+fn build(connect_timeout: Duration, idle_timeout: Duration) -> HttpClient {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -69,7 +84,9 @@ fn build(connect_timeout: Duration) -> HttpClient {
         .enable_http2()
         .wrap_connector(http);
     Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        // Without a timer the pool never evicts idle connections.
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(idle_timeout)
         .pool_max_idle_per_host(256)
         .build(Counting(https))
 }
@@ -269,5 +286,90 @@ pub fn body_error_kind(err: &hyper::Error) -> NetworkKind {
         NetworkKind::Protocol
     } else {
         NetworkKind::Reset
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A fake upstream that answers one request per connection and then
+    /// reports (on the channel) when switchyard closes that connection.
+    async fn one_answer_then_watch_close() -> (String, tokio::sync::mpsc::Receiver<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (closed, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let closed = closed.clone();
+                tokio::spawn(async move {
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match sock.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    sock.write_all(answer).await.unwrap();
+                    // Keep-alive: the connection now sits idle in the pool.
+                    while matches!(sock.read(&mut buf).await, Ok(n) if n > 0) {}
+                    let _ = closed.send(()).await;
+                });
+            }
+        });
+        (url, rx)
+    }
+
+    async fn call_once(client: &HttpClient, url: &str) {
+        let resends = AtomicU32::new(0);
+        let build = || Request::get(url).body(Full::new(Bytes::new())).unwrap();
+        let resp = send(client, build, &resends).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        // Read the body so the connection goes back to the pool.
+        http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_idle_pooled_connection_is_closed_after_the_idle_timeout() {
+        let (url, mut closed) = one_answer_then_watch_close().await;
+        let client = build(Duration::from_secs(1), Duration::from_millis(200));
+        call_once(&client, &url).await;
+        // The client is still alive, so only the idle timer can close it.
+        let seen = tokio::time::timeout(Duration::from_secs(10), closed.recv()).await;
+        assert!(
+            matches!(seen, Ok(Some(()))),
+            "the idle connection was never closed"
+        );
+        drop(client);
+    }
+
+    #[tokio::test]
+    async fn a_pool_no_snapshot_holds_is_dropped_with_its_connections() {
+        let (url, mut closed) = one_answer_then_watch_close().await;
+        let (kept_url, mut kept_closed) = one_answer_then_watch_close().await;
+        let clients = Clients::default();
+        let removed = clients.get(&url, Duration::from_secs(1));
+        let kept = clients.get(&kept_url, Duration::from_secs(1));
+        call_once(&removed, &url).await;
+        call_once(&kept, &kept_url).await;
+        drop(removed); // the snapshot that named this provider is gone
+        clients.prune();
+        let seen = tokio::time::timeout(Duration::from_secs(10), closed.recv()).await;
+        assert!(
+            matches!(seen, Ok(Some(()))),
+            "the removed provider's connection stayed open"
+        );
+        // The provider still in use keeps its pool (and its warm connection).
+        assert!(Arc::ptr_eq(
+            &kept,
+            &clients.get(&kept_url, Duration::from_secs(1))
+        ));
+        assert!(kept_closed.try_recv().is_err());
     }
 }
