@@ -540,6 +540,17 @@ async fn closes_reused_connections() -> (
     std::net::SocketAddr,
     std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) {
+    closes_reused_connections_after(Duration::ZERO).await
+}
+
+/// [`closes_reused_connections`], but the second request on a connection is
+/// held in silence for `hold` before the close.
+async fn closes_reused_connections_after(
+    hold: Duration,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -562,6 +573,7 @@ async fn closes_reused_connections() -> (
                     }
                     seen.fetch_add(1, Ordering::SeqCst);
                     if n > 0 {
+                        tokio::time::sleep(hold).await;
                         return; // drop: close without a response
                     }
                     let head = format!(
@@ -602,6 +614,44 @@ async fn a_pooled_connection_closed_while_idle_is_resent_outside_health_and_retr
     assert_eq!(view["window_requests"].as_u64(), Some(3), "{view}");
     let metrics = get(gw.addr, "/metrics").await.text();
     assert!(!metrics.contains(r#"outcome="reset""#), "{metrics}");
+}
+
+/// A reused connection whose upstream holds the request in silence, then
+/// closes, was not stale: the request is not sent again on a fresh
+/// connection (the caller would wait two holds); it fails over after one.
+#[tokio::test]
+async fn a_silence_then_a_close_on_a_reused_connection_is_not_resent() {
+    use std::sync::atomic::Ordering;
+    let (addr, requests) = closes_reused_connections_after(Duration::from_millis(2500)).await;
+    let url = format!("http://{addr}/v1");
+    let b = ok_fake("b").await;
+    let gw = gateway(&routes(
+        &[
+            hop("a", &url).provider("timeout: 10s\nretry: { max: 0 }"),
+            hop("b", &b.url()),
+        ],
+        "",
+        "",
+    ))
+    .await;
+    let first = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(first.json()["model"], "model-a", "{}", first.text());
+    let started = tokio::time::Instant::now();
+    let second = chat(gw.addr, hello("gpt-4o")).await;
+    let waited = started.elapsed();
+    assert_eq!(second.json()["model"], "model-b", "{}", second.text());
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        2,
+        "the held request was sent again"
+    );
+    assert_eq!(
+        second.header("x-switchyard-attempts"),
+        "2",
+        "a once, then b"
+    );
+    // One hold (2.5 s), not two.
+    assert!(waited < Duration::from_millis(4500), "waited {waited:?}");
 }
 
 #[tokio::test]

@@ -91,9 +91,16 @@ fn build(connect_timeout: Duration, idle_timeout: Duration) -> HttpClient {
         .build(Counting(https))
 }
 
-/// Sends the request `build` makes. A request that fails before any byte of a response on a
-/// *reused* pooled connection (the upstream closed it while it sat idle, and
-/// the close crossed our request) is sent once more, on a fresh connection:
+/// A failure on a reused connection within this long of sending is the
+/// pool's (the upstream closed the connection while it sat idle, before it
+/// could read the request); a later one came after the upstream held the
+/// request, and is the upstream's.
+const STALE_WITHIN: Duration = Duration::from_secs(1);
+
+/// Sends the request `build` makes. A request that fails at once (within
+/// [`STALE_WITHIN`]), before any byte of a response, on a *reused* pooled
+/// connection (the upstream closed it while it sat idle, and the close
+/// crossed our request) is sent once more, on a fresh connection:
 /// that failure is the pool's, not the upstream's, so it counts against no
 /// health or retry budget. It was an upstream call all the same (the
 /// upstream may have read it): `resends` counts it.
@@ -116,8 +123,10 @@ pub async fn send(
     }
 }
 
-/// One try; on failure, whether it failed on a reused connection before
-/// any response byte.
+/// One try; on failure, whether it failed at once on a reused connection
+/// before any response byte (a failure after the upstream held the request
+/// for [`STALE_WITHIN`] is not stale: resending it would call a silent
+/// upstream twice).
 ///
 /// The connection's [`Uses`] comes with the answer (the client copies a
 /// connection's extras into every response) or with the error (which names
@@ -126,6 +135,7 @@ async fn request_once(
     client: &HttpClient,
     req: Request<Full<Bytes>>,
 ) -> Result<Response<Incoming>, (hyper_util::client::legacy::Error, bool)> {
+    let sent = tokio::time::Instant::now();
     match client.request(req).await {
         Ok(resp) => {
             if let Some(uses) = resp.extensions().get::<Uses>() {
@@ -140,6 +150,7 @@ async fn request_once(
                 extras.get::<Uses>().map(Uses::count)
             });
             let stale = earlier_uses.is_some_and(|n| n > 0)
+                && sent.elapsed() < STALE_WITHIN
                 && matches!(request_error_kind(&e, false), NetworkKind::Reset);
             Err((e, stale))
         }
