@@ -84,6 +84,8 @@ pub async fn probe(target: Arc<Target>) -> bool {
                 }),
         ),
     };
+    // A provider whose keys could not be read is never called keyless.
+    let body = body.filter(|_| !target.provider.keys_unreadable());
     let reachable = match body {
         Some(body) => {
             // Only the status matters; the body is dropped unread (a hostile

@@ -123,6 +123,8 @@ pub enum Exclusion {
     KeysLimited,
     /// Every key of its provider is revoked (401/403 until a reload or rotation).
     KeysRevoked,
+    /// Its provider names keys but none of them could be read (never sent keyless).
+    KeysUnreadable,
     /// The task's fallback spend this hour reached `usd_per_hour`.
     FallbackBudget,
     /// Its context window is not larger than one that already said "too long".
@@ -144,6 +146,7 @@ impl Exclusion {
             Exclusion::ProviderCoolingDown => "provider_cooldown",
             Exclusion::KeysLimited => "keys_limited",
             Exclusion::KeysRevoked => "keys_revoked",
+            Exclusion::KeysUnreadable => "keys_unreadable",
             Exclusion::FallbackBudget => "fallback_budget",
             Exclusion::Unsupported(_) => "protocol",
         }
@@ -174,6 +177,9 @@ impl Exclusion {
             Exclusion::KeysRevoked => {
                 "every key of its provider is revoked (until a reload or a key rotation)".to_owned()
             }
+            Exclusion::KeysUnreadable => {
+                "no key of its provider could be read (it is never called without one)".to_owned()
+            }
             Exclusion::FallbackBudget => "fallback_budget usd_per_hour reached".to_owned(),
             Exclusion::SmallerContext => {
                 "context window not larger than one that was too small".to_owned()
@@ -196,6 +202,7 @@ impl Exclusion {
             | Exclusion::ProviderCoolingDown
             | Exclusion::KeysLimited
             | Exclusion::KeysRevoked
+            | Exclusion::KeysUnreadable
             | Exclusion::FallbackBudget
             | Exclusion::SmallerContext
             | Exclusion::Unsupported(_) => false,
@@ -358,6 +365,8 @@ pub fn plan(task: &Task, needs: &Needs, now: Instant) -> Plan {
                 needed: needs.total_tokens(target),
                 max_context: max,
             })
+        } else if target.provider.keys_unreadable() {
+            Some(Exclusion::KeysUnreadable)
         } else if target.health.cooling_down(now) {
             Some(Exclusion::CoolingDown)
         } else if target.health.state() == State::Down && !target.health.trial_due(now) {
@@ -562,6 +571,9 @@ impl<'a> Admission<'a> {
             if *why == Exclusion::Down {
                 down.push(Arc::clone(target));
             }
+            if *why == Exclusion::KeysUnreadable {
+                holdbacks.revoked = true;
+            }
         }
         Self {
             snapshot,
@@ -673,7 +685,7 @@ impl<'a> Admission<'a> {
         let tokens = self.needs.total_tokens(target);
         match target.provider.pick_key(Instant::now(), tokens, tried) {
             Ok(Some(key)) => Some(key),
-            Ok(None) | Err(NoKey::Revoked | NoKey::Exhausted) => None,
+            Ok(None) | Err(NoKey::Revoked | NoKey::Exhausted | NoKey::Unreadable) => None,
             Err(NoKey::Limited(until)) => {
                 self.holdbacks.limited(until);
                 self.snapshot.rate_limited.increment("key", 1);
@@ -699,6 +711,10 @@ impl<'a> Admission<'a> {
             Err(NoKey::Revoked | NoKey::Exhausted) => {
                 self.holdbacks.revoked = true;
                 Exclusion::KeysRevoked
+            }
+            Err(NoKey::Unreadable) => {
+                self.holdbacks.revoked = true;
+                Exclusion::KeysUnreadable
             }
         };
         skip(self.task, target, &why);

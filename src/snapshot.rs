@@ -253,6 +253,9 @@ pub enum NoKey {
     Revoked,
     /// Every readable key was tried for this request.
     Exhausted,
+    /// The provider names keys but none could be read: it is never called
+    /// without one.
+    Unreadable,
 }
 
 /// At most this many keys per provider (a [`KeySet`] holds them).
@@ -284,6 +287,13 @@ impl Provider {
         !self.keys.is_empty()
     }
 
+    /// Whether the file names keys and none of them could be read (such a
+    /// provider is skipped, never called keyless).
+    #[must_use]
+    pub fn keys_unreadable(&self) -> bool {
+        self.wants_key() && self.keys.iter().all(|k| k.credential.is_none())
+    }
+
     /// Every key read, to scrub from upstream text.
     pub fn secrets(&self) -> impl Iterator<Item = &str> {
         self.keys
@@ -311,13 +321,13 @@ impl Provider {
     }
 
     /// The key for a request of `tokens`, not one of `tried`, by the pool's
-    /// selection policy: `Ok(None)` when the provider has no readable key at
-    /// all (the request goes without one, and the upstream's 401 is handled
-    /// by the error table). Takes a token of the key's own bucket.
+    /// selection policy: `Ok(None)` when the provider names no key (a keyless
+    /// upstream). Unreadable keys are skipped like revoked ones. Takes a
+    /// token of the key's own bucket.
     ///
     /// # Errors
     /// No key can serve: each is cooling down, out of its bucket, revoked,
-    /// or already tried.
+    /// already tried, or (all of them) unreadable.
     pub fn pick_key(
         &self,
         now: Instant,
@@ -326,8 +336,11 @@ impl Provider {
     ) -> Result<Option<usize>, NoKey> {
         let n = self.keys.len();
         let readable = |i: usize| self.keys[i].credential.is_some();
-        if !(0..n).any(readable) {
+        if n == 0 {
             return Ok(None);
+        }
+        if !(0..n).any(readable) {
+            return Err(NoKey::Unreadable);
         }
         if (0..n).all(|i| !readable(i) || tried.contains(i)) {
             return Err(NoKey::Exhausted);

@@ -653,3 +653,46 @@ async fn insufficient_quota_texts_on_400_and_429_fail_over_and_cool_the_provider
     );
     out_of_credit_fails_over_and_cools_the_provider(credit, false).await;
 }
+
+#[tokio::test]
+async fn a_provider_whose_key_file_cannot_be_read_is_skipped_never_called_keyless() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::always(fake::completion("upstream-a", "keyless")).await;
+    let b = Fake::always(fake::completion("upstream-b", "from b")).await;
+    let missing = keys.path().join("missing.key");
+    let pool = format!(
+        "keys:\n  - {{ name: gone, file: '{}' }}\n",
+        missing.display()
+    );
+    let gw = gateway(&routes(
+        &[hop("a", &a.url()).provider(&pool), hop("b", &b.url())],
+        "",
+        "",
+    ))
+    .await;
+    for _ in 0..2 {
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert_eq!(ans.header("x-switchyard-target"), "b");
+    }
+    assert_eq!(a.calls(), 0, "never sent without its key");
+    assert_eq!(
+        metric(
+            &gw,
+            r#"switchyard_route_exclusions_total{task="chat",target="a",reason="keys_unreadable"}"#
+        )
+        .await,
+        2.0
+    );
+    let explained = post_raw(gw.addr, "/admin/explain", hello("gpt-4o").to_string(), &[]).await;
+    assert!(
+        explained.text().contains("keys_unreadable"),
+        "{}",
+        explained.text()
+    );
+    // Alone in its chain it answers 503, still without a call.
+    let alone = gateway(&routes(&[hop("a", &a.url()).provider(&pool)], "", "")).await;
+    let ans = chat(alone.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 503, "{}", ans.text());
+    assert_eq!(a.calls(), 0);
+}
