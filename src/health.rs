@@ -751,6 +751,21 @@ struct KeyInner {
     /// When `dead` last changed (the later of two replicas' verdicts wins).
     dead_changed: Option<Instant>,
     last_limited: Option<Instant>,
+    /// A revoked key's next re-probe, and the backoff that led to it.
+    reprobe: Option<(Instant, Duration)>,
+    /// A re-probe of it is in flight.
+    probing: bool,
+}
+
+impl KeyInner {
+    /// Sets the verdict; a key that is no longer revoked forgets its re-probes.
+    fn set_dead(&mut self, dead: bool, at: Instant) {
+        self.dead = dead;
+        self.dead_changed = Some(at);
+        if !dead {
+            self.reprobe = None;
+        }
+    }
 }
 
 /// Live state of one API key: its cooldowns, whether it is revoked, and when
@@ -797,8 +812,7 @@ impl KeyHealth {
             inner.last_limited = Some(now);
         }
         if revoked && !inner.dead {
-            inner.dead = true;
-            inner.dead_changed = Some(now);
+            inner.set_dead(true, now);
         }
     }
 
@@ -806,9 +820,49 @@ impl KeyHealth {
     pub fn revive(&self) {
         let mut inner = self.inner.lock();
         if inner.dead {
-            inner.dead = false;
-            inner.dead_changed = Some(Instant::now());
+            inner.set_dead(false, Instant::now());
         }
+    }
+
+    /// Claims the next re-probe of a revoked key: its first comes `first`
+    /// after the prober first sees it revoked, each failed one doubles the
+    /// wait up to `max`. One at a time; true when the caller is to send it.
+    pub fn claim_reprobe(&self, now: Instant, first: Duration, max: Duration) -> bool {
+        let mut inner = self.inner.lock();
+        if !inner.dead || inner.probing {
+            return false;
+        }
+        match inner.reprobe {
+            None => {
+                inner.reprobe = Some((now + first, first.min(max)));
+                false
+            }
+            Some((at, _)) if now >= at => {
+                inner.probing = true;
+                true
+            }
+            Some(_) => false,
+        }
+    }
+
+    /// Records a re-probe: an accepted key is usable again (a newer verdict,
+    /// shared with the other replicas); a refused one waits twice as long,
+    /// up to `max`. Returns whether the key came back.
+    pub fn record_reprobe(&self, now: Instant, accepted: bool, max: Duration) -> bool {
+        let mut inner = self.inner.lock();
+        inner.probing = false;
+        if !inner.dead {
+            return false;
+        }
+        if accepted {
+            inner.set_dead(false, now);
+            return true;
+        }
+        let backoff = inner
+            .reprobe
+            .map_or(max, |(_, b)| b.saturating_mul(2).min(max));
+        inner.reprobe = Some((now + backoff, backoff));
+        false
     }
 }
 
@@ -1162,6 +1216,46 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_revoked_key_is_reprobed_with_a_doubling_backoff_and_comes_back() {
+        let (first, max) = (Duration::from_secs(60), Duration::from_secs(1800));
+        let k = KeyHealth::default();
+        assert!(!k.claim_reprobe(Instant::now(), first, max), "a usable key");
+        k.record(Instant::now(), None, true, false);
+        assert!(!k.claim_reprobe(Instant::now(), first, max), "scheduled");
+        let mut waits = Vec::new();
+        let mut last = Instant::now();
+        for _ in 0..8 {
+            let mut steps = 0;
+            while !k.claim_reprobe(Instant::now(), first, max) {
+                tokio::time::advance(Duration::from_secs(1)).await;
+                steps += 1;
+                assert!(steps < 4000, "a re-probe is due in time");
+            }
+            assert!(
+                !k.claim_reprobe(Instant::now(), first, max),
+                "one at a time"
+            );
+            waits.push((Instant::now() - last).as_secs());
+            last = Instant::now();
+            assert!(!k.record_reprobe(Instant::now(), false, max));
+            assert_eq!(k.state(Instant::now()), KeyState::Dead);
+        }
+        assert_eq!(waits, [60, 120, 240, 480, 960, 1800, 1800, 1800]);
+        while !k.claim_reprobe(Instant::now(), first, max) {
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        let since = k.shared_view().since;
+        assert!(k.record_reprobe(Instant::now(), true, max));
+        assert_eq!(k.state(Instant::now()), KeyState::Usable);
+        assert!(k.shared_view().since > since, "a newer verdict, to share");
+        // Revoked again, it starts over at the first wait.
+        k.record(Instant::now(), None, true, false);
+        assert!(!k.claim_reprobe(Instant::now(), first, max));
+        tokio::time::advance(first).await;
+        assert!(k.claim_reprobe(Instant::now(), first, max));
     }
 
     #[test]

@@ -75,8 +75,8 @@ pub const CONFIG_HASH: &str = "switchyard_config_hash";
 /// Gauge: Unix time (seconds) the loaded config was applied.
 pub const CONFIG_LOADED_AT: &str = "switchyard_config_loaded_timestamp_seconds";
 
-/// Gauge `{task}`: targets of the task's chain that are not DOWN, set at each
-/// scrape (0: every target is DOWN, and `/readyz` says so too).
+/// Gauge `{task}`: targets of the task's chain that are available (not DOWN, a key usable), set at each
+/// scrape (0: none is, and `/readyz` says so too).
 pub const TASK_TARGETS_AVAILABLE: &str = "switchyard_task_targets_available";
 /// Counter: spans dropped because the trace export queue was full (collector
 /// down or slow); process-wide, shown with tracing on.
@@ -392,7 +392,7 @@ const DESCRIPTIONS: &[(Kind, &str, &str)] = &[
     (
         Kind::Gauge,
         TASK_TARGETS_AVAILABLE,
-        "Targets of the task's chain that are not DOWN (set at each scrape).",
+        "Targets of the task's chain that are available: not DOWN, and a key of its provider readable and not revoked (set at each scrape).",
     ),
     (
         Kind::Gauge,

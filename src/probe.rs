@@ -14,8 +14,9 @@ use std::time::Duration;
 use tokio::time::{timeout, Instant};
 use tracing::{debug, info};
 
+use crate::classify::{Outcome, Scope};
 use crate::request::{ChatRequest, EmbeddingsRequest};
-use crate::snapshot::Target;
+use crate::snapshot::{Provider, Snapshot, Target};
 use crate::state::App;
 use crate::upstream::{Operation, Outgoing, TargetModel};
 
@@ -42,6 +43,7 @@ pub fn spawn(app: Arc<App>) -> tokio::task::JoinHandle<()> {
                 for key in &provider.keys {
                     key.gauge.set(key.health.state(now).gauge());
                 }
+                reprobe_keys(&snapshot, provider, now);
             }
             for target in snapshot.targets.values() {
                 // A DEGRADED target whose window went quiet is healthy again.
@@ -57,37 +59,110 @@ pub fn spawn(app: Arc<App>) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// Sends one probe and records its verdict. Returns whether it was reachable.
-pub async fn probe(target: Arc<Target>) -> bool {
+/// How much longer than `probe.interval` a revoked key's re-probes may get
+/// apart (1 min doubling to 30 min by default).
+const KEY_BACKOFF_FACTOR: u32 = 30;
+
+/// Spawns the re-probe of each revoked key of `provider` that is due: the
+/// probe request with that key, through the first target of the provider.
+fn reprobe_keys(snapshot: &Snapshot, provider: &Arc<Provider>, now: Instant) {
+    let Some(first) = provider.probe_interval else {
+        return;
+    };
+    let max = first.saturating_mul(KEY_BACKOFF_FACTOR);
+    let Some(target) = snapshot
+        .targets
+        .values()
+        .find(|t| Arc::ptr_eq(&t.provider, provider))
+    else {
+        return;
+    };
+    for (i, key) in provider.keys.iter().enumerate() {
+        if key.credential.is_some() && key.health.claim_reprobe(now, first, max) {
+            tokio::spawn(reprobe_key(Arc::clone(target), i, max));
+        }
+    }
+}
+
+/// Re-tests revoked key `index` of `target`'s provider: the provider
+/// accepts it when the answer is not one its error table revokes a key for
+/// (a 2xx, or a 4xx such as a 429: the key authenticated); a 5xx or a
+/// network error proves nothing and backs off like a refusal.
+async fn reprobe_key(target: Arc<Target>, index: usize, max: Duration) {
+    let provider = &target.provider;
+    let Some(key) = provider.keys.get(index) else {
+        return;
+    };
+    let accepted = match probe_body(&target) {
+        Some((op, body)) => {
+            let resends = std::sync::atomic::AtomicU32::new(0);
+            let call = provider.endpoint.send(Outgoing {
+                op,
+                credential: key.credential.as_ref(),
+                body,
+                request_id: None,
+                stream: false,
+                resends: &resends,
+            });
+            match timeout(provider.timeout, call).await {
+                Ok(Ok(resp)) => {
+                    let status = resp.status().as_u16();
+                    let outcome = Outcome::Response {
+                        status,
+                        headers: resp.headers(),
+                        body: None,
+                    };
+                    status < 500
+                        && provider
+                            .errors
+                            .classify(&outcome)
+                            .is_none_or(|d| !(d.until_reload && d.scope == Scope::Key))
+                }
+                Ok(Err(_)) | Err(_) => false,
+            }
+        }
+        None => false,
+    };
+    let now = Instant::now();
+    if key.health.record_reprobe(now, accepted, max) {
+        info!(provider = %provider.name, key = %key.name, "re-probe: the provider accepts the revoked key again");
+    } else {
+        debug!(provider = %provider.name, key = %key.name, accepted, "re-probe of a revoked key");
+    }
+    key.gauge.set(key.health.state(now).gauge());
+}
+
+/// The probe request in `target`'s protocol, and where it goes.
+fn probe_body(target: &Target) -> Option<(Operation, bytes::Bytes)> {
     let endpoint = &target.provider.endpoint;
     let model = TargetModel {
         model: &target.model,
         max_output: Some(1),
     };
-    // An embeddings target is probed where it serves.
-    let (op, body) = match target.embedding {
-        None => (
-            Operation::Chat,
-            ChatRequest::parse(PROBE)
-                .ok()
-                .and_then(|request| endpoint.adapter.encode(&request, model).ok()),
-        ),
-        Some(_) => (
-            Operation::Embeddings,
-            EmbeddingsRequest::parse(EMBEDDINGS_PROBE)
-                .ok()
-                .and_then(|request| {
-                    endpoint
-                        .adapter
-                        .encode_embeddings(&request, &target.model)
-                        .ok()
-                }),
-        ),
-    };
+    match target.embedding {
+        None => ChatRequest::parse(PROBE)
+            .ok()
+            .and_then(|request| endpoint.adapter.encode(&request, model).ok())
+            .map(|body| (Operation::Chat, body)),
+        Some(_) => EmbeddingsRequest::parse(EMBEDDINGS_PROBE)
+            .ok()
+            .and_then(|request| {
+                endpoint
+                    .adapter
+                    .encode_embeddings(&request, &target.model)
+                    .ok()
+            })
+            .map(|body| (Operation::Embeddings, body)),
+    }
+}
+
+/// Sends one probe and records its verdict. Returns whether it was reachable.
+pub async fn probe(target: Arc<Target>) -> bool {
+    let endpoint = &target.provider.endpoint;
     // A provider whose keys could not be read is never called keyless.
-    let body = body.filter(|_| !target.provider.keys_unreadable());
+    let body = probe_body(&target).filter(|_| !target.provider.keys_unreadable());
     let reachable = match body {
-        Some(body) => {
+        Some((op, body)) => {
             // Only the status matters; the body is dropped unread (a hostile
             // upstream could send gigabytes).
             let credential = target.provider.probe_credential();

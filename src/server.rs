@@ -52,7 +52,6 @@ use tracing::{info, warn, Instrument};
 use crate::body::{self, Body};
 use crate::config::diagnostic::Diagnostic;
 use crate::error::GatewayError;
-use crate::health::State;
 use crate::proxy::{self, respond};
 use crate::reload;
 use crate::request::ChatRequest;
@@ -686,11 +685,12 @@ fn named(s: &Snapshot) -> crate::metrics::Named {
 /// `switchyard_task_targets_available{task}`: what `/readyz` judges, as a
 /// gauge an alert can watch (set when scraped, so it is always current).
 fn publish_availability(s: &Snapshot) {
+    let now = Instant::now();
     for task in s.tasks.values() {
         let up = task
             .chain
             .iter()
-            .filter(|target| target.health.state() != State::Down)
+            .filter(|target| target.available(now))
             .count();
         s.metrics
             .gauge(
@@ -702,14 +702,11 @@ fn publish_availability(s: &Snapshot) {
 }
 
 fn readiness(s: &Snapshot) -> Response<Body> {
+    let now = Instant::now();
     let unroutable: Vec<&str> = s
         .tasks
         .values()
-        .filter(|t| {
-            t.chain
-                .iter()
-                .all(|target| target.health.state() == State::Down)
-        })
+        .filter(|t| t.chain.iter().all(|target| !target.available(now)))
         .map(|t| t.name.as_str())
         .collect();
     if unroutable.is_empty() {

@@ -294,6 +294,17 @@ impl Provider {
         self.wants_key() && self.keys.iter().all(|k| k.credential.is_none())
     }
 
+    /// Whether the file names keys and none can serve for good: each is
+    /// unreadable or revoked (until a re-probe, a reload or a rotation).
+    #[must_use]
+    pub fn keys_out(&self, now: Instant) -> bool {
+        self.wants_key()
+            && self
+                .keys
+                .iter()
+                .all(|k| k.credential.is_none() || k.health.state(now) == KeyState::Dead)
+    }
+
     /// Every key read, to scrub from upstream text.
     pub fn secrets(&self) -> impl Iterator<Item = &str> {
         self.keys
@@ -407,6 +418,14 @@ impl Target {
         self.metrics
             .transitions
             .increment((t.from.as_str(), t.to.as_str()), 1);
+    }
+
+    /// Whether it counts as available for `/readyz` and
+    /// `switchyard_task_targets_available`: not DOWN, and some key of its
+    /// provider readable and not revoked.
+    #[must_use]
+    pub fn available(&self, now: Instant) -> bool {
+        self.health.state() != crate::health::State::Down && !self.provider.keys_out(now)
     }
 
     /// Whether it is declared able to continue an assistant prefix.

@@ -696,3 +696,51 @@ async fn a_provider_whose_key_file_cannot_be_read_is_skipped_never_called_keyles
     assert_eq!(ans.status, 503, "{}", ans.text());
     assert_eq!(a.calls(), 0);
 }
+
+#[tokio::test]
+async fn a_transient_401_on_every_key_heals_by_reprobing_each_key() {
+    let keys = tempfile::tempdir().unwrap();
+    // An auth blip: each key's first call gets a 401, then the upstream is fine.
+    let a = Fake::always(fake::completion("upstream-a", "ok")).await;
+    let refused = std::sync::Arc::new(parking_lot::Mutex::new(std::collections::HashSet::new()));
+    let blip = std::sync::Arc::clone(&refused);
+    a.set(move |_, seen| {
+        if blip.lock().insert(bearer(seen)) {
+            fake::error(401, "Incorrect API key provided")
+        } else {
+            fake::completion("upstream-a", "ok")
+        }
+    });
+    let pool = key_files(keys.path(), &[("one", "key-one"), ("two", "key-two")], "");
+    let provider = format!("{pool}probe: {{ interval: 1s }}\n");
+    let gw = gateway(&routes(&[hop("a", &a.url()).provider(&provider)], "", "")).await;
+
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 502, "a 401 on each key: {}", ans.text());
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 503, "both keys revoked: {}", ans.text());
+    assert_eq!(
+        get(gw.addr, "/readyz").await.status,
+        503,
+        "no key can serve"
+    );
+    assert_eq!(
+        metric(&gw, r#"switchyard_task_targets_available{task="chat"}"#).await,
+        0.0
+    );
+    // Each key is re-probed on its own and comes back.
+    let back = eventually(Duration::from_secs(10), || async {
+        keys_of(&admin_target(&gw, "a").await)
+            .iter()
+            .all(|(_, state)| state == "usable")
+    })
+    .await;
+    assert!(back, "{:?}", keys_of(&admin_target(&gw, "a").await));
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(get(gw.addr, "/readyz").await.status, 200);
+    assert_eq!(
+        metric(&gw, r#"switchyard_task_targets_available{task="chat"}"#).await,
+        1.0
+    );
+}

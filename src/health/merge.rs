@@ -187,8 +187,7 @@ impl KeyHealth {
             later(&mut inner.cooldown_until, remote.cooldown_until);
             if let Some(at) = remote.since.map(|at| at.min(now)) {
                 if remote.dead != inner.dead && inner.dead_changed.is_none_or(|d| at > d) {
-                    inner.dead = remote.dead;
-                    inner.dead_changed = Some(at);
+                    inner.set_dead(remote.dead, at);
                 }
             }
         }
