@@ -287,6 +287,9 @@ pub struct Rule {
     pub wait_retry_after: Option<Duration>,
     /// What the failure counts against and cools down.
     pub scope: Scope,
+    /// A key it revokes (`cooldown: until_reload`) stays revoked until a
+    /// reload or a rotation, never re-probed (`revoke: until_rotation`).
+    pub until_rotation: bool,
 }
 
 /// The decision for one failed attempt.
@@ -309,6 +312,8 @@ pub struct Decision {
     pub scope: Scope,
     /// Unusable until a reload (`cooldown: until_reload`): a revoked key.
     pub until_reload: bool,
+    /// Such a key is not re-probed (`revoke: until_rotation`).
+    pub until_rotation: bool,
     /// Name of the rule that decided (for the per-attempt log line).
     pub rule: Arc<str>,
 }
@@ -325,6 +330,7 @@ impl Decision {
             wait: None,
             scope: Scope::Target,
             until_reload: false,
+            until_rotation: false,
             rule: Arc::from(rule),
         }
     }
@@ -361,6 +367,7 @@ impl ErrorTable {
                 cooldown: rule.cooldown.and_then(|c| cooldown_for(c, advertised)),
                 scope: rule.scope,
                 until_reload: rule.cooldown == Some(Cooldown::UntilReload),
+                until_rotation: rule.until_rotation,
                 context_window: rule.context_window,
                 rate_limited,
                 wait: rule
@@ -576,6 +583,7 @@ pub fn default_rules() -> Vec<Rule> {
             cooldown: None,
             context_window: false,
             wait_retry_after: None,
+            until_rotation: false,
             scope: Scope::Target,
         };
     vec![

@@ -536,6 +536,12 @@ pub struct RawRule {
     #[serde(default, deserialize_with = "duration_text")]
     #[schemars(with = "Option<schema_parts::DurationText>")]
     pub wait_retry_after: Option<String>,
+    /// How a key this rule revokes (`cooldown: until_reload`) comes back:
+    /// `reprobe` (default: the prober re-tests it with that key, backing off
+    /// from `probe.interval` to 30 times it) or `until_rotation` (only a
+    /// reload or a rotation of its file).
+    #[schemars(extend("enum" = ["reprobe", "until_rotation"]))]
+    pub revoke: Option<String>,
 }
 
 /// The tests of an error-class rule. `network` stands alone: a network error

@@ -755,6 +755,8 @@ struct KeyInner {
     reprobe: Option<(Instant, Duration)>,
     /// A re-probe of it is in flight.
     probing: bool,
+    /// Revoked by a `revoke: until_rotation` rule: never re-probed.
+    pinned: bool,
 }
 
 impl KeyInner {
@@ -764,6 +766,7 @@ impl KeyInner {
         self.dead_changed = Some(at);
         if !dead {
             self.reprobe = None;
+            self.pinned = false;
         }
     }
 }
@@ -816,6 +819,15 @@ impl KeyHealth {
         }
     }
 
+    /// Keeps a revoked key out until a reload or a rotation: no re-probes
+    /// (`revoke: until_rotation`).
+    pub fn pin_revocation(&self) {
+        let mut inner = self.inner.lock();
+        if inner.dead {
+            inner.pinned = true;
+        }
+    }
+
     /// A reload (or a rotated key file) brings a revoked key back.
     pub fn revive(&self) {
         let mut inner = self.inner.lock();
@@ -829,7 +841,7 @@ impl KeyHealth {
     /// wait up to `max`. One at a time; true when the caller is to send it.
     pub fn claim_reprobe(&self, now: Instant, first: Duration, max: Duration) -> bool {
         let mut inner = self.inner.lock();
-        if !inner.dead || inner.probing {
+        if !inner.dead || inner.probing || inner.pinned {
             return false;
         }
         match inner.reprobe {

@@ -744,3 +744,40 @@ async fn a_transient_401_on_every_key_heals_by_reprobing_each_key() {
         1.0
     );
 }
+
+#[tokio::test]
+async fn a_revoke_until_rotation_rule_keeps_the_key_out_without_reprobes() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::always(fake::error(401, "Incorrect API key provided")).await;
+    let pool = key_files(keys.path(), &[("one", "key-one")], "");
+    let provider = format!(
+        "{pool}probe: {{ interval: 100ms }}\nerror_classes:\n  - {{ match: {{ status: 401 }}, action: failover, scope: key, cooldown: until_reload, revoke: until_rotation }}\n"
+    );
+    let gw = gateway(&routes(&[hop("a", &a.url()).provider(&provider)], "", "")).await;
+    assert_eq!(chat(gw.addr, hello("gpt-4o")).await.status, 502);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(a.calls(), 1, "never re-probed");
+    assert_eq!(keys_of(&admin_target(&gw, "a").await)[0].1, "dead");
+}
+
+#[test]
+fn revoke_needs_a_revoking_rule_and_a_known_value() {
+    let found = problems(&pool_config(
+        "    error_classes:\n      - { match: { status: 401 }, action: failover, revoke: until_rotation }\n      - { match: { status: 403 }, action: failover, scope: key, cooldown: until_reload, revoke: never }\n",
+        "",
+    ));
+    assert!(
+        found
+            .iter()
+            .any(|(path, msg)| path.ends_with("error_classes[0].revoke")
+                && msg.contains("until_reload")),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|(path, msg)| path.ends_with("error_classes[1].revoke")
+                && msg.contains("until_rotation")),
+        "{found:?}"
+    );
+}

@@ -198,11 +198,17 @@ fn record_on_key(provider: &Provider, key: &ApiKey, decision: &Decision, now: In
         decision.until_reload,
         decision.rate_limited,
     );
+    if decision.until_rotation {
+        key.health.pin_revocation();
+    }
     let state = key.health.state(now);
     key.gauge.set(state.gauge());
-    if decision.until_reload {
+    if decision.until_reload && decision.until_rotation {
         warn!(provider = %provider.name, key = %key.name, rule = %decision.rule,
             "API key refused; unusable until a reload or a rotation of its file");
+    } else if decision.until_reload {
+        warn!(provider = %provider.name, key = %key.name, rule = %decision.rule,
+            "API key refused; re-probed with backoff, or back at a reload or a rotation of its file");
     } else {
         debug!(provider = %provider.name, key = %key.name, state = state.as_str(), "API key cooling down");
     }

@@ -569,6 +569,7 @@ fn error_rule(r: &RawRule, path: &str, c: &mut Checks<'_>) -> Rule {
             Scope::Target
         }),
     };
+    let until_rotation = revoke(r, path, cooldown, c);
     if cooldown == Some(Cooldown::UntilReload) && scope != Scope::Key {
         c.error(
             &format!("{path}.cooldown"),
@@ -584,7 +585,31 @@ fn error_rule(r: &RawRule, path: &str, c: &mut Checks<'_>) -> Rule {
         context_window: false,
         wait_retry_after,
         scope,
+        until_rotation,
     }
+}
+
+/// A rule's `revoke`: whether a key it revokes stays out until a rotation
+/// (`until_rotation`) instead of being re-probed (`reprobe`, the default).
+fn revoke(r: &RawRule, path: &str, cooldown: Option<Cooldown>, c: &mut Checks<'_>) -> bool {
+    let until_rotation = match r.revoke.as_deref() {
+        None | Some("reprobe") => false,
+        Some("until_rotation") => true,
+        Some(other) => {
+            c.error(
+                &format!("{path}.revoke"),
+                format!("unknown revoke `{other}`, expected reprobe or until_rotation"),
+            );
+            false
+        }
+    };
+    if r.revoke.is_some() && cooldown != Some(Cooldown::UntilReload) {
+        c.error(
+            &format!("{path}.revoke"),
+            "`revoke` says how a revoked key comes back; it needs `cooldown: until_reload`",
+        );
+    }
+    until_rotation
 }
 
 /// A rule's tests must be able to match something, and only in combinations
