@@ -528,6 +528,8 @@ async fn a_reload_drops_the_gauges_of_removed_tasks_targets_and_keys() {
             "{series} missing after:\n{page}"
         );
     }
+}
+
 /// A keep-alive upstream on raw TCP: answers every request on a connection
 /// with a completion, and counts the connections switchyard has closed.
 async fn keep_alive_upstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
