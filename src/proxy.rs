@@ -410,7 +410,10 @@ impl Walk<'_> {
                 if !pause.is_zero() {
                     tokio::time::sleep(pause).await;
                 }
-                permit = admission.readmit(&target);
+                // A retry is a call too: it must fit the buckets it is charged to.
+                permit = admission
+                    .readmit(&target)
+                    .filter(|_| admission.recheck(&target, tries.key));
             }
             let Some(p) = permit.take() else { break };
             let first = self.tally.attempts == 0;

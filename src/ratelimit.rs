@@ -1,6 +1,7 @@
 //! Token buckets (governor): a task's client-facing buckets (task-wide and
 //! per caller, each at its own rate), and a provider account's requests- and
-//! tokens-per-minute buckets.
+//! tokens-per-minute buckets (checked apart from charged: a call is charged
+//! only when it is sent).
 //! Routing asks them; it never keeps counts of its own.
 //!
 //! With `shared_state`, a provider's (or key's) buckets live in the shared
@@ -24,8 +25,8 @@ fn quota(per: Duration, burst: u32) -> Option<Quota> {
 /// A provider account's request and token buckets.
 #[derive(Debug)]
 pub struct ProviderLimits {
-    rpm: Option<DefaultDirectRateLimiter>,
-    tpm: Option<DefaultDirectRateLimiter>,
+    /// The local rpm and tpm buckets.
+    local: Mutex<Local>,
     /// The buckets' sizes, for the shared ones.
     spec: LimitSpec,
     /// Who these buckets are in the shared store (the same on every replica).
@@ -97,8 +98,11 @@ struct Allowance {
     slot: usize,
     /// The largest token ask seen (one request must fit the allowance).
     largest: u64,
-    /// Tokens the upstream reported beyond the estimate, still to charge.
+    /// Tokens the upstream reported beyond the estimate (or spent beyond
+    /// the allowance), still to charge.
     debt: u64,
+    /// Requests spent beyond the allowance, still to charge.
+    owed: u64,
     /// The shared buckets' last word on when they have tokens again.
     wait: Duration,
     /// Since when nothing was asked.
@@ -109,24 +113,22 @@ impl ProviderLimits {
     /// Buckets for `rpm` requests and `tpm` tokens a minute; `burst` requests at once.
     #[must_use]
     pub fn new(rpm: Option<u32>, tpm: Option<u32>, burst: Option<u32>) -> Self {
-        let per_minute = |n: u32| Duration::from_secs(60) / n.max(1);
+        let spec = LimitSpec {
+            requests: rpm.map(|n| Bucket {
+                capacity: u64::from(burst.unwrap_or(n).max(1)),
+                per_minute: u64::from(n.max(1)),
+            }),
+            tokens: tpm.map(|n| Bucket {
+                capacity: u64::from(n.max(1)),
+                per_minute: u64::from(n.max(1)),
+            }),
+        };
         Self {
-            rpm: rpm
-                .and_then(|n| quota(per_minute(n), burst.unwrap_or(n)))
-                .map(governor::RateLimiter::direct),
-            tpm: tpm
-                .and_then(|n| quota(per_minute(n), n))
-                .map(governor::RateLimiter::direct),
-            spec: LimitSpec {
-                requests: rpm.map(|n| Bucket {
-                    capacity: u64::from(burst.unwrap_or(n).max(1)),
-                    per_minute: u64::from(n.max(1)),
-                }),
-                tokens: tpm.map(|n| Bucket {
-                    capacity: u64::from(n.max(1)),
-                    per_minute: u64::from(n.max(1)),
-                }),
-            },
+            local: Mutex::new(Local {
+                requests: spec.requests.map(Gcra::new),
+                tokens: spec.tokens.map(Gcra::new),
+            }),
+            spec,
             identity: 0,
             shared: Mutex::new(Allowance::default()),
         }
@@ -153,34 +155,62 @@ impl ProviderLimits {
     }
 
     /// Takes one request and `tokens` tokens from the buckets, unless either
-    /// cannot admit them now (the target is then skipped, as if it said 429).
-    /// With the shared store connected, from this replica's allowance.
+    /// cannot admit them now: [`check`](Self::check) then
+    /// [`charge`](Self::charge).
     ///
     /// # Errors
     /// How long until the buckets could admit the request.
     pub fn admit(&self, tokens: u64) -> Result<(), Duration> {
+        self.check(tokens)?;
+        self.charge(tokens);
+        Ok(())
+    }
+
+    /// Whether one request of `tokens` tokens fits every bucket now, taking
+    /// nothing: a target is checked against all its buckets (provider and
+    /// key, requests and tokens) first, and charged only when the call is
+    /// sent ([`charge`](Self::charge)). With the shared store connected,
+    /// against this replica's allowance (and counted as its demand).
+    ///
+    /// # Errors
+    /// How long until the buckets could admit the request.
+    pub fn check(&self, tokens: u64) -> Result<(), Duration> {
         {
             let mut shared = self.shared.lock();
             if shared.on {
-                return shared.take(&self.spec, tokens);
+                return shared.check(&self.spec, tokens);
             }
         }
-        let clock = governor::clock::DefaultClock::default();
-        let now = governor::clock::Clock::now(&clock);
-        if let Some(rpm) = &self.rpm {
-            rpm.check().map_err(|until| until.wait_time_from(now))?;
+        let local = self.local.lock();
+        let now = Instant::now();
+        let requests = local.requests.map_or(Ok(()), |b| b.fits(now, 1));
+        let tokens = local.tokens.map_or(Ok(()), |b| b.fits(now, tokens.max(1)));
+        match (requests, tokens) {
+            (Ok(()), Ok(())) => Ok(()),
+            (Err(a), Err(b)) => Err(a.max(b)),
+            (Err(wait), Ok(())) | (Ok(()), Err(wait)) => Err(wait),
         }
-        if let Some(tpm) = &self.tpm {
-            let n = NonZeroU32::new(u32::try_from(tokens.max(1)).unwrap_or(u32::MAX))
-                .unwrap_or(NonZeroU32::MIN);
-            return match tpm.check_n(n) {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(until)) => Err(until.wait_time_from(now)),
-                // More tokens than a minute's worth: it never fits.
-                Err(_) => Err(Duration::from_secs(60)),
-            };
+    }
+
+    /// Spends one request and `tokens` tokens: a call is being sent. Never
+    /// refuses (a call checked a moment ago by a concurrent request may
+    /// overdraw a bucket a little; the overdraft delays the next ones).
+    pub fn charge(&self, tokens: u64) {
+        {
+            let mut shared = self.shared.lock();
+            if shared.on {
+                shared.spend(&self.spec, tokens);
+                return;
+            }
         }
-        Ok(())
+        let mut local = self.local.lock();
+        let now = Instant::now();
+        if let Some(b) = &mut local.requests {
+            b.spend(now, 1);
+        }
+        if let Some(b) = &mut local.tokens {
+            b.spend(now, tokens.max(1));
+        }
     }
 
     /// Charges tokens the upstream reported beyond the estimate (best effort:
@@ -197,12 +227,66 @@ impl ProviderLimits {
                 return;
             }
         }
-        if let (Some(tpm), Some(n)) = (
-            &self.tpm,
-            u32::try_from(extra_tokens).ok().and_then(NonZeroU32::new),
-        ) {
-            let _ = tpm.check_n(n);
+        if extra_tokens > 0 {
+            if let Some(b) = &mut self.local.lock().tokens {
+                b.spend(Instant::now(), extra_tokens);
+            }
         }
+    }
+}
+
+/// The local buckets (while the shared store is away, or without one).
+#[derive(Debug, Default)]
+struct Local {
+    requests: Option<Gcra>,
+    tokens: Option<Gcra>,
+}
+
+/// One token bucket as a generic cell rate algorithm: each unit costs
+/// `interval`; `capacity` units at once. Checking and spending are apart,
+/// so several buckets can all be checked before any is charged.
+#[derive(Debug, Clone, Copy)]
+struct Gcra {
+    interval: Duration,
+    capacity: u64,
+    /// The theoretical arrival time: when the bucket is full again.
+    tat: Option<Instant>,
+}
+
+impl Gcra {
+    fn new(b: Bucket) -> Self {
+        Self {
+            interval: Duration::from_secs(60)
+                / u32::try_from(b.per_minute.max(1)).unwrap_or(u32::MAX),
+            capacity: b.capacity.max(1),
+            tat: None,
+        }
+    }
+
+    fn cost(&self, n: u64) -> Duration {
+        self.interval
+            .saturating_mul(u32::try_from(n).unwrap_or(u32::MAX))
+    }
+
+    /// Whether `n` units fit now; else how long until they do.
+    fn fits(&self, now: Instant, n: u64) -> Result<(), Duration> {
+        if n > self.capacity {
+            // More than the bucket holds: it never fits.
+            return Err(Duration::from_secs(60));
+        }
+        let tat = self.tat.map_or(now, |t| t.max(now));
+        let full = self.cost(self.capacity);
+        let after = tat + self.cost(n);
+        match (after - now).checked_sub(full) {
+            Some(wait) if !wait.is_zero() => Err(wait),
+            Some(_) | None => Ok(()),
+        }
+    }
+
+    /// Spends `n` units (perhaps beyond the bucket: later ones wait longer).
+    fn spend(&mut self, now: Instant, n: u64) {
+        let tat = self.tat.map_or(now, |t| t.max(now));
+        self.tat = Some(tat + self.cost(n));
     }
 }
 
@@ -256,7 +340,7 @@ impl ProviderLimits {
         let mut lease = Lease::default();
         if let Some(b) = self.spec.requests {
             let (take, back) = block(b, 1, demand.requests, a.held.requests, idle);
-            lease.take.requests = take;
+            lease.take.requests = take.saturating_add(a.owed);
             lease.give_back.requests = back;
         }
         if let Some(b) = self.spec.tokens {
@@ -278,7 +362,9 @@ impl ProviderLimits {
         }
         let paid = a.debt.min(granted.tokens);
         a.debt -= paid;
-        a.held.requests = a.held.requests.saturating_add(granted.requests);
+        let owed = a.owed.min(granted.requests);
+        a.owed -= owed;
+        a.held.requests = a.held.requests.saturating_add(granted.requests - owed);
         a.held.tokens = a.held.tokens.saturating_add(granted.tokens - paid);
         a.wait = wait;
     }
@@ -304,16 +390,22 @@ fn block(b: Bucket, floor: u64, demand: u64, held: u64, idle: bool) -> (u64, u64
 }
 
 impl Allowance {
-    /// Spends one request and `tokens` tokens of the allowance.
-    fn take(&mut self, spec: &LimitSpec, tokens: u64) -> Result<(), Duration> {
-        let need = Pair {
+    /// What one request of `tokens` tokens takes of the allowance.
+    fn need(spec: &LimitSpec, tokens: u64) -> Pair {
+        Pair {
             requests: u64::from(spec.requests.is_some()),
             tokens: if spec.tokens.is_some() {
                 tokens.max(1)
             } else {
                 0
             },
-        };
+        }
+    }
+
+    /// Whether the allowance holds one request and `tokens` tokens (counted
+    /// as demand either way); spends nothing.
+    fn check(&mut self, spec: &LimitSpec, tokens: u64) -> Result<(), Duration> {
+        let need = Self::need(spec, tokens);
         if spec.tokens.is_some_and(|b| need.tokens > b.capacity) {
             // More tokens than a minute's worth: it never fits.
             return Err(Duration::from_secs(60));
@@ -322,11 +414,21 @@ impl Allowance {
         self.demand.tokens = self.demand.tokens.saturating_add(need.tokens);
         self.largest = self.largest.max(need.tokens);
         if self.held.requests >= need.requests && self.held.tokens >= need.tokens {
-            self.held.requests -= need.requests;
-            self.held.tokens -= need.tokens;
             return Ok(());
         }
         Err(self.wait.max(MIN_SHARED_WAIT))
+    }
+
+    /// Spends one request and `tokens` tokens of the allowance; what it
+    /// does not hold is owed, taken from the next grants.
+    fn spend(&mut self, spec: &LimitSpec, tokens: u64) {
+        let need = Self::need(spec, tokens);
+        let requests = self.held.requests.min(need.requests);
+        self.held.requests -= requests;
+        self.owed = self.owed.saturating_add(need.requests - requests);
+        let paid = self.held.tokens.min(need.tokens);
+        self.held.tokens -= paid;
+        self.debt = self.debt.saturating_add(need.tokens - paid);
     }
 }
 
@@ -469,6 +571,54 @@ mod tests {
         let l = ProviderLimits::new(None, Some(1000), None);
         assert!(l.admit(900).is_ok());
         assert!(l.admit(200).is_err(), "tpm bucket has ~100 left");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn checking_takes_nothing_and_a_refused_bucket_charges_none() {
+        let l = ProviderLimits::new(Some(60), Some(1000), Some(1));
+        for _ in 0..5 {
+            assert!(l.check(10).is_ok(), "checks spend nothing");
+        }
+        // The tpm bucket refuses: the rpm bucket is not charged either.
+        assert!(l.check(2000).is_err());
+        l.charge(10);
+        let wait = l.check(10).unwrap_err();
+        assert_eq!(wait, Duration::from_secs(1), "one request a second");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(l.check(10).is_ok());
+        // A charge never refuses; an overdraft delays the next call.
+        l.charge(10);
+        l.charge(10);
+        assert_eq!(l.check(10).unwrap_err(), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shared_allowance_is_spent_only_by_charges() {
+        let l = ProviderLimits::new(Some(600), None, Some(20));
+        l.set_shared(true);
+        l.granted(
+            Pair {
+                requests: 1,
+                tokens: 0,
+            },
+            Duration::ZERO,
+        );
+        assert!(
+            l.check(1).is_ok() && l.check(1).is_ok(),
+            "checks spend nothing"
+        );
+        l.charge(1);
+        assert!(l.check(1).is_err(), "the one leased request is spent");
+        // Spent beyond the allowance: owed, taken from the next grant.
+        l.charge(1);
+        l.granted(
+            Pair {
+                requests: 1,
+                tokens: 0,
+            },
+            Duration::ZERO,
+        );
+        assert!(l.check(1).is_err(), "the grant paid what was owed");
     }
 
     #[tokio::test(start_paused = true)]

@@ -93,9 +93,7 @@ impl Needs {
     /// target's `max_output` when the request gives none).
     #[must_use]
     pub fn total_tokens(&self, target: &Target) -> u64 {
-        // Saturating: `max_tokens` is the client's, any non-negative integer.
-        self.prompt_tokens
-            .saturating_add(self.max_tokens.or(target.max_output).unwrap_or(0))
+        target.call_tokens(self.prompt_tokens, self.max_tokens)
     }
 }
 
@@ -602,6 +600,39 @@ impl<'a> Admission<'a> {
         target.health.admit(Instant::now()).ok()
     }
 
+    /// Whether another call of `target` with `key` fits its provider's and
+    /// the key's buckets now (a same-target retry, or one on the next key).
+    /// Nothing is charged here: the call is, when it is sent
+    /// ([`crate::snapshot::Provider::charge`]).
+    pub fn recheck(&mut self, target: &Target, key: Option<usize>) -> bool {
+        let tokens = self.needs.total_tokens(target);
+        let limits = key
+            .and_then(|i| target.provider.keys.get(i))
+            .and_then(|k| k.limits.as_ref());
+        if let Some(Err(wait)) = limits.map(|l| l.check(tokens)) {
+            self.snapshot.rate_limited.increment("key", 1);
+            self.holdbacks.limited(Instant::now() + wait);
+            return false;
+        }
+        self.provider_fits(target)
+    }
+
+    /// Whether a call of `target` fits its provider's buckets (all of them,
+    /// checked before any is charged); a refusal is counted and held back.
+    fn provider_fits(&mut self, target: &Target) -> bool {
+        let Some(limits) = &target.provider.limits else {
+            return true;
+        };
+        match limits.check(self.needs.total_tokens(target)) {
+            Ok(()) => true,
+            Err(wait) => {
+                self.snapshot.rate_limited.increment("provider", 1);
+                self.holdbacks.limited(Instant::now() + wait);
+                false
+            }
+        }
+    }
+
     /// After a context-length error at `target`: only larger windows from now on.
     pub fn raise_context_floor(&mut self, target: &Target) {
         self.context_floor = Some(target.max_context.unwrap_or(0));
@@ -663,13 +694,9 @@ impl<'a> Admission<'a> {
         };
         let body = self.encode(&target)?;
         let key = self.key(&target)?;
-        if let Some(limits) = &target.provider.limits {
-            if let Err(wait) = limits.admit(self.needs.total_tokens(&target)) {
-                skip(self.task, &target, &Exclusion::ProviderRateLimited);
-                self.snapshot.rate_limited.increment("provider", 1);
-                self.holdbacks.limited(Instant::now() + wait);
-                return None;
-            }
+        if !self.provider_fits(&target) {
+            skip(self.task, &target, &Exclusion::ProviderRateLimited);
+            return None;
         }
         Some(Admitted {
             target,

@@ -333,8 +333,9 @@ impl Provider {
 
     /// The key for a request of `tokens`, not one of `tried`, by the pool's
     /// selection policy: `Ok(None)` when the provider names no key (a keyless
-    /// upstream). Unreadable keys are skipped like revoked ones. Takes a
-    /// token of the key's own bucket.
+    /// upstream). Unreadable keys are skipped like revoked ones. Checks the
+    /// key's own bucket, taking nothing: the call is charged when it is sent
+    /// ([`Provider::charge`]).
     ///
     /// # Errors
     /// No key can serve: each is cooling down, out of its bucket, revoked,
@@ -397,7 +398,7 @@ impl Provider {
                 }
             }
             let Some(i) = best else { break };
-            match self.keys[i].limits.as_ref().map(|l| l.admit(tokens)) {
+            match self.keys[i].limits.as_ref().map(|l| l.check(tokens)) {
                 Some(Err(wait)) => {
                     note_limited(now + wait);
                     passed.insert(i);
@@ -409,7 +410,32 @@ impl Provider {
     }
 }
 
+impl Provider {
+    /// Charges one call of `tokens` tokens to the provider's buckets and
+    /// to `key`'s: the call is being sent (admission only checked them).
+    pub fn charge(&self, key: Option<usize>, tokens: u64) {
+        if let Some(limits) = &self.limits {
+            limits.charge(tokens);
+        }
+        if let Some(limits) = key
+            .and_then(|i| self.keys.get(i))
+            .and_then(|k| k.limits.as_ref())
+        {
+            limits.charge(tokens);
+        }
+    }
+}
+
 impl Target {
+    /// Tokens a request may take here: `prompt` plus `max_tokens` (or this
+    /// target's `max_output` when the request gives none). What its buckets
+    /// are checked and charged with.
+    #[must_use]
+    pub fn call_tokens(&self, prompt: u64, max_tokens: Option<u64>) -> u64 {
+        // Saturating: `max_tokens` is the client's, any non-negative integer.
+        prompt.saturating_add(max_tokens.or(self.max_output).unwrap_or(0))
+    }
+
     /// Logs a health state change and updates its metrics.
     pub fn report(&self, transition: Option<Transition>) {
         let Some(t) = transition else { return };

@@ -26,6 +26,7 @@ mod secrets;
 
 mod admin;
 mod anthropic;
+mod bucket_spend;
 mod budgets;
 mod chaos;
 mod config_semantics;

@@ -262,6 +262,12 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
         .key
         .and_then(|i| provider.keys.get(i))
         .and_then(|k| k.credential.as_ref());
+    // The one place a call is charged to the buckets: it is sent now.
+    provider.charge(
+        call.key,
+        call.target
+            .call_tokens(call.account.prompt_estimate, call.account.max_tokens),
+    );
     let sent = provider.endpoint.send(Outgoing {
         op: call.op,
         credential,
