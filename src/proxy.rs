@@ -41,7 +41,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::body::Body;
-use crate::classify::{Action, AttemptOutcome, Decision, Scope};
+use crate::classify::{Action, AttemptOutcome, Decision};
 use crate::error::GatewayError;
 use crate::health::Failure;
 use crate::request::{ChatRequest, EmbeddingsRequest};
@@ -51,7 +51,7 @@ use crate::snapshot::{KeySet, Snapshot, Target, Task};
 use crate::telemetry::{self, AttemptFailure, RequestTrace};
 use crate::upstream::Operation;
 use account::{Account, CancelGuard};
-use attempt::{Attempt, Call, Failed};
+use attempt::{Attempt, Call, Failed, Step};
 use continuation::{Origin, Recovery};
 use respond::{Tally, H_TARGET, H_TASK_TYPE};
 use stream::Relay;
@@ -679,10 +679,13 @@ impl Walk<'_> {
                     answer,
                     permit,
                 } = failed;
-                self.held_back_by(status, &decision, Instant::now());
-                let action = match decision.action {
-                    Action::Return => "return",
-                    Action::Retry | Action::Failover => "failover",
+                let now = Instant::now();
+                self.held_back_by(status, &decision, now);
+                // A raced side is not tried again: return or fail over.
+                let step = attempt::next_step(&decision, false, None, target, now, self.deadline);
+                let action = match step {
+                    Step::Return => "return",
+                    Step::NextKey | Step::Retry(_) | Step::Failover => "failover",
                 };
                 info!(target = %target.name, outcome = outcome.label(), rule = %decision.rule, next = action, "hedged attempt failed");
                 let failure = AttemptFailure {
@@ -696,8 +699,7 @@ impl Walk<'_> {
                 if decision.context_window {
                     self.context_error(target, answer.as_ref(), admission);
                 }
-                let for_caller =
-                    (decision.action == Action::Return).then(|| self.returned(target, answer));
+                let for_caller = (step == Step::Return).then(|| self.returned(target, answer));
                 (outcome.label(), for_caller)
             }
             Attempt::Violated { violation, permit } => {
@@ -842,24 +844,24 @@ impl Walk<'_> {
         let now = Instant::now();
         self.held_back_by(status, &decision, now);
         // What really happens next: the provider's next key after a
-        // key-scoped failure; else a retry only if the pause fits the
-        // deadline and the target will take it (a cooldown or an open
-        // breaker turns it into a failover).
-        let switch = self.next_key(target, &decision, tries, admission);
-        let retry = match switch {
-            Some(_) => None,
-            None => tries
-                .pause_after(&decision, &target.provider.retry)
-                .filter(|pause| {
-                    let at = now + *pause;
-                    at < self.deadline && target.health.unavailable(at).is_none()
-                }),
-        };
-        let next = match (switch, decision.action, retry) {
-            (Some(_), _, _) => "next_key",
-            (None, Action::Return, _) => "return",
-            (None, Action::Retry | Action::Failover, Some(_)) => "retry",
-            (None, Action::Retry | Action::Failover, None) => "failover",
+        // key-scoped failure (if one can serve); else a retry only if the
+        // pause fits the deadline and the target will take it.
+        let pause = tries.pause_after(&decision, &target.provider.retry);
+        let step_with =
+            |keyed| attempt::next_step(&decision, keyed, pause, target, now, self.deadline);
+        let mut step = step_with(tries.key.is_some());
+        let mut switch = None;
+        if step == Step::NextKey {
+            switch = admission.next_key(target, tries.keys);
+            if switch.is_none() {
+                step = step_with(false);
+            }
+        }
+        let next = match step {
+            Step::NextKey => "next_key",
+            Step::Return => "return",
+            Step::Retry(_) => "retry",
+            Step::Failover => "failover",
         };
         info!(target = %target.name, attempt = self.tally.attempts, outcome = outcome.label(),
             rule = %decision.rule, next, "upstream attempt failed");
@@ -877,33 +879,14 @@ impl Walk<'_> {
         if decision.context_window {
             self.context_error(target, answer.as_ref(), admission);
         }
-        match (decision.action, retry) {
-            (Action::Return, _) => Next::Return(self.returned(target, answer)),
-            (Action::Retry | Action::Failover, Some(pause)) => {
+        match step {
+            Step::Return => Next::Return(self.returned(target, answer)),
+            Step::Retry(pause) => {
                 tries.take(&decision, pause);
                 Next::Retry
             }
-            (Action::Retry | Action::Failover, None) => Next::Failover,
+            Step::Failover | Step::NextKey => Next::Failover,
         }
-    }
-
-    /// After a key-scoped failure: the provider's next usable key, tried on
-    /// the same target before any failover (same model, same answer).
-    fn next_key(
-        &self,
-        target: &Target,
-        decision: &Decision,
-        tries: &Tries,
-        admission: &mut Admission<'_>,
-    ) -> Option<usize> {
-        if decision.scope != Scope::Key
-            || decision.action == Action::Return
-            || tries.key.is_none()
-            || Instant::now() >= self.deadline
-        {
-            return None;
-        }
-        admission.next_key(target, tries.keys)
     }
 
     /// Step 6: nothing was served; switchyard's own answer says why.

@@ -45,3 +45,4 @@ mod semantics;
 mod shared_state;
 mod stream_edges;
 mod telemetry;
+mod walk_decisions;

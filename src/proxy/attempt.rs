@@ -146,6 +146,52 @@ pub struct Commit {
     pub permit: Permit,
 }
 
+/// What follows a failed attempt, decided from its verdict alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The provider's next key, on the same target (if one can serve).
+    NextKey,
+    /// The same target again after the pause.
+    Retry(Duration),
+    /// The next target.
+    Failover,
+    /// The upstream's error goes back to the caller.
+    Return,
+}
+
+/// The one next-step decision after a failed attempt, for the walk, the
+/// hedge and a stream's continuation: `return` is the caller's; nothing is
+/// tried again at or past the `deadline`; a key-scoped failure sent with a
+/// key (`keyed`) moves to the next key; else a retry only if its `pause`
+/// (what the retry policy offers, if anything) ends before the deadline and
+/// the target will take it then (a cooldown or an open breaker turns it into
+/// a failover).
+#[must_use]
+pub fn next_step(
+    decision: &Decision,
+    keyed: bool,
+    pause: Option<Duration>,
+    target: &Target,
+    now: Instant,
+    deadline: Instant,
+) -> Step {
+    match decision.action {
+        classify::Action::Return => Step::Return,
+        classify::Action::Retry | classify::Action::Failover if now >= deadline => Step::Failover,
+        classify::Action::Retry | classify::Action::Failover
+            if keyed && decision.scope == Scope::Key =>
+        {
+            Step::NextKey
+        }
+        classify::Action::Retry | classify::Action::Failover => pause
+            .filter(|pause| {
+                let at = now + *pause;
+                at < deadline && target.health.unavailable(at).is_none()
+            })
+            .map_or(Step::Failover, Step::Retry),
+    }
+}
+
 /// Records a classified failure where its rule's scope puts it: against
 /// the key it was sent with (a 429 cools the key, a 401 revokes it; the
 /// target is not counted), the whole provider (a cooldown for every target of
@@ -771,4 +817,76 @@ fn commit(
         held: out.freeze(),
         permit,
     }))
+}
+
+#[cfg(test)]
+mod step_tests {
+    use super::*;
+    use crate::classify::Action;
+    use crate::config::parse;
+    use crate::snapshot::{compile::compile, CompileOptions, LiveState};
+
+    fn target() -> Arc<Target> {
+        let text = "version: 1\nproviders:\n  p: { base_url: 'http://127.0.0.1:9/v1' }\n\
+                    targets:\n  t: { provider: p, model: m }\ntasks:\n  chat: { chain: [t] }\n";
+        let parsed = parse(text).unwrap();
+        let compiled = compile(
+            &parsed,
+            text,
+            &LiveState::default(),
+            CompileOptions::default(),
+        );
+        Arc::clone(&compiled.unwrap().snapshot.targets["t"])
+    }
+
+    fn decision(action: Action, scope: Scope) -> Decision {
+        Decision {
+            action,
+            health: false,
+            cooldown: None,
+            context_window: false,
+            rate_limited: false,
+            wait: None,
+            scope,
+            until_reload: false,
+            rule: Arc::from("test"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_next_step_refuses_a_key_switch_on_return_and_anything_past_the_deadline() {
+        let t = target();
+        let now = Instant::now();
+        let (soon, past) = (now + Duration::from_secs(5), now);
+        let ten = Duration::from_millis(10);
+        let pause = Some(ten);
+        let key_retry = decision(Action::Retry, Scope::Key);
+        let key_return = decision(Action::Return, Scope::Key);
+        assert_eq!(
+            next_step(&key_retry, true, pause, &t, now, soon),
+            Step::NextKey
+        );
+        assert_eq!(
+            next_step(&key_return, true, pause, &t, now, soon),
+            Step::Return
+        );
+        assert_eq!(
+            next_step(&key_retry, true, pause, &t, now, past),
+            Step::Failover
+        );
+        assert_eq!(
+            next_step(&key_retry, false, pause, &t, now, soon),
+            Step::Retry(ten)
+        );
+        // A pause that would end past the deadline is no retry.
+        let late = now + Duration::from_millis(5);
+        assert_eq!(
+            next_step(&key_retry, false, pause, &t, now, late),
+            Step::Failover
+        );
+        assert_eq!(
+            next_step(&key_retry, false, None, &t, now, soon),
+            Step::Failover
+        );
+    }
 }

@@ -33,7 +33,7 @@ use tracing::{debug, info, Instrument};
 
 use super::account::Account;
 use super::attempt::{self, Attempt, Call, Commit, Failed};
-use crate::classify::{AttemptOutcome, Interruption, Scope};
+use crate::classify::{AttemptOutcome, Interruption};
 use crate::health::Permit;
 use crate::metrics as m;
 use crate::request::ChatRequest;
@@ -370,7 +370,14 @@ impl Recovery {
                 Attempt::Failed(failed) => {
                     let (outcome, status) = (failed.outcome.label(), failed.status);
                     let rule = Arc::clone(&failed.decision.rule);
-                    permit = turn.after_failure(on.snapshot, target, failed, prefilled, admission);
+                    permit = turn.after_failure(
+                        on.snapshot,
+                        target,
+                        failed,
+                        prefilled,
+                        admission,
+                        self.origin.deadline,
+                    );
                     let action = if permit.is_some() {
                         "retry"
                     } else {
@@ -718,8 +725,11 @@ struct Turn {
 
 impl Turn {
     /// Records a failed attempt and says whether the target gets another:
-    /// with the provider's next key after a key-scoped failure, or as a
-    /// restart after a rejected prefill.
+    /// with the provider's next key after a key-scoped failure (the walk's
+    /// own decision, [`attempt::next_step`]: never on `return`, never past
+    /// the `deadline`), or as a restart after a rejected prefill (before the
+    /// deadline). A context-length error raises the admission's floor, as in
+    /// the walk; each call again must fit the buckets it is charged to.
     fn after_failure(
         &mut self,
         snapshot: &Snapshot,
@@ -727,9 +737,21 @@ impl Turn {
         failed: Failed,
         prefilled: bool,
         admission: &mut Admission<'_>,
+        deadline: Instant,
     ) -> Option<Permit> {
         let rejected = prefilled && failed.status.is_some_and(|s| (400..500).contains(&s));
-        let key_failed = failed.decision.scope == Scope::Key && self.key.is_some();
+        let now = Instant::now();
+        let step = attempt::next_step(
+            &failed.decision,
+            self.key.is_some(),
+            None,
+            target,
+            now,
+            deadline,
+        );
+        if failed.decision.context_window {
+            admission.raise_context_floor(target);
+        }
         attempt::record(
             snapshot,
             target,
@@ -738,16 +760,21 @@ impl Turn {
             failed.permit,
             self.key,
         );
-        if key_failed {
+        if step == attempt::Step::NextKey {
             // Another key of the same provider first.
             self.key = admission.next_key(target, self.keys);
-            return self.key.and_then(|_| admission.readmit(target));
+            let key = self.key?;
+            return admission
+                .readmit(target)
+                .filter(|_| admission.recheck(target, Some(key)));
         }
-        if rejected {
+        if rejected && now < deadline {
             // Unable to prefill after all: restart and verify on it instead.
             debug!(target = %target.name, "prefill rejected; restarting and verifying");
             self.mode = Mode::Restart;
-            return admission.readmit(target);
+            return admission
+                .readmit(target)
+                .filter(|_| admission.recheck(target, self.key));
         }
         None
     }
