@@ -849,6 +849,7 @@ mod step_tests {
             wait: None,
             scope,
             until_reload: false,
+            until_rotation: false,
             rule: Arc::from("test"),
         }
     }
