@@ -168,6 +168,9 @@ impl GatewayError {
             GatewayError::RateLimited(_)
             | GatewayError::Overloaded
             | GatewayError::BodyTimeout(_) => true,
+            // With a known time a target can be tried again (`Retry-After`),
+            // a retry then can help; without one, it cannot. Never both headers.
+            GatewayError::NoTargetAvailable { retry_after } => retry_after.is_some(),
             GatewayError::BadRequest { .. }
             | GatewayError::UnknownModel(_)
             | GatewayError::NotFound(_)
@@ -176,7 +179,6 @@ impl GatewayError {
             | GatewayError::ClientGone
             | GatewayError::UnsupportedMediaType(_)
             | GatewayError::AllTargetsFailed { .. }
-            | GatewayError::NoTargetAvailable { .. }
             | GatewayError::NoEligibleTarget(_)
             | GatewayError::Unauthorized
             | GatewayError::ContractViolation(_)
@@ -316,5 +318,68 @@ mod tests {
         assert_eq!(slow.culprit(), Culprit::Downstream);
         assert_eq!(GatewayError::ClientGone.status().as_u16(), 499);
         assert_eq!(GatewayError::ClientGone.code(), "client_cancelled");
+    }
+
+    #[test]
+    fn retry_after_and_should_retry_false_never_come_together() {
+        let waits = GatewayError::NoTargetAvailable {
+            retry_after: Some(std::time::Duration::from_secs(2)),
+        };
+        assert_eq!(waits.retry_after(), Some(2));
+        assert!(waits.retryable(), "a known wait is worth retrying after");
+        let never = GatewayError::NoTargetAvailable { retry_after: None };
+        assert_eq!(never.retry_after(), None);
+        assert!(!never.retryable());
+    }
+
+    #[test]
+    fn readme_lists_every_error_code_with_its_status() {
+        let readme = include_str!("../README.md");
+        let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+        let d = std::time::Duration::from_secs(1);
+        // The match below fails to compile on a new variant: add it here too.
+        let all = [
+            GatewayError::BadRequest {
+                message: String::new(),
+                param: None,
+            },
+            GatewayError::UnsupportedMediaType(String::new()),
+            GatewayError::UnknownModel(String::new()),
+            GatewayError::NotFound(String::new()),
+            GatewayError::MethodNotAllowed,
+            GatewayError::BodyTimeout(d),
+            GatewayError::ClientGone,
+            GatewayError::PayloadTooLarge(1),
+            GatewayError::AllTargetsFailed { last_status: None },
+            GatewayError::NoTargetAvailable { retry_after: None },
+            GatewayError::NoEligibleTarget(String::new()),
+            GatewayError::RateLimited(d),
+            GatewayError::Overloaded,
+            GatewayError::Unauthorized,
+            GatewayError::ContractViolation(String::new()),
+            GatewayError::DeadlineExceeded(d),
+        ];
+        for e in &all {
+            match e {
+                GatewayError::BadRequest { .. }
+                | GatewayError::UnsupportedMediaType(_)
+                | GatewayError::UnknownModel(_)
+                | GatewayError::NotFound(_)
+                | GatewayError::MethodNotAllowed
+                | GatewayError::BodyTimeout(_)
+                | GatewayError::ClientGone
+                | GatewayError::PayloadTooLarge(_)
+                | GatewayError::AllTargetsFailed { .. }
+                | GatewayError::NoTargetAvailable { .. }
+                | GatewayError::NoEligibleTarget(_)
+                | GatewayError::RateLimited(_)
+                | GatewayError::Overloaded
+                | GatewayError::Unauthorized
+                | GatewayError::ContractViolation(_)
+                | GatewayError::DeadlineExceeded(_) => {}
+            }
+            let listed = format!("{} `{}`", e.status().as_u16(), e.code());
+            assert!(readme.contains(&listed), "README does not list {listed}");
+        }
     }
 }

@@ -227,9 +227,11 @@ impl Metrics {
         }
     }
 
-    /// Handles for the series of `target` (or `none`) within `task`.
+    /// Handles for the series of `target` (or `none`) within `task`;
+    /// `switchyard_contract_violations_total` only for a `chat` task (an
+    /// embeddings task has no tool call contract: no series).
     #[must_use]
-    pub fn route(&self, task: &str, target: &str) -> RouteMetrics {
+    pub fn route(&self, task: &str, target: &str, chat: bool) -> RouteMetrics {
         let labels = [
             ("task", SharedString::from(task.to_owned())),
             ("target", SharedString::from(target.to_owned())),
@@ -239,7 +241,11 @@ impl Metrics {
             duration: self.histogram(REQUEST_DURATION, &labels),
             ttft: self.histogram(TIME_TO_FIRST_TOKEN, &labels),
             cost: self.gauge(COST, &labels),
-            violations: self.counter(CONTRACT_VIOLATIONS, &labels),
+            violations: if chat {
+                self.counter(CONTRACT_VIOLATIONS, &labels)
+            } else {
+                Counter::noop()
+            },
             exclusions: self.family(SKIPPED, &labels, &["reason"]),
         }
     }
@@ -515,7 +521,8 @@ pub struct RouteMetrics {
     pub ttft: Histogram,
     /// `switchyard_cost_usd_total{task, target}`.
     pub cost: Gauge,
-    /// `switchyard_contract_violations_total{task, target}`.
+    /// `switchyard_contract_violations_total{task, target}` (a no-op for an
+    /// embeddings task).
     pub violations: Counter,
     /// `switchyard_route_exclusions_total{task, target, reason}`.
     pub exclusions: Family<&'static str>,

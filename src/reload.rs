@@ -17,6 +17,7 @@
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -202,12 +203,20 @@ fn being_written(path: &Path) -> bool {
 pub fn reload_now(app: &App) -> bool {
     let path = app.config_path.display().to_string();
     let current = app.snapshot.load();
+    let rejected = &app.live.config_rejected;
     match prepare(app) {
-        Ok(next) if next.snapshot.same_as(&current) => false,
+        Ok(next) if next.snapshot.same_as(&current) => {
+            if rejected.swap(false, Ordering::Relaxed) {
+                info!(config = %path, hash = format_args!("{:016x}", next.snapshot.hash),
+                    "config fixed: the good config is loaded again (the same as the one serving)");
+            }
+            false
+        }
         Ok(next) => {
             log_warnings(&app.config_path, &next);
             warn_startup_changes(&app.startup, &next.startup);
-            info!(config = %path, hash = format_args!("{:016x}", next.snapshot.hash), "config reloaded");
+            let fixed = rejected.swap(false, Ordering::Relaxed);
+            info!(config = %path, hash = format_args!("{:016x}", next.snapshot.hash), after_rejection = fixed, "config reloaded");
             publish_info(&next.snapshot);
             app.snapshot.store(Arc::new(next.snapshot));
             app.live.reloaded();
@@ -228,6 +237,7 @@ pub fn reload_now(app: &App) -> bool {
                 .filter(|d| matches!(d.severity, Severity::Error))
                 .count();
             error!(config = %path, errors, "config rejected; the previous config keeps serving");
+            rejected.store(true, Ordering::Relaxed);
             count(app.metrics(), false);
             false
         }

@@ -192,3 +192,20 @@ tasks:
         "{errors:?}"
     );
 }
+
+#[tokio::test]
+async fn an_embeddings_task_has_no_contract_violation_series() {
+    let a = Fake::always(vectors("te3s-primary", 1)).await;
+    let gw = gateway(&config(&a.url(), &a.url(), "", "e1, e2")).await;
+    let ans = post_embeddings(&gw, embed(serde_json::json!("hi"))).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let page = metrics_page(&gw).await;
+    assert!(
+        !page.contains(r#"switchyard_contract_violations_total{task="embed""#),
+        "{page}"
+    );
+    assert!(
+        page.contains(r#"switchyard_contract_violations_total{task="chat",target="chat-a"}"#),
+        "the chat task keeps its series: {page}"
+    );
+}

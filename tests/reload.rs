@@ -634,3 +634,67 @@ tasks:
     let ans = chat(gw.addr, hello("gpt-4o")).await;
     assert!(ans.text().contains("from b"), "{}", ans.text());
 }
+
+/// Log lines written while `f` runs on this thread.
+fn logged(f: impl FnOnce()) -> String {
+    #[derive(Clone, Default)]
+    struct Buf(Arc<parking_lot::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    let bytes = buf.0.lock().clone();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[tokio::test]
+async fn a_fixed_rejected_reload_says_the_good_config_is_loaded_again() {
+    let a = dual("a").await;
+    let b = dual("b").await;
+    let good = config(&a, &b, "a");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("routes.yaml");
+    std::fs::write(&path, &good).unwrap();
+    // Bound, not run: no watcher races the reloads made here.
+    let gw = switchyard::server::Gateway::bind(
+        &path,
+        Some("127.0.0.1:0".parse().unwrap()),
+        switchyard::snapshot::CompileOptions::default(),
+    )
+    .await
+    .unwrap();
+    let app = gw.app();
+    std::fs::write(&path, good.replace("chain: [a]", "chain: [nope]")).unwrap();
+    let log = logged(|| assert!(!switchyard::reload::reload_now(&app)));
+    assert!(log.contains("config rejected"), "{log}");
+
+    // The last good text again: nothing to swap, but the fix is logged.
+    std::fs::write(&path, &good).unwrap();
+    let log = logged(|| assert!(!switchyard::reload::reload_now(&app)));
+    assert!(log.contains("loaded again"), "{log}");
+    // Once: an unchanged file after that is silent.
+    let log = logged(|| assert!(!switchyard::reload::reload_now(&app)));
+    assert!(!log.contains("loaded again"), "{log}");
+
+    // A fix that differs from the last good file is a reload, and says so.
+    std::fs::write(&path, good.replace("chain: [a]", "chain: [nope]")).unwrap();
+    let _ = logged(|| assert!(!switchyard::reload::reload_now(&app)));
+    std::fs::write(&path, good.replace("chain: [a]", "chain: [a, b]")).unwrap();
+    let log = logged(|| assert!(switchyard::reload::reload_now(&app)));
+    assert!(
+        log.contains("config reloaded") && log.contains("after_rejection=true"),
+        "{log}"
+    );
+}

@@ -1448,6 +1448,9 @@ fn task(
         }),
     };
     let metrics = &live.metrics;
+    let embedding = chain_embedding(&chain, path, c);
+    // The tool call contract is a chat answer's: no such series for embeddings.
+    let chat = embedding.is_none();
     Task {
         name: name.to_owned(),
         aliases: t.aliases.clone(),
@@ -1461,14 +1464,14 @@ fn task(
         tool_schemas: Arc::new(tool_schemas(&t.tool_schemas, path, c)),
         routes: chain
             .iter()
-            .map(|target| metrics.route(name, &target.name))
+            .map(|target| metrics.route(name, &target.name, chat))
             .collect::<Vec<RouteMetrics>>(),
-        unserved: metrics.route(name, "none"),
+        unserved: metrics.route(name, "none", chat),
         cancelled: metrics.counter(m::CLIENT_CANCELLED, &[("task", name.to_owned().into())]),
         stream_recovery: stream_recovery(t, path, c),
         hedge: hedge(t, path, c),
         hedges: metrics.family(m::HEDGES, &[("task", name.to_owned().into())], &["result"]),
-        embedding: chain_embedding(&chain, path, c),
+        embedding,
         chain,
     }
 }

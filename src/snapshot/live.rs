@@ -100,6 +100,9 @@ pub struct LiveState {
     pub task_limits: Keyed<TaskLimitKey, TaskLimiter>,
     /// The gateway's metrics registry.
     pub metrics: Metrics,
+    /// Whether the last reload was rejected (so the next good file, even the
+    /// last good text again, is logged as the fix).
+    pub config_rejected: std::sync::atomic::AtomicBool,
 }
 
 impl LiveState {
