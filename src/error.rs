@@ -88,6 +88,11 @@ pub enum GatewayError {
     /// More chat requests in progress than `max_concurrent_requests`. 503, with `Retry-After`.
     #[error("too many requests in progress; retry shortly")]
     Overloaded,
+    /// switchyard ran out of a local resource (file descriptors, local
+    /// ports) before the request left: no upstream was called or blamed. 503,
+    /// with `Retry-After`.
+    #[error("switchyard is out of local resources ({0}); no upstream was called")]
+    LocalResources(String),
     /// An admin endpoint without the configured token. 401.
     #[error("this endpoint needs the admin token")]
     Unauthorized,
@@ -127,9 +132,9 @@ impl GatewayError {
             GatewayError::AllTargetsFailed { .. } | GatewayError::ContractViolation(_) => {
                 StatusCode::BAD_GATEWAY
             }
-            GatewayError::NoTargetAvailable { .. } | GatewayError::Overloaded => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            GatewayError::NoTargetAvailable { .. }
+            | GatewayError::Overloaded
+            | GatewayError::LocalResources(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
             GatewayError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -154,7 +159,7 @@ impl GatewayError {
             | GatewayError::ContractViolation(_)
             | GatewayError::NoTargetAvailable { .. }
             | GatewayError::DeadlineExceeded(_) => Culprit::Upstream,
-            GatewayError::Overloaded => Culprit::Internal,
+            GatewayError::Overloaded | GatewayError::LocalResources(_) => Culprit::Internal,
         }
     }
 
@@ -167,6 +172,7 @@ impl GatewayError {
             // A body that came too slowly may come in time on a retry.
             GatewayError::RateLimited(_)
             | GatewayError::Overloaded
+            | GatewayError::LocalResources(_)
             | GatewayError::BodyTimeout(_) => true,
             // With a known time a target can be tried again (`Retry-After`),
             // a retry then can help; without one, it cannot. Never both headers.
@@ -194,7 +200,7 @@ impl GatewayError {
         match self {
             GatewayError::RateLimited(wait) => Some(whole(wait)),
             GatewayError::NoTargetAvailable { retry_after } => retry_after.as_ref().map(whole),
-            GatewayError::Overloaded => Some(1),
+            GatewayError::Overloaded | GatewayError::LocalResources(_) => Some(1),
             GatewayError::BadRequest { .. }
             | GatewayError::UnknownModel(_)
             | GatewayError::NotFound(_)
@@ -240,6 +246,7 @@ impl GatewayError {
             | GatewayError::NoTargetAvailable { .. }
             | GatewayError::NoEligibleTarget(_)
             | GatewayError::Overloaded
+            | GatewayError::LocalResources(_)
             | GatewayError::Unauthorized
             | GatewayError::ContractViolation(_)
             | GatewayError::DeadlineExceeded(_) => None,
@@ -264,6 +271,7 @@ impl GatewayError {
             GatewayError::ContractViolation(_) => "degraded_contract_violation",
             GatewayError::NoTargetAvailable { .. } => "no_target_available",
             GatewayError::Overloaded => "overloaded",
+            GatewayError::LocalResources(_) => "local_resources_exhausted",
             GatewayError::Unauthorized => "unauthorized",
             GatewayError::DeadlineExceeded(_) => "deadline_exceeded",
         }
@@ -355,6 +363,7 @@ mod tests {
             GatewayError::NoEligibleTarget(String::new()),
             GatewayError::RateLimited(d),
             GatewayError::Overloaded,
+            GatewayError::LocalResources(String::new()),
             GatewayError::Unauthorized,
             GatewayError::ContractViolation(String::new()),
             GatewayError::DeadlineExceeded(d),
@@ -374,6 +383,7 @@ mod tests {
                 | GatewayError::NoEligibleTarget(_)
                 | GatewayError::RateLimited(_)
                 | GatewayError::Overloaded
+                | GatewayError::LocalResources(_)
                 | GatewayError::Unauthorized
                 | GatewayError::ContractViolation(_)
                 | GatewayError::DeadlineExceeded(_) => {}

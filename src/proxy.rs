@@ -195,6 +195,7 @@ async fn serve(
         holdbacks: Holdbacks::default(),
         last_status: None,
         deadline_hit: false,
+        local_failure: None,
         violation: None,
         hedge_result: None,
         context_answer: None,
@@ -279,11 +280,16 @@ fn rejected(x: &Exchange<'_>, e: &GatewayError) -> Response<Body> {
 enum TargetEnd {
     Served(Response<Body>),
     Deadline,
+    /// switchyard ran out of a local resource: no target would fare better.
+    Local,
     /// Give up on this target; `reason` labels the failover that follows.
     Exhausted {
         reason: &'static str,
     },
 }
+
+/// The reason an attempt was abandoned when switchyard itself ran out of a resource.
+const LOCAL_FAILURE: &str = "local_resources";
 
 /// One request's walk along the chain.
 struct Walk<'a> {
@@ -316,6 +322,9 @@ struct Walk<'a> {
     holdbacks: Holdbacks,
     last_status: Option<u16>,
     deadline_hit: bool,
+    /// switchyard ran out of a local resource (descriptors, ports): its own
+    /// 503, never a provider's failure.
+    local_failure: Option<crate::upstream::LocalResource>,
     /// The last contract violation seen.
     violation: Option<Violation>,
     /// How the hedge went, when one ran (`won`, `lost`, `cancelled`).
@@ -370,6 +379,7 @@ impl Walk<'_> {
                     self.deadline_hit = true;
                     break;
                 }
+                TargetEnd::Local => break,
                 TargetEnd::Exhausted { reason } => previous = Some((target, reason)),
             }
         }
@@ -468,6 +478,12 @@ impl Walk<'_> {
                     telemetry::attempt_abandoned(&span, "deadline", "return");
                     return TargetEnd::Deadline;
                 }
+                Attempt::Local(resource) => {
+                    // Never sent: not an upstream call (`x-switchyard-attempts`).
+                    self.tally.attempts = self.tally.attempts.saturating_sub(1);
+                    self.local(resource, &span);
+                    return TargetEnd::Local;
+                }
                 Attempt::Violated { violation, permit } => {
                     telemetry::attempt_abandoned(&span, "contract_violation", "failover");
                     self.violated(&target, violation, permit);
@@ -525,7 +541,10 @@ impl Walk<'_> {
                 };
                 respond::stream(Relay::new(*commit, recovery, relay_span).into_body())
             }
-            Attempt::Failed(_) | Attempt::Deadline | Attempt::Violated { .. } => return None,
+            Attempt::Failed(_)
+            | Attempt::Deadline
+            | Attempt::Local(_)
+            | Attempt::Violated { .. } => return None,
         };
         Some(self.serve(resp, target))
     }
@@ -712,8 +731,20 @@ impl Walk<'_> {
                 self.deadline_hit = true;
                 ("deadline", None)
             }
+            Attempt::Local(resource) => {
+                self.local(resource, racer.span);
+                (LOCAL_FAILURE, None)
+            }
             Attempt::Answer { .. } | Attempt::Committed(_) => ("success", None),
         }
+    }
+
+    /// switchyard could not send the attempt (out of descriptors or ports):
+    /// nothing is recorded against the target, and the walk answers 503.
+    fn local(&mut self, resource: crate::upstream::LocalResource, span: &tracing::Span) {
+        warn!(task = %self.task.name, error = %resource, "attempt not sent: switchyard is out of a local resource");
+        telemetry::attempt_abandoned(span, LOCAL_FAILURE, "return");
+        self.local_failure = Some(resource);
     }
 
     /// What a failure tells the walk's final answer: the last upstream
@@ -894,6 +925,9 @@ impl Walk<'_> {
         let held = admission.holdbacks();
         let now = Instant::now();
         let limited = self.holdbacks.limited.into_iter().chain(held.limited).min();
+        if let Some(resource) = self.local_failure {
+            return self.error(&GatewayError::LocalResources(resource.to_string()));
+        }
         if self.tally.attempts == 0 && !self.deadline_hit {
             if let Some(why) = admission.take_unsupported() {
                 return self.error(&GatewayError::bad_request(why));

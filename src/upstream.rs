@@ -237,6 +237,54 @@ pub struct Endpoint {
     pub client: std::sync::Arc<HttpClient>,
 }
 
+/// Why a request got no response head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The upstream, or the road to it, failed: the error table judges it.
+    #[error("upstream {}", .0.as_str())]
+    Upstream(NetworkKind),
+    /// switchyard itself ran out of something before the request left: no
+    /// provider's failure, and no other target would fare better.
+    #[error("{0}")]
+    Local(LocalResource),
+}
+
+/// A resource of this process or host that ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LocalResource {
+    /// `EMFILE` / `ENFILE`: the process's (or system's) descriptor limit.
+    #[error("too many open files")]
+    FileDescriptors,
+    /// `EADDRNOTAVAIL` on connect: no free local port.
+    #[error("no free local port")]
+    Ports,
+    /// `ENOMEM` / `ENOBUFS`: the kernel could not allocate a socket or buffer.
+    #[error("out of memory for sockets")]
+    Memory,
+}
+
+impl LocalResource {
+    /// The resource an I/O error says ran out (errno values are Linux's).
+    #[must_use]
+    pub fn of(kind: std::io::ErrorKind, errno: Option<i32>) -> Option<Self> {
+        const ENOMEM: i32 = 12;
+        const ENFILE: i32 = 23;
+        const EMFILE: i32 = 24;
+        const EADDRNOTAVAIL: i32 = 99;
+        const ENOBUFS: i32 = 105;
+        match (kind, errno) {
+            (_, Some(ENFILE | EMFILE)) => Some(LocalResource::FileDescriptors),
+            (std::io::ErrorKind::AddrNotAvailable, _) | (_, Some(EADDRNOTAVAIL)) => {
+                Some(LocalResource::Ports)
+            }
+            (std::io::ErrorKind::OutOfMemory, _) | (_, Some(ENOMEM | ENOBUFS)) => {
+                Some(LocalResource::Memory)
+            }
+            _ => None,
+        }
+    }
+}
+
 impl Endpoint {
     /// Sends one request: `POST` to its operation's URL with the
     /// provider's headers, the key, a JSON body, the request id and, for
@@ -244,8 +292,9 @@ impl Endpoint {
     ///
     /// # Errors
     /// No response head: the failure as a network kind (a protocol error for
-    /// an operation the provider does not serve).
-    pub async fn send(&self, out: Outgoing<'_>) -> Result<Response<Incoming>, NetworkKind> {
+    /// an operation the provider does not serve), or the local resource that
+    /// ran out.
+    pub async fn send(&self, out: Outgoing<'_>) -> Result<Response<Incoming>, SendError> {
         let Outgoing {
             op,
             credential,
@@ -258,7 +307,9 @@ impl Endpoint {
             Some(Credential::Query(urls)) => urls,
             Some(Credential::Header(..)) | None => &self.urls,
         };
-        let url = urls.of(op).ok_or(NetworkKind::Protocol)?;
+        let url = urls
+            .of(op)
+            .ok_or(SendError::Upstream(NetworkKind::Protocol))?;
         let build = || {
             let mut req = Request::new(Full::new(body.clone()));
             *req.method_mut() = Method::POST;
@@ -392,5 +443,44 @@ impl Events {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LocalResource;
+    use std::io::{Error, ErrorKind};
+
+    fn of(e: &Error) -> Option<LocalResource> {
+        LocalResource::of(e.kind(), e.raw_os_error())
+    }
+
+    #[test]
+    fn only_this_hosts_own_shortages_are_local() {
+        assert_eq!(
+            of(&Error::from_raw_os_error(24)),
+            Some(LocalResource::FileDescriptors)
+        );
+        assert_eq!(
+            of(&Error::from_raw_os_error(23)),
+            Some(LocalResource::FileDescriptors)
+        );
+        assert_eq!(
+            of(&Error::from(ErrorKind::AddrNotAvailable)),
+            Some(LocalResource::Ports)
+        );
+        assert_eq!(
+            of(&Error::from_raw_os_error(105)),
+            Some(LocalResource::Memory)
+        );
+        // The upstream's side of the road is the error table's to judge.
+        for kind in [
+            ErrorKind::ConnectionRefused,
+            ErrorKind::ConnectionReset,
+            ErrorKind::TimedOut,
+        ] {
+            assert_eq!(of(&Error::from(kind)), None, "{kind:?}");
+        }
+        assert_eq!(of(&Error::from_raw_os_error(111)), None, "ECONNREFUSED");
     }
 }

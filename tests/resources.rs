@@ -85,3 +85,82 @@ async fn ten_thousand_failed_attempts_leave_descriptors_and_memory_flat() {
         "memory grew: {rss0} -> {rss1} KiB"
     );
 }
+
+/// The lowest descriptor limit that leaves process `pid` exactly one free
+/// descriptor: the next `accept` fits, the socket after it does not.
+fn one_free_descriptor(pid: u32) -> usize {
+    let open: std::collections::BTreeSet<usize> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    (1..)
+        .find(|&limit| limit - open.range(..limit).count() == 1)
+        .unwrap()
+}
+
+fn set_descriptor_limit(pid: u32, soft: usize) {
+    let status = std::process::Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), &format!("--nofile={soft}:")])
+        .status()
+        .expect("run prlimit (util-linux)");
+    assert!(status.success(), "prlimit --nofile={soft}: failed");
+}
+
+/// Out of file descriptors, switchyard cannot open a socket to any upstream:
+/// that is its own 503 (retryable, nothing failed over), and no target is
+/// counted failed or pushed DOWN for it (issue 21 item 10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_is_switchyards_own_503_and_blames_no_target() {
+    let a = Fake::always(fake::completion("model-a", "from a")).await;
+    let b = Fake::always(fake::completion("model-b", "from b")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("routes.yaml");
+    let health = "health:\n  degraded_after: 1\n  down_after: 2\n";
+    let yaml = chain_config(&[("a", &a.url()), ("b", &b.url())], "", "");
+    std::fs::write(&config, format!("{yaml}{health}")).unwrap();
+    let served = crate::binary::Served::start(&config, dir.path(), &[]);
+    let pid = served.child.id();
+    // Let the readiness check's connection close, then leave one descriptor:
+    // the client's connection takes it, and no upstream socket can open.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let normal = 1024;
+    set_descriptor_limit(pid, one_free_descriptor(pid));
+    let client = client();
+    let body = bytes::Bytes::from(hello("gpt-4o").to_string());
+    for i in 0..6 {
+        let req = http::Request::post(format!("http://{}/v1/chat/completions", served.addr))
+            .body(http_body_util::Full::new(body.clone()))
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))
+            .await
+            .expect("answer within 10 s")
+            .unwrap();
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let bytes = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let text = String::from_utf8_lossy(&bytes);
+        assert_eq!(status, 503, "request {i}: {text}\n{}", served.log());
+        assert!(text.contains("local_resources_exhausted"), "{text}");
+        assert_eq!(headers["retry-after"], "1");
+        assert!(headers.get("x-should-retry").is_none());
+        assert_eq!(headers["x-switchyard-failovers"], "0");
+        assert_eq!(headers["x-switchyard-attempts"], "0");
+    }
+    assert_eq!(a.calls() + b.calls(), 0, "an upstream was reached");
+    set_descriptor_limit(pid, normal);
+    let page = get(served.addr, "/metrics").await.text();
+    for target in ["a", "b"] {
+        let health = format!("switchyard_target_health{{target=\"{target}\"}}");
+        assert_eq!(series_value(&page, &health), Some(0.0), "{target}: {page}");
+        assert!(
+            !page.contains(&format!("target=\"{target}\",outcome=\"connect\"")),
+            "{page}"
+        );
+    }
+    let ans = chat(served.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-target"), "a");
+}

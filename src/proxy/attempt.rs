@@ -28,7 +28,7 @@ use crate::snapshot::{ApiKey, Provider, Snapshot, Target, Task};
 use crate::sse::{self, Chunk};
 use crate::telemetry::AttemptInfo;
 use crate::upstream::decode::{self, Coding};
-use crate::upstream::{pool, Events, Operation, Outgoing};
+use crate::upstream::{pool, Events, LocalResource, Operation, Outgoing, SendError};
 
 /// Events held before the commit point, at most; past this the stream commits anyway.
 const HOLD_MAX_EVENTS: usize = 64;
@@ -88,6 +88,9 @@ pub enum Attempt {
     Failed(Failed),
     /// `total_timeout` ran out during the attempt.
     Deadline,
+    /// switchyard ran out of a local resource before the request left: no
+    /// upstream was called and no verdict is recorded.
+    Local(LocalResource),
     /// A well-formed answer that breaks the degraded-answer contract.
     Violated {
         /// What broke.
@@ -324,9 +327,14 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
     });
     let response = match timeout_at(first_deadline, sent).await {
         Err(_) => return timed_out(call, first_deadline, permit),
-        Ok(Err(kind)) => {
+        Ok(Err(SendError::Upstream(kind))) => {
             let kind = silence_is_timeout(kind, started.elapsed(), provider);
             return network(call.target, kind, permit);
+        }
+        Ok(Err(SendError::Local(resource))) => {
+            // No upstream heard it: the permit goes back unrecorded.
+            drop(permit);
+            return Attempt::Local(resource);
         }
         Ok(Ok(r)) => r,
     };

@@ -401,6 +401,12 @@ impl Recovery {
                     telemetry::attempt_abandoned(&span, "deadline", "return");
                     return TakeOver::Deadline;
                 }
+                Attempt::Local(resource) => {
+                    // switchyard's own shortage: no target's failure, and no other would fare better.
+                    tracing::warn!(target = %target.name, error = %resource, "continuation not sent: switchyard is out of a local resource");
+                    telemetry::attempt_abandoned(&span, "local_resources", "return");
+                    return TakeOver::Deadline;
+                }
                 Attempt::Violated { permit: p, .. } => drop(p),
             }
         }

@@ -28,6 +28,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use parking_lot::Mutex;
 
+use super::{LocalResource, SendError};
 use crate::classify::NetworkKind;
 
 /// The client type used for every upstream call.
@@ -64,10 +65,9 @@ impl Clients {
     /// Drops the pools no snapshot holds any more (a provider a reload
     /// removed), which closes their idle connections.
     pub fn prune(&self) {
-        self.by_provider.lock().retain(|k, c| {
-            eprintln!("PRUNE {k:?} {}", Arc::strong_count(c));
-            Arc::strong_count(c) > 1
-        });
+        self.by_provider
+            .lock()
+            .retain(|_, c| Arc::strong_count(c) > 1);
     }
 }
 
@@ -151,7 +151,7 @@ async fn request_once(
             });
             let stale = earlier_uses.is_some_and(|n| n > 0)
                 && sent.elapsed() < STALE_WITHIN
-                && matches!(request_error_kind(&e, false), NetworkKind::Reset);
+                && request_error_kind(&e, false) == SendError::Upstream(NetworkKind::Reset);
             Err((e, stale))
         }
     }
@@ -251,19 +251,20 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Counted<T> {
 }
 
 /// Maps a failed request (no response headers) to a network kind, by the
-/// error kinds in its source chain. `host_is_name` tells a DNS failure apart
+/// error kinds in its source chain, or to the local resource switchyard ran
+/// out of before the request left. `host_is_name` tells a DNS failure apart
 /// from other connect errors.
 #[must_use]
 pub fn request_error_kind(
     err: &hyper_util::client::legacy::Error,
     host_is_name: bool,
-) -> NetworkKind {
-    let mut io_kind = None;
+) -> SendError {
+    let mut io = None;
     let mut tls = false;
     let mut source = err.source();
     while let Some(e) = source {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            io_kind.get_or_insert(io.kind());
+        if let Some(e) = e.downcast_ref::<std::io::Error>() {
+            io.get_or_insert((e.kind(), e.raw_os_error()));
         }
         if e.downcast_ref::<rustls::Error>().is_some() {
             tls = true;
@@ -271,15 +272,18 @@ pub fn request_error_kind(
         source = e.source();
     }
     if tls {
-        return NetworkKind::Tls;
+        return SendError::Upstream(NetworkKind::Tls);
+    }
+    if let Some(resource) = io.and_then(|(kind, errno)| LocalResource::of(kind, errno)) {
+        return SendError::Local(resource);
     }
     use std::io::ErrorKind as K;
     #[allow(clippy::wildcard_enum_match_arm)] // io::ErrorKind is non-exhaustive
-    match io_kind {
+    let kind = match io.map(|(kind, _)| kind) {
         Some(K::TimedOut) => NetworkKind::Timeout,
-        Some(
-            K::ConnectionRefused | K::AddrNotAvailable | K::NetworkUnreachable | K::HostUnreachable,
-        ) => NetworkKind::Connect,
+        Some(K::ConnectionRefused | K::NetworkUnreachable | K::HostUnreachable) => {
+            NetworkKind::Connect
+        }
         Some(K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof) => {
             NetworkKind::Reset
         }
@@ -287,7 +291,8 @@ pub fn request_error_kind(
         _ if err.is_connect() => NetworkKind::Connect,
         // hyper reports a connection closed before the response as an incomplete message.
         _ => NetworkKind::Reset,
-    }
+    };
+    SendError::Upstream(kind)
 }
 
 /// Maps an error while reading a response body to a network kind.
