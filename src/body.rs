@@ -31,6 +31,50 @@ pub fn streamed(stream: impl Stream<Item = Bytes> + Send + 'static) -> Body {
     StreamBody::new(stream.map(|b| Ok::<_, Infallible>(Frame::data(b)))).boxed_unsync()
 }
 
+/// The cut at the end of the drain: when `drain_timeout` passes, streamed
+/// bodies still running end with a `drain` error event (and their verdict
+/// is logged as a drain, not as a client that hung up).
+#[derive(Debug)]
+pub struct Drain(tokio::sync::watch::Sender<bool>);
+
+impl Default for Drain {
+    fn default() -> Self {
+        Drain(tokio::sync::watch::channel(false).0)
+    }
+}
+
+impl Drain {
+    /// The drain timeout passed: cut every stream still running.
+    pub fn cut(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// What one streamed body watches.
+    #[must_use]
+    pub fn watch(&self) -> DrainWatch {
+        DrainWatch(self.0.subscribe())
+    }
+}
+
+/// One streamed body's view of the [`Drain`].
+#[derive(Debug)]
+pub struct DrainWatch(tokio::sync::watch::Receiver<bool>);
+
+impl DrainWatch {
+    /// Whether the drain timeout has passed.
+    #[must_use]
+    pub fn is_cut(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves when the drain timeout passes (never, if the gateway is gone).
+    pub async fn cut(&mut self) {
+        if self.0.wait_for(|cut| *cut).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 /// A body that holds a slot of `max_concurrent_requests` until it is finished
 /// or dropped, so a long stream keeps its slot.
 #[must_use]

@@ -904,6 +904,8 @@ pub enum StreamEnd {
     Diverged,
     /// The client hung up.
     ClientGone,
+    /// switchyard's own `drain_timeout` passed while the stream ran.
+    Drain,
 }
 
 /// Why a committed stream counts as broken (the `reason` label of
@@ -959,6 +961,9 @@ pub enum StreamVerdict {
     Interrupted(Interruption),
     /// The client left: no one's failure.
     ClientGone,
+    /// Cut at switchyard's drain timeout: no one's failure either, but the
+    /// client gets an error event (its answer is incomplete).
+    Drained,
 }
 
 /// Classifies how a committed stream ended.
@@ -976,6 +981,7 @@ pub fn end_of_stream(end: StreamEnd) -> StreamVerdict {
         StreamEnd::ContractViolation => StreamVerdict::Interrupted(Interruption::ContractViolation),
         StreamEnd::Diverged => StreamVerdict::Interrupted(Interruption::Diverged),
         StreamEnd::ClientGone => StreamVerdict::ClientGone,
+        StreamEnd::Drain => StreamVerdict::Drained,
     }
 }
 

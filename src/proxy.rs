@@ -76,6 +76,8 @@ pub struct Exchange<'a> {
     pub arrival: Instant,
     /// Its telemetry record.
     pub trace: RequestTrace,
+    /// The drain's cut, for a stream still running at `drain_timeout`.
+    pub drain: &'a crate::body::Drain,
 }
 
 /// Handles one `POST /v1/chat/completions`.
@@ -182,6 +184,7 @@ async fn serve(
         resends: AtomicU32::new(0),
         request_id: &x.request_id,
         arrival: x.arrival,
+        drain: x.drain,
         deadline: x.arrival + task.budget.total_timeout,
         first_choice: plan.first_choice(task),
         contract: shape.contract,
@@ -310,6 +313,7 @@ struct Walk<'a> {
     /// Stale-connection resends of the attempt just made (upstream calls too).
     resends: AtomicU32,
     request_id: &'a HeaderValue,
+    drain: &'a crate::body::Drain,
     arrival: Instant,
     deadline: Instant,
     /// The target a healthy chain would have served from (for `x-switchyard-degraded`).
@@ -539,7 +543,8 @@ impl Walk<'_> {
                 } else {
                     tracing::Span::current()
                 };
-                respond::stream(Relay::new(*commit, recovery, relay_span).into_body())
+                let drain = self.drain.watch();
+                respond::stream(Relay::new(*commit, recovery, relay_span, drain).into_body())
             }
             Attempt::Failed(_)
             | Attempt::Deadline

@@ -168,6 +168,7 @@ impl Gateway {
         let app = Arc::new(App {
             inflight: Arc::new(Semaphore::new(startup.max_concurrent_requests)),
             admin_separate: admin.is_some(),
+            drain: crate::body::Drain::default(),
             snapshot: ArcSwap::from_pointee(compiled.snapshot),
             live,
             config_path: config.to_path_buf(),
@@ -280,13 +281,24 @@ impl Gateway {
         }
         let drain = self.app.snapshot.load().drain_timeout;
         info!(drain_timeout = ?drain, "shutting down: draining in-flight requests");
+        let drained = graceful.shutdown();
+        tokio::pin!(drained);
         tokio::select! {
-            () = graceful.shutdown() => info!("drained"),
-            () = tokio::time::sleep(drain) => warn!("drain timeout; closing remaining connections"),
+            () = &mut drained => info!("drained"),
+            () = tokio::time::sleep(drain) => {
+                warn!("drain timeout; cutting the streams still running and closing remaining connections");
+                // Streams end with a `drain` error event, so their clients
+                // learn the answer is incomplete; give the last bytes a moment.
+                self.app.drain.cut();
+                let _ = tokio::time::timeout(DRAIN_CUT_GRACE, drained).await;
+            }
         }
         Ok(())
     }
 }
+
+/// How long the streams cut at the drain timeout get to write their last event.
+const DRAIN_CUT_GRACE: Duration = Duration::from_millis(100);
 
 async fn accept_opt(
     listener: Option<&TcpListener>,
@@ -470,6 +482,7 @@ async fn proxied(
         request_id,
         arrival,
         trace: trace.clone(),
+        drain: &app.drain,
     };
     // The server span innermost: routing and the attempts record into it,
     // and log lines still find the request's id further out.

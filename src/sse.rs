@@ -413,6 +413,19 @@ pub fn interrupt_events(reason: &str) -> Bytes {
     Bytes::from(format!("data: {body}\n\ndata: [DONE]\n\n"))
 }
 
+/// The last events of a stream cut at switchyard's drain timeout.
+#[must_use]
+pub fn drain_events() -> Bytes {
+    let body = serde_json::json!({
+        "error": {
+            "message": "switchyard is shutting down and its drain_timeout passed; the answer above is incomplete",
+            "type": "server_error",
+            "code": "stream_interrupted",
+        }
+    });
+    Bytes::from(format!("data: {body}\n\ndata: [DONE]\n\n"))
+}
+
 /// Largest event accepted from an upstream; a bigger one (or a line that never
 /// ends) is a broken stream, not something to buffer without bound.
 pub const MAX_EVENT_BYTES: usize = 1024 * 1024;

@@ -25,6 +25,8 @@ pub struct App {
     /// The startup-only settings as the file gave them at start (a reload
     /// that changes one is reported, not applied).
     pub startup: Startup,
+    /// Cuts the streams still running when `drain_timeout` passes.
+    pub drain: crate::body::Drain,
     /// Slots for chat requests in progress (`max_concurrent_requests`).
     pub inflight: Arc<Semaphore>,
     /// Whether `/admin/*` is on its own listener (and so not on the main one).

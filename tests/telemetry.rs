@@ -621,6 +621,80 @@ async fn a_client_gone_before_or_after_the_commit_point_is_logged_with_its_calls
     assert_eq!(late["stream_end"], "client_gone", "{late}");
 }
 
+/// A stream still running when `drain_timeout` passes at shutdown ends with
+/// an error event its client can see, and is logged as a drain, not as a
+/// client that hung up (issue 21 item 11).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_at_the_drain_timeout_ends_with_an_error_event_and_is_logged_as_drain() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let words = ["w"; 40];
+    let a = Fake::always(Reply::Stream {
+        pieces: fake::sse_events("model-a", &words),
+        delay: Duration::from_millis(150),
+        cut: false,
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("routes.yaml");
+    let yaml = chain_config(&[("a", &a.url())], "", "") + "drain_timeout: 500ms\n";
+    std::fs::write(&config, yaml).unwrap();
+    let mut served = Served::start_with(&config, dir.path(), &["--log-format", "json"], &[]);
+    let body = hello_stream("gpt-4o").to_string();
+    let mut tcp = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-request-id: drained\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("\"w\"") {
+        let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf))
+            .await
+            .expect("the stream started")
+            .unwrap();
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let pid = served.child.id().to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    assert!(sent.unwrap().success());
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(n) = tcp.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    let mut status = None;
+    wait_blocking(Duration::from_secs(5), || {
+        status = served.child.try_wait().unwrap();
+        status.is_some()
+    });
+    let status = status.expect("exited after SIGTERM");
+    assert_eq!(status.code(), Some(0), "{}", served.log());
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("stream_interrupted"), "{text}");
+    assert!(text.contains("drain_timeout passed"), "{text}");
+    assert!(text.contains("data: [DONE]"), "{text}");
+    assert_eq!(a.calls(), 1);
+    let lines = access_lines(&served.log());
+    let line = lines
+        .iter()
+        .find(|l| l["request_id"] == "drained")
+        .unwrap_or_else(|| panic!("{}", served.log()));
+    assert_eq!(line["stream_end"], "drain", "{line}");
+    assert!(
+        !served.log().contains("client hung up mid-stream"),
+        "{}",
+        served.log()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_can_be_turned_off() {
     let a = Fake::always(fake::completion("model-a", "hi")).await;

@@ -18,7 +18,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::attempt::{Commit, RelayState};
 use super::continuation::{Recovery, Resumed, Seam, Splice, Spliced};
-use crate::body::{self, Body};
+use crate::body::{self, Body, DrainWatch};
 use crate::classify::{self, AttemptOutcome, Interruption, StreamEnd, StreamVerdict};
 use crate::health::{Failure, Permit};
 use crate::schema::HOLD_MAX_TOOL_BYTES;
@@ -47,6 +47,8 @@ pub struct Relay {
     splice: Option<Splice>,
     /// The seam of the continuation in progress, for its result.
     seam: Option<Seam>,
+    /// Ends the stream when switchyard's drain timeout passes.
+    drain: DrainWatch,
 }
 
 /// What happened to a broken stream that might be continued.
@@ -64,7 +66,12 @@ impl Relay {
     #[must_use]
     /// `span` is what the relay runs in: the attempt's span with tracing on
     /// (so it lasts to the stream's end), else the request's.
-    pub fn new(commit: Commit, recovery: Option<Box<Recovery>>, span: tracing::Span) -> Self {
+    pub fn new(
+        commit: Commit,
+        recovery: Option<Box<Recovery>>,
+        span: tracing::Span,
+        drain: DrainWatch,
+    ) -> Self {
         let mut relay = Self {
             state: commit.state,
             permit: Some(commit.permit),
@@ -77,6 +84,7 @@ impl Relay {
             recovery,
             splice: None,
             seam: None,
+            drain,
         };
         if let Some(recovery) = &mut relay.recovery {
             for event in parse_all(&commit.held) {
@@ -146,7 +154,7 @@ impl Relay {
     fn settled(&self, end: StreamEnd) -> StreamEnd {
         let cut_off = matches!(
             end,
-            StreamEnd::BodyError | StreamEnd::Idle | StreamEnd::Deadline
+            StreamEnd::BodyError | StreamEnd::Idle | StreamEnd::Deadline | StreamEnd::Drain
         );
         if cut_off && self.state.finished {
             StreamEnd::Eof { finished: true }
@@ -193,10 +201,13 @@ impl Relay {
                 let idle_deadline = s
                     .deadline
                     .min(Instant::now() + s.target.provider.idle_timeout);
-                match timeout_at(idle_deadline, s.incoming.frame()).await {
-                    Ok(frame) => frame,
-                    Err(_) if idle_deadline >= s.deadline => return Some(StreamEnd::Deadline),
-                    Err(_) => return Some(StreamEnd::Idle),
+                tokio::select! {
+                    read = timeout_at(idle_deadline, s.incoming.frame()) => match read {
+                        Ok(frame) => frame,
+                        Err(_) if idle_deadline >= s.deadline => return Some(StreamEnd::Deadline),
+                        Err(_) => return Some(StreamEnd::Idle),
+                    },
+                    () = self.drain.cut() => return Some(StreamEnd::Drain),
                 }
             }
         };
@@ -391,6 +402,7 @@ impl Relay {
             StreamVerdict::Interrupted(Interruption::Diverged) => "diverged",
             StreamVerdict::Interrupted(_) => "interrupted",
             StreamVerdict::ClientGone => "cancelled",
+            StreamVerdict::Drained => "drain",
         };
         recovery.count(&seam, result);
     }
@@ -414,6 +426,7 @@ impl Relay {
             StreamVerdict::Interrupted(why) => {
                 self.out.push_back(sse::interrupt_events(why.label()))
             }
+            StreamVerdict::Drained => self.out.push_back(sse::drain_events()),
         }
         self.record(verdict);
     }
@@ -438,6 +451,7 @@ impl Relay {
             StreamVerdict::Complete { .. } => ("complete", false),
             StreamVerdict::Interrupted(why) => (why.label(), true),
             StreamVerdict::ClientGone => ("client_gone", false),
+            StreamVerdict::Drained => ("drain", true),
         };
         self.state.account.trace.stream_end(end, interrupted);
         match verdict {
@@ -479,6 +493,10 @@ impl Relay {
                 self.state.account.task.cancelled.increment(1);
                 drop(permit);
             }
+            StreamVerdict::Drained => {
+                warn!(task = %self.state.account.task.name, target = %target.name, "stream cut at drain_timeout");
+                drop(permit);
+            }
         }
     }
 }
@@ -488,7 +506,14 @@ impl Drop for Relay {
         if !self.over {
             let _log = self.log_span().entered();
             let _entered = self.span.clone().entered();
-            self.record(StreamVerdict::ClientGone);
+            // Dropped at shutdown after the drain timeout, or by hyper
+            // because the client left.
+            let verdict = if self.drain.is_cut() {
+                StreamVerdict::Drained
+            } else {
+                StreamVerdict::ClientGone
+            };
+            self.record(verdict);
         }
     }
 }
