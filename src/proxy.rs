@@ -53,7 +53,7 @@ use crate::upstream::Operation;
 use account::{Account, CancelGuard};
 use attempt::{Attempt, Call, Failed, Step};
 use continuation::{Origin, Recovery};
-use respond::{Tally, H_TARGET, H_TASK_TYPE};
+use respond::{Tally, H_TASK_TYPE};
 use stream::Relay;
 
 /// Longest backoff between two retries of one target.
@@ -198,6 +198,7 @@ async fn serve(
         holdbacks: Holdbacks::default(),
         last_status: None,
         deadline_hit: false,
+        served: None,
         local_failure: None,
         violation: None,
         hedge_result: None,
@@ -211,17 +212,11 @@ async fn serve(
         }
     };
     guard.disarm();
-    let served = response
-        .headers()
-        .get(H_TARGET)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|name| snapshot.targets.get(name));
-    account::answered(
-        task,
-        served.map(|t| &**t),
-        response.status().as_u16(),
-        x.arrival,
-    );
+    // The serving target as a value: a name that is no header value (not
+    // ASCII) must still be counted under its own name.
+    let served = walk.served.take();
+    let served = served.as_deref();
+    account::answered(task, served, response.status().as_u16(), x.arrival);
     walk.account.trace.served(
         served.map(|t| (t.name.as_str(), t.provider.name.as_str())),
         walk.tally.attempts,
@@ -326,6 +321,8 @@ struct Walk<'a> {
     holdbacks: Holdbacks,
     last_status: Option<u16>,
     deadline_hit: bool,
+    /// The target whose answer (or error, for the caller) the response is.
+    served: Option<Arc<Target>>,
     /// switchyard ran out of a local resource (descriptors, ports): its own
     /// 503, never a provider's failure.
     local_failure: Option<crate::upstream::LocalResource>,
@@ -511,7 +508,7 @@ impl Walk<'_> {
     /// An answer from `target` (a body, or a committed stream) as the
     /// client's response; `None` for anything else.
     fn deliver(
-        &self,
+        &mut self,
         target: &Arc<Target>,
         attempt: Attempt,
         span: &tracing::Span,
@@ -764,7 +761,11 @@ impl Walk<'_> {
     }
 
     /// The upstream's own error, for the caller (the table said `return`).
-    fn returned(&self, target: &Target, answer: Option<(StatusCode, Bytes)>) -> Response<Body> {
+    fn returned(
+        &mut self,
+        target: &Arc<Target>,
+        answer: Option<(StatusCode, Bytes)>,
+    ) -> Response<Body> {
         let (status, bytes) = answer.unwrap_or((StatusCode::BAD_GATEWAY, Bytes::new()));
         let resp = respond::upstream_error(self.snapshot, status, &bytes, target);
         self.serve(resp, target)
@@ -826,7 +827,8 @@ impl Walk<'_> {
     }
 
     /// An answer (or a relayed upstream error) from `target`, with its headers.
-    fn serve(&self, mut resp: Response<Body>, target: &Target) -> Response<Body> {
+    fn serve(&mut self, mut resp: Response<Body>, target: &Arc<Target>) -> Response<Body> {
+        self.served = Some(Arc::clone(target));
         let degraded = self.degraded(target);
         respond::decorate(&mut resp, target, degraded, self.tally, self.request_id);
         if let Some(result) = self.hedge_result {

@@ -194,3 +194,30 @@ async fn body_over_16_mib_is_413() {
     let ans = chat(gw.addr, hello("gpt-4o")).await;
     assert_eq!(ans.status, 200, "{}", ans.text());
 }
+
+/// A target whose name is no header value (not ASCII) is still counted under
+/// its own name: the serving target is the walk's value, not read back from
+/// `x-switchyard-target` (issue 21 item 14).
+#[tokio::test]
+async fn a_target_with_a_non_ascii_name_is_counted_under_its_name() {
+    let a = Fake::always(fake::completion("m", "x")).await;
+    let yaml = format!(
+        "version: 1\nproviders:\n  p: {{ base_url: {} }}\ntargets:\n  zielmodell-größe: {{ provider: p, model: m }}\ntasks:\n  chat: {{ aliases: [gpt-4o], chain: [zielmodell-größe] }}\n",
+        a.url()
+    );
+    let gw = gateway(&yaml).await;
+    for _ in 0..2 {
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+    }
+    let text = get(gw.addr, "/metrics").await.text();
+    assert_eq!(
+        series_value(
+            &text,
+            r#"switchyard_requests_total{task="chat",target="zielmodell-größe",status="200"}"#
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    assert!(!text.contains(r#"target="none",status="200""#), "{text}");
+}
