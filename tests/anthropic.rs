@@ -189,3 +189,45 @@ async fn anthropic_context_error_is_returned_in_openai_format() {
         "{err}"
     );
 }
+
+/// An Anthropic error envelope sent with a 200 is an in-band error read as
+/// the status Anthropic pairs with its type: `overloaded_error` is a 529
+/// (retried, then failed over), `invalid_request_error` the caller's 400,
+/// never a protocol failure of the upstream (issue 21 item 14).
+#[tokio::test]
+async fn an_anthropic_error_body_inside_a_200_is_its_in_band_status() {
+    let (a, b, gw, _k) = setup(
+        fake::json(200, OVERLOADED),
+        fake::completion("model-b", "from b"),
+        &["a"],
+    )
+    .await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    assert_eq!((a.calls(), b.calls()), (2, 1), "a 529 is retried once");
+    let page = metrics_page(&gw).await;
+    let series = r#"switchyard_upstream_attempts_total{target="a",outcome="in_band_error"}"#;
+    assert_eq!(series_value(&page, series), Some(2.0), "{page}");
+    assert!(!page.contains(r#"target="a",outcome="protocol""#), "{page}");
+
+    let invalid = r#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: Field required"}}"#;
+    let (a, b, gw, _k) = setup(
+        fake::json(200, invalid),
+        fake::completion("model-b", "from b"),
+        &["a"],
+    )
+    .await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 400, "{}", ans.text());
+    assert!(
+        ans.text().contains("max_tokens: Field required"),
+        "{}",
+        ans.text()
+    );
+    assert_eq!(
+        (a.calls(), b.calls()),
+        (1, 0),
+        "the caller's error is not failed over"
+    );
+}

@@ -81,6 +81,11 @@ impl Adapter for Anthropic {
     }
 
     fn decode_answer(&self, body: Bytes) -> Result<Bytes, Malformed> {
+        // An error envelope inside a 2xx is an in-band error, read like the
+        // status Anthropic pairs with its type (an `overloaded_error` as 529).
+        if let Some((kind, message)) = anthropic_error(&body) {
+            return Ok(Bytes::from(in_band_error(&kind, message).to_string()));
+        }
         from_messages_response(&body).map_err(|e| Malformed(e.to_string()))
     }
 
@@ -767,6 +772,23 @@ fn openai_error_names(kind: &str, message: &str) -> (&'static str, &'static str)
     }
 }
 
+/// An Anthropic error that came in-band (a stream's `error` event, or an
+/// error body with a 2xx status). The client may get it as its error body:
+/// OpenAI's shape and string code, with the status (which classifies it)
+/// beside them.
+fn in_band_error(kind: &str, message: String) -> Value {
+    let (error_type, code) = openai_error_names(kind, &message);
+    json!({
+        "error": {
+            "message": message,
+            "type": error_type,
+            "code": code,
+            "param": null,
+            "status": status_of(kind),
+        }
+    })
+}
+
 /// A `tool_use` block's id and name: a call the client cannot answer (no
 /// id to send its result back under) or cannot run (no name) is no answer.
 fn tool_names(block: &Value) -> Result<(&str, &str), TranslateError> {
@@ -1017,19 +1039,7 @@ impl MessagesStream {
                 let (kind, message) = anthropic_error(data.as_bytes()).ok_or_else(|| {
                     TranslateError::InvalidResponse("malformed error event".into())
                 })?;
-                // The client may get this as its error body: OpenAI's shape, the
-                // string code; the status (which classifies it) beside it.
-                let (error_type, code) = openai_error_names(&kind, &message);
-                let body = json!({
-                    "error": {
-                        "message": message,
-                        "type": error_type,
-                        "code": code,
-                        "param": null,
-                        "status": status_of(&kind),
-                    }
-                });
-                vec![sse(&body)]
+                vec![sse(&in_band_error(&kind, message))]
             }
             // "ping" and event types added later.
             _ => Vec::new(),
