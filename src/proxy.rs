@@ -186,13 +186,13 @@ async fn serve(
         arrival: x.arrival,
         drain: x.drain,
         deadline: x.arrival + task.budget.total_timeout,
-        first_choice: plan.first_choice(task),
         contract: shape.contract,
         account: Account {
             task: Arc::clone(task),
             prompt_estimate: needs.prompt_tokens,
             max_tokens: needs.max_tokens,
             trace: x.trace.clone(),
+            first_choice: plan.first_choice(task),
         },
         tally: Tally::default(),
         holdbacks: Holdbacks::default(),
@@ -311,8 +311,6 @@ struct Walk<'a> {
     drain: &'a crate::body::Drain,
     arrival: Instant,
     deadline: Instant,
-    /// The target a healthy chain would have served from (for `x-switchyard-degraded`).
-    first_choice: Option<Arc<Target>>,
     /// The request's tool contract, when the task validates tool calls.
     contract: Option<Arc<Contract>>,
     account: Account,
@@ -527,6 +525,7 @@ impl Walk<'_> {
                     deadline: self.deadline,
                     include_usage: self.include_usage,
                     trace: self.account.trace.clone(),
+                    first_choice: self.account.first_choice.clone(),
                 };
                 let recovery = Recovery::new(
                     Arc::clone(self.shared),
@@ -821,7 +820,8 @@ impl Walk<'_> {
 
     /// Whether `target` is not the one a healthy chain would have served from.
     fn degraded(&self, target: &Target) -> bool {
-        self.first_choice
+        self.account
+            .first_choice
             .as_ref()
             .is_none_or(|first| !std::ptr::eq(&**first, target))
     }

@@ -369,7 +369,7 @@ pub fn plan(task: &Task, needs: &Needs, now: Instant) -> Plan {
             Some(Exclusion::CoolingDown)
         } else if target.health.state() == State::Down && !target.health.trial_due(now) {
             Some(Exclusion::Down)
-        } else if over_budget && i > 0 {
+        } else if over_budget && i > 0 && task.strategy == Strategy::Priority {
             Some(Exclusion::FallbackBudget)
         } else {
             None
@@ -380,6 +380,14 @@ pub fn plan(task: &Task, needs: &Needs, now: Instant) -> Plan {
         }
     }
     let first = pick(task, needs, &eligible, now);
+    if over_budget && task.strategy != Strategy::Priority {
+        // The strategy's pick is the ordinary route; its failovers are the
+        // fallbacks the budget caps.
+        for i in eligible.iter().filter(|i| Some(**i) != first) {
+            excluded.push((Arc::clone(&task.chain[*i]), Exclusion::FallbackBudget));
+        }
+        eligible.retain(|i| Some(*i) == first);
+    }
     let mut candidates = Vec::with_capacity(eligible.len());
     if let Some(first) = first {
         candidates.push(Arc::clone(&task.chain[first]));
@@ -960,6 +968,25 @@ mod tests {
         let p = plan(task, &Needs::default(), Instant::now());
         assert_eq!(names(&p), ["small"]);
         assert_eq!(p.excluded[0].1, Exclusion::FallbackBudget);
+    }
+
+    #[test]
+    fn over_budget_a_rotating_strategy_keeps_its_pick_and_drops_only_failovers() {
+        let s = snapshot(
+            "  t: { chain: [small, big], strategy: round_robin, fallback_budget: { usd_per_hour: 0.5 } }\n",
+        );
+        let task = &s.tasks["t"];
+        task.state.add_spend(0.6);
+        let picks: Vec<Vec<String>> = (0..4)
+            .map(|_| {
+                let p = plan(task, &Needs::default(), Instant::now());
+                names(&p).iter().map(|n| (*n).to_owned()).collect()
+            })
+            .collect();
+        // Each plan is the strategy's own pick alone, and both still get picked.
+        assert!(picks.iter().all(|p| p.len() == 1), "{picks:?}");
+        assert!(picks.iter().any(|p| p == &["big"]), "{picks:?}");
+        assert!(picks.iter().any(|p| p == &["small"]), "{picks:?}");
     }
 
     #[test]

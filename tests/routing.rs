@@ -238,3 +238,30 @@ fn explain_command_prints_order_and_reasons() {
         "{text}"
     );
 }
+
+/// Under `round_robin` (and `weighted`), the strategy's ordinary picks are
+/// not fallbacks: they spend no fallback budget and are never cut off by it;
+/// only failovers from the pick are (issue 21 item 14).
+#[tokio::test]
+async fn a_rotating_strategys_own_picks_spend_no_fallback_budget() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    // Each answer costs 0.007 USD, over the whole budget.
+    let price = ", cost: { input_per_1k: 1.0, output_per_1k: 1.0 }";
+    let cfg = two(
+        &a.url(),
+        &b.url(),
+        price,
+        price,
+        "    strategy: round_robin\n    fallback_budget: { usd_per_hour: 0.005 }\n",
+    );
+    let gw = gateway(&cfg).await;
+    for _ in 0..4 {
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert_eq!(ans.header("x-switchyard-failovers"), "0");
+    }
+    assert_eq!((a.calls(), b.calls()), (2, 2), "both keep their turns");
+    let page = metrics_page(&gw).await;
+    assert!(!page.contains(r#"reason="fallback_budget""#), "{page}");
+}

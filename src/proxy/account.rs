@@ -20,6 +20,10 @@ pub struct Account {
     pub max_tokens: Option<u64>,
     /// The request's telemetry record (its access-log line, its spans).
     pub trace: RequestTrace,
+    /// The target a healthy chain would have served the request from (the
+    /// chain's first under `priority`, else the strategy's pick): every
+    /// other target's spend is fallback spend.
+    pub first_choice: Option<Arc<Target>>,
 }
 
 impl Account {
@@ -35,9 +39,8 @@ impl Account {
             self.task.route_metrics(Some(target)).cost.increment(usd);
         }
         let first = self
-            .task
-            .chain
-            .first()
+            .first_choice
+            .as_ref()
             .is_some_and(|f| std::ptr::eq(&**f, target));
         if !first {
             self.task.state.add_spend(usd);

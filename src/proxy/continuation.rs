@@ -103,6 +103,8 @@ pub struct Origin {
     pub include_usage: bool,
     /// The request's telemetry record.
     pub trace: RequestTrace,
+    /// The request's first choice (what is not is fallback spend).
+    pub first_choice: Option<Arc<Target>>,
 }
 
 /// A continuation that committed: its stream, and how to rewrite it.
@@ -269,6 +271,7 @@ impl Recovery {
             prompt_estimate: needs.prompt_tokens,
             max_tokens: needs.max_tokens,
             trace: self.origin.trace.clone(),
+            first_choice: self.origin.first_choice.clone(),
         };
         while let Some(admitted) = admission.next(false) {
             let target = Arc::clone(&admitted.target);
