@@ -670,6 +670,25 @@ pub struct Failure {
     pub jitter: f64,
 }
 
+impl Failure {
+    /// A failure of rule `class`, its reopen time drawn anywhere in the band.
+    #[must_use]
+    pub fn new(
+        counted: bool,
+        cooldown: Option<Duration>,
+        rate_limited: bool,
+        class: Arc<str>,
+    ) -> Self {
+        Failure {
+            counted,
+            cooldown,
+            rate_limited,
+            class,
+            jitter: rand::random::<f64>() * 2.0 - 1.0,
+        }
+    }
+}
+
 impl Inner {
     /// Whether this replica may take a due half-open trial: always without
     /// shared leases, else only while the keeper's grant lasts.

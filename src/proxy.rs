@@ -43,7 +43,6 @@ use tracing::{debug, info, warn, Instrument};
 use crate::body::Body;
 use crate::classify::{Action, AttemptOutcome, Decision};
 use crate::error::GatewayError;
-use crate::health::Failure;
 use crate::request::{ChatRequest, EmbeddingsRequest};
 use crate::routing::{self, Admission, Admitted, Holdbacks, Needs, Payload};
 use crate::schema::{Contract, Mode as ValidateMode, Violation};
@@ -845,20 +844,7 @@ impl Walk<'_> {
             .route_metrics(Some(target))
             .violations
             .increment(1);
-        target
-            .metrics
-            .attempts
-            .increment(AttemptOutcome::ContractViolation.label(), 1);
-        let failure = Failure {
-            counted: false,
-            cooldown: None,
-            rate_limited: false,
-            class: Arc::from("contract_violation"),
-            jitter: 0.0,
-        };
-        target
-            .health
-            .record_failure(permit, Instant::now(), &failure, &self.snapshot.health);
+        attempt::book_violation(&self.snapshot.health, target, permit);
         self.violation = Some(violation);
     }
 

@@ -309,3 +309,42 @@ fn no_function_in_src_is_over_100_lines() {
         long.join("\n")
     );
 }
+
+/// An attempt's verdict is booked in one place (`proxy::attempt::book`: the
+/// attempts series, the target's health, its report), so no caller can book
+/// it differently (issue 21 item 12): nothing else in `src/` increments the
+/// attempts series or records a target's success or failure.
+#[test]
+fn a_verdict_is_booked_only_by_attempt_book() {
+    let booking = [
+        "attempts.increment(",
+        ".record_success(",
+        ".record_failure(",
+    ];
+    let mut elsewhere = Vec::new();
+    for (name, file) in modules() {
+        let code = code(&std::fs::read_to_string(&file).unwrap());
+        let allowed = match name.as_str() {
+            // `book` itself; the health module and the shared state's merge
+            // apply verdicts (their own and other replicas'), not book them.
+            "proxy::attempt" => code
+                .find("pub fn book(")
+                .map(|at| at..at + matching_brace(&code[at..]).unwrap_or(0)),
+            "health" | "health::merge" | "shared::replica" | "metrics" => Some(0..code.len()),
+            _ => None,
+        };
+        for pattern in booking {
+            for (at, _) in code.match_indices(pattern) {
+                if !allowed.as_ref().is_some_and(|r| r.contains(&at)) {
+                    let line = code[..at].lines().count();
+                    elsewhere.push(format!("{name}:{line}: {pattern}"));
+                }
+            }
+        }
+    }
+    assert!(
+        elsewhere.is_empty(),
+        "verdicts booked outside attempt::book:\n{}",
+        elsewhere.join("\n")
+    );
+}

@@ -208,7 +208,6 @@ pub fn record(
     permit: Permit,
     key: Option<usize>,
 ) {
-    target.metrics.attempts.increment(outcome.label(), 1);
     let now = Instant::now();
     let provider = &target.provider;
     let used = key.and_then(|i| provider.keys.get(i));
@@ -227,17 +226,45 @@ pub fn record(
         }
         (Scope::Key, None) | (Scope::Target, _) => (decision.health, decision.cooldown),
     };
-    let failure = Failure {
+    let failure = Failure::new(
         counted,
         cooldown,
-        rate_limited: decision.rate_limited,
-        class: Arc::clone(&decision.rule),
-        jitter: rand::random::<f64>() * 2.0 - 1.0,
+        decision.rate_limited,
+        Arc::clone(&decision.rule),
+    );
+    book(&snapshot.health, target, outcome, permit, Some(&failure));
+}
+
+/// The one place an attempt's verdict is booked against its target: the
+/// attempts series, then its health (a success, or `failure`) and any state
+/// change that follows.
+pub fn book(
+    cfg: &HealthConfig,
+    target: &Target,
+    outcome: AttemptOutcome,
+    permit: Permit,
+    failure: Option<&Failure>,
+) {
+    target.metrics.attempts.increment(outcome.label(), 1);
+    let now = Instant::now();
+    let transition = match failure {
+        None => target.health.record_success(permit, now, cfg),
+        Some(failure) => target.health.record_failure(permit, now, failure, cfg),
     };
-    let t = target
-        .health
-        .record_failure(permit, now, &failure, &snapshot.health);
-    target.report(t);
+    target.report(transition);
+}
+
+/// A well-formed answer that broke the request's contract: the upstream
+/// answered, it is the answer that is unusable, so health does not count it.
+pub fn book_violation(cfg: &HealthConfig, target: &Target, permit: Permit) {
+    let failure = Failure::new(false, None, false, Arc::from("contract_violation"));
+    book(
+        cfg,
+        target,
+        AttemptOutcome::ContractViolation,
+        permit,
+        Some(&failure),
+    );
 }
 
 fn record_on_key(provider: &Provider, key: &ApiKey, decision: &Decision, now: Instant) {
@@ -499,12 +526,13 @@ fn answered(
         });
     }
     let _ = call.account.trace.answer_meta(&bytes);
-    let cfg = &call.snapshot.health;
-    target.report(target.health.record_success(permit, Instant::now(), cfg));
-    target
-        .metrics
-        .attempts
-        .increment(AttemptOutcome::Success.label(), 1);
+    book(
+        &call.snapshot.health,
+        target,
+        AttemptOutcome::Success,
+        permit,
+        None,
+    );
     let usage = sse::usage(&bytes);
     // Without reported usage, the answer's own text is the completion's estimate.
     let estimate = match usage {

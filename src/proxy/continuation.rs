@@ -395,9 +395,9 @@ impl Recovery {
                     telemetry::attempt_failed(&span, &failure);
                 }
                 Attempt::Answer { .. } => {
-                    // A whole body to a streaming request cannot be spliced in.
+                    // A whole body to a streaming request cannot be spliced
+                    // in (attempt::run books it as a protocol failure first).
                     let invalid = AttemptOutcome::InvalidAnswer.label();
-                    target.metrics.attempts.increment(invalid, 1);
                     telemetry::attempt_abandoned(&span, invalid, "failover");
                 }
                 Attempt::Deadline => {
@@ -410,7 +410,14 @@ impl Recovery {
                     telemetry::attempt_abandoned(&span, "local_resources", "return");
                     return TakeOver::Deadline;
                 }
-                Attempt::Violated { permit: p, .. } => drop(p),
+                Attempt::Violated {
+                    violation,
+                    permit: p,
+                } => {
+                    tracing::warn!(target = %target.name, violation = %violation, "continuation breaks the tool call contract");
+                    attempt::book_violation(&on.snapshot.health, target, p);
+                    telemetry::attempt_abandoned(&span, "contract_violation", "failover");
+                }
             }
         }
         TakeOver::Failed

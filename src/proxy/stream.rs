@@ -16,7 +16,7 @@ use http_body_util::BodyExt;
 use tokio::time::{timeout_at, Instant};
 use tracing::{debug, info, warn, Instrument};
 
-use super::attempt::{Commit, RelayState};
+use super::attempt::{self, Commit, RelayState};
 use super::continuation::{Recovery, Resumed, Seam, Splice, Spliced};
 use crate::body::{self, Body, DrainWatch};
 use crate::classify::{self, AttemptOutcome, Interruption, StreamEnd, StreamVerdict};
@@ -456,37 +456,26 @@ impl Relay {
         self.state.account.trace.stream_end(end, interrupted);
         match verdict {
             StreamVerdict::Complete { .. } => {
-                target
-                    .metrics
-                    .attempts
-                    .increment(AttemptOutcome::Success.label(), 1);
-                let t = target
-                    .health
-                    .record_success(permit, Instant::now(), &self.state.health);
-                target.report(t);
+                attempt::book(
+                    &self.state.health,
+                    &target,
+                    AttemptOutcome::Success,
+                    permit,
+                    None,
+                );
             }
             StreamVerdict::Interrupted(why) => {
                 let reason = why.label();
                 warn!(target = %target.name, reason, "stream interrupted after the commit point");
                 target.metrics.interrupts.increment(reason, 1);
-                target
-                    .metrics
-                    .attempts
-                    .increment(AttemptOutcome::StreamInterrupted.label(), 1);
-                let failure = Failure {
-                    counted: true,
-                    cooldown: None,
-                    rate_limited: false,
-                    class: Arc::from("stream_interrupted"),
-                    jitter: rand::random::<f64>() * 2.0 - 1.0,
-                };
-                let t = target.health.record_failure(
-                    permit,
-                    Instant::now(),
-                    &failure,
+                let failure = Failure::new(true, None, false, Arc::from("stream_interrupted"));
+                attempt::book(
                     &self.state.health,
+                    &target,
+                    AttemptOutcome::StreamInterrupted,
+                    permit,
+                    Some(&failure),
                 );
-                target.report(t);
             }
             StreamVerdict::ClientGone => {
                 info!(task = %self.state.account.task.name, target = %target.name, "client hung up mid-stream");
