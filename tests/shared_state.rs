@@ -461,3 +461,104 @@ async fn the_url_is_a_secret_and_its_password_is_used() {
     assert_eq!(up(&alone), Some(0.0));
     assert_eq!(chat(alone.addr, hello("gpt-4o")).await.status, 200);
 }
+
+/// `pa` with one key read from `key`, and (when `probe` is set) its own
+/// re-probes of revoked keys every `probe`; `rules` under it.
+fn keyed_config(
+    a: &Fake,
+    b: &Fake,
+    redis: &RedisServer,
+    key: &std::path::Path,
+    probe: Option<&str>,
+    rules: &str,
+) -> String {
+    let probe = probe
+        .map(|p| format!(", probe: {{ interval: {p} }}"))
+        .unwrap_or_default();
+    let more = chains(0);
+    config(&a.url(), &b.url(), redis, &more, "open_for: 60s").replace(
+        "retry: { max: 0 } }",
+        &format!(
+            "retry: {{ max: 0 }}, api_key_file: '{}'{probe}{rules} }}",
+            key.display()
+        ),
+    )
+}
+
+fn key_dead(gw: &Gw) -> bool {
+    let snapshot = gw.app.snapshot.load();
+    let key = &snapshot.providers["pa"].keys[0];
+    key.health.state(Instant::now()) == switchyard::health::KeyState::Dead
+}
+
+/// One upstream 401 on one replica revokes the key on every replica; the
+/// replica that re-probes it finds it accepted again and publishes that, so a
+/// replica that never re-probes (no `probe`) gets the key back too (issue 21
+/// item 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_keys_recovery_reaches_the_replicas_that_do_not_reprobe() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    std::fs::write(&key, "sk-shared-0123456789").unwrap();
+    let a = Fake::start(|n, _| match n {
+        0 => fake::error(401, "Incorrect API key provided"),
+        _ => fake::completion("model-a", "a"),
+    })
+    .await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let prober = gateway(&keyed_config(&a, &b, &redis, &key, Some("200ms"), "")).await;
+    let quiet = gateway(&keyed_config(&a, &b, &redis, &key, None, "")).await;
+    for gw in [&prober, &quiet] {
+        assert!(eventually(Duration::from_secs(5), || async { up(gw) == Some(1.0) }).await);
+    }
+    let ans = chat(quiet.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
+    assert!(key_dead(&quiet));
+    assert!(
+        eventually(Duration::from_secs(3), || async { key_dead(&prober) }).await,
+        "the revocation did not reach the other replica"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || async { !key_dead(&quiet) }).await,
+        "the replica without re-probes never got the recovered key back"
+    );
+    let ans = chat(quiet.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "a", "{}", ans.text());
+}
+
+/// A `revoke: until_rotation` revocation is shared as such: no replica
+/// re-probes the key, so none revives it for the others (issue 21 item 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_until_rotation_is_kept_by_every_replica() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    std::fs::write(&key, "sk-shared-0123456789").unwrap();
+    let a = Fake::start(|n, _| match n {
+        0 => fake::error(401, "Incorrect API key provided"),
+        _ => fake::completion("model-a", "a"),
+    })
+    .await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let rules = ", error_classes: [{ match: { status: 401 }, action: failover, scope: key, cooldown: until_reload, revoke: until_rotation }]";
+    let yaml = keyed_config(&a, &b, &redis, &key, Some("100ms"), rules);
+    let (one, two) = (gateway(&yaml).await, gateway(&yaml).await);
+    for gw in [&one, &two] {
+        assert!(eventually(Duration::from_secs(5), || async { up(gw) == Some(1.0) }).await);
+    }
+    let ans = chat(one.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
+    assert!(
+        eventually(Duration::from_secs(3), || async { key_dead(&two) }).await,
+        "the revocation did not reach the other replica"
+    );
+    // Many re-probe intervals later, nobody has re-probed or revived it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(key_dead(&one) && key_dead(&two));
+    assert_eq!(
+        a.calls(),
+        1,
+        "a replica re-probed a key revoked until rotation"
+    );
+}

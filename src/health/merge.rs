@@ -164,6 +164,8 @@ pub struct KeyView {
     pub dead: bool,
     /// When `dead` last changed (`None`: never revoked).
     pub since: Option<Instant>,
+    /// Revoked by a `revoke: until_rotation` rule: no replica re-probes it.
+    pub pinned: bool,
 }
 
 impl KeyHealth {
@@ -175,6 +177,7 @@ impl KeyHealth {
             cooldown_until: inner.cooldown_until,
             dead: inner.dead,
             since: inner.dead_changed,
+            pinned: inner.pinned,
         }
     }
 
@@ -189,6 +192,10 @@ impl KeyHealth {
                 if remote.dead != inner.dead && inner.dead_changed.is_none_or(|d| at > d) {
                     inner.set_dead(remote.dead, at);
                 }
+            }
+            // A pin is the stricter word on the same revocation.
+            if remote.pinned && remote.dead && inner.dead {
+                inner.pinned = true;
             }
         }
         Merged {

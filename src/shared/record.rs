@@ -108,6 +108,9 @@ pub enum Record {
         dead: bool,
         /// When `dead` last changed.
         since: Option<u64>,
+        /// Revoked until a rotation: never re-probed (absent in older records).
+        #[serde(default)]
+        pinned: bool,
     },
     /// A provider account's cooldown.
     Provider {
@@ -151,6 +154,7 @@ impl Record {
             cooldown_until: v.cooldown_until.map(|t| c.to_ms(t)),
             dead: v.dead,
             since: v.since.map(|t| c.to_ms(t)),
+            pinned: v.pinned,
         }
     }
 
@@ -210,11 +214,17 @@ pub fn target_view(
 
 /// A key record as a local view.
 #[must_use]
-pub fn key_view(c: &Clock, cooldown_until: Option<u64>, dead: bool, since: Option<u64>) -> KeyView {
+pub fn key_view(
+    c: &Clock,
+    cooldown_until: Option<u64>,
+    (dead, pinned): (bool, bool),
+    since: Option<u64>,
+) -> KeyView {
     KeyView {
         cooldown_until: at(c, cooldown_until),
         dead,
         since: at(c, since),
+        pinned,
     }
 }
 
@@ -341,6 +351,7 @@ mod tests {
             cooldown_until: None,
             dead: true,
             since: Some(c.wall_ms),
+            pinned: false,
         };
         assert_eq!(dead.ttl(&c), DEAD_KEY_TTL);
     }
@@ -360,6 +371,7 @@ mod tests {
             cooldown_until: None,
             dead: false,
             since: None,
+            pinned: false,
         };
         assert!(n.record(&r).starts_with("prod:key:"));
         assert!(!n.record(&r).contains("api.example"));

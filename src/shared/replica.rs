@@ -268,9 +268,10 @@ impl Replica {
                 cooldown_until,
                 dead,
                 since,
+                pinned,
             } => self.apply_key(
                 &id,
-                &record::key_view(c, cooldown_until, dead, since),
+                &record::key_view(c, cooldown_until, (dead, pinned), since),
                 c.now,
             ),
             Record::Provider {
