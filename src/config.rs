@@ -684,7 +684,9 @@ fn duration_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String
         U(u64),
         F(f64),
     }
-    Ok(Option::<Text>::deserialize(d)?.map(|t| match t {
+    let text = Option::<Text>::deserialize(d)
+        .map_err(|_| serde::de::Error::custom("must be a duration like `30s`, `500ms` or `2m`"))?;
+    Ok(text.map(|t| match t {
         Text::S(s) => s,
         Text::U(n) => n.to_string(),
         Text::F(f) => f.to_string(),
@@ -762,7 +764,7 @@ pub fn parse(text: &str) -> Result<Parsed, Vec<Diagnostic>> {
             "",
             line,
             column,
-            sweep::strip_location(&first.to_string()),
+            sweep::in_words(&sweep::strip_location(&first.to_string())),
         )]
     };
     let Ok(tree) = serde_yaml::from_str::<serde_yaml::Value>(text) else {

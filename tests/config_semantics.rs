@@ -234,10 +234,13 @@ tasks:
     let where_ = |d: &switchyard::config::diagnostic::Diagnostic| (d.line, d.column);
     assert_eq!(where_(&diags[0]), at(text, "max: x"), "{all:#?}");
     assert_eq!(diags[0].path, "providers.a.retry.max");
-    assert!(diags[0].message.contains("invalid type"), "{all:#?}");
+    assert!(
+        diags[0].message.contains("must be a whole number"),
+        "{all:#?}"
+    );
     assert_eq!(where_(&diags[1]), at(text, "headers"), "{all:#?}");
     assert_eq!(diags[1].path, "providers.b.headers");
-    assert!(diags[1].message.contains("invalid type"), "{all:#?}");
+    assert!(diags[1].message.contains("must be a mapping"), "{all:#?}");
     assert_eq!(where_(&diags[2]), at(text, "nope"), "{all:#?}");
     assert_eq!(diags[2].path, "tasks.chat.chain[2]");
     assert!(
@@ -261,7 +264,7 @@ tasks:
     let all = rendered(&diags);
     assert_eq!(diags.len(), 2, "{all:#?}");
     assert_eq!((diags[0].line, diags[0].column), at(text, "base_url"));
-    assert!(diags[0].message.contains("invalid type"), "{all:#?}");
+    assert!(diags[0].message.contains("must be text"), "{all:#?}");
     assert!(
         diags[1].message.contains("unknown strategy `fastest`"),
         "the task is still checked: {all:#?}"
@@ -394,10 +397,10 @@ error_classes:
     let status = find("bad status `7xx`");
     assert_eq!((status.line, status.column), at(text, "7xx"), "{all:#?}");
     assert_eq!(status.path, "error_classes[1].match.status");
-    let item = find("invalid type: map");
+    let item = find("must be text, not a mapping");
     assert_eq!(item.path, "tasks.chat.chain[0]", "{all:#?}");
     assert_eq!((item.line, item.column), at(text, "{ t: 1 }"), "{all:#?}");
-    let action = find("invalid type: sequence");
+    let action = find("must be text, not a list");
     assert_eq!(action.path, "error_classes[0].action", "{all:#?}");
     assert_eq!(
         (action.line, action.column),
@@ -419,6 +422,99 @@ error_classes:
         "{all:#?}"
     );
     assert_eq!(diags.len(), 6, "{all:#?}");
+}
+
+/// Issue 18d: a value of the wrong type is said in the user's words (not
+/// serde's `invalid type: ..., expected u32`) and located at its key, also
+/// when the value stands on another line.
+#[test]
+fn type_errors_say_what_the_value_must_be_at_its_key() {
+    let text = "version: 1
+max_concurrent_requests: lots
+providers:
+  a:
+    base_url: http://127.0.0.1:9/v1
+    timeout:
+      - 30
+    retry:
+      max: -1
+    headers: [x]
+targets:
+  t:
+    provider: a
+    model:
+      - m
+    capabilities: tools
+    max_context: 1.5
+    cost: { input_per_1k: cheap, output_per_1k: 1 }
+tasks:
+  chat:
+    chain: [t]
+    budget: 5
+    stream_recovery: { seam_comment: maybe }
+telemetry: { access_log: 'yes' }
+";
+    let diags = compile_errors(text);
+    let all = rendered(&diags);
+    let cases = [
+        (
+            "max_concurrent_requests",
+            "max_concurrent_requests:",
+            "must be a whole number (0 or more), not \"lots\"",
+        ),
+        (
+            "providers.a.timeout",
+            "timeout:",
+            "must be a duration like `30s`",
+        ),
+        (
+            "providers.a.retry.max",
+            "max: -1",
+            "must be a whole number (0 or more), not -1",
+        ),
+        (
+            "providers.a.headers",
+            "headers:",
+            "must be a mapping of keys",
+        ),
+        ("targets.t.model", "model:", "must be text"),
+        ("targets.t.capabilities", "capabilities:", "must be a list"),
+        (
+            "targets.t.max_context",
+            "max_context:",
+            "must be a whole number (0 or more), not 1.5",
+        ),
+        (
+            "targets.t.cost.input_per_1k",
+            "input_per_1k",
+            "must be a number, not \"cheap\"",
+        ),
+        ("tasks.chat.budget", "budget:", "must be a mapping of keys"),
+        (
+            "tasks.chat.stream_recovery.seam_comment",
+            "seam_comment",
+            "must be true or false, not \"maybe\"",
+        ),
+        (
+            "telemetry.access_log",
+            "access_log",
+            "must be true or false",
+        ),
+    ];
+    for (path, key, words) in cases {
+        let d = diags
+            .iter()
+            .find(|d| d.path == path)
+            .unwrap_or_else(|| panic!("{path}: {all:#?}"));
+        assert!(d.message.contains(words), "{path}: {words} not in {all:#?}");
+        assert_eq!((d.line, d.column), at(text, key), "{path}: {all:#?}");
+    }
+    for serde_words in ["invalid type", "invalid value", "expected u", "untagged"] {
+        assert!(
+            !all.iter().any(|d| d.contains(serde_words)),
+            "{serde_words}: {all:#?}"
+        );
+    }
 }
 
 // ----- reload: never add a provider without its key -----

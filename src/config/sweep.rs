@@ -313,7 +313,7 @@ impl Sweep<'_> {
                 | serde_path_to_error::Segment::Unknown => {}
             }
         }
-        let mut message = strip_location(&err.inner().to_string());
+        let mut message = in_words(&strip_location(&err.inner().to_string()));
         // serde names the key in backticks; for an unknown key the path may or
         // may not end with it already.
         let named = message
@@ -364,6 +364,75 @@ fn moved_hint(path: &[Step]) -> &'static str {
     }
 }
 
+/// A serde type error (`invalid type: string "x", expected u32`) in the
+/// user's words (`must be a whole number (0 or more), not "x"`); any other
+/// message as it is.
+pub(super) fn in_words(message: &str) -> String {
+    let parsed = ["invalid type: ", "invalid value: "]
+        .iter()
+        .find_map(|p| message.strip_prefix(p))
+        .and_then(|rest| rest.rsplit_once(", expected "));
+    if let Some((got, expected)) = parsed {
+        if let Some(want) = wanted(expected) {
+            let value = found(got);
+            let scalar = ["integer", "floating", "boolean"]
+                .iter()
+                .any(|kind| got.starts_with(kind));
+            return if want == TEXT && scalar {
+                format!("{want}, not {value} (write '{value}' to make it text)")
+            } else {
+                format!("{want}, not {value}")
+            };
+        }
+    }
+    if let Some(rest) = message.strip_prefix("unknown variant ") {
+        if let Some((got, valid)) = rest.split_once(", expected one of ") {
+            return format!("{got} is not one of {}", valid.replace('`', ""));
+        }
+    }
+    message.to_owned()
+}
+
+/// What a string field asks for.
+const TEXT: &str = "must be text";
+
+/// What serde's `expected ...` asks for, as a rule the value breaks.
+fn wanted(expected: &str) -> Option<String> {
+    let words = match expected {
+        "u8" => "must be a whole number from 0 to 255",
+        "u16" => "must be a whole number from 0 to 65535",
+        "u32" | "u64" | "u128" | "usize" => "must be a whole number (0 or more)",
+        "i8" | "i16" | "i32" | "i64" | "i128" | "isize" => "must be a whole number",
+        "f32" | "f64" => "must be a number",
+        "a boolean" => "must be true or false",
+        "a string" | "a borrowed string" => TEXT,
+        "a character" => "must be a single character",
+        "a sequence" => "must be a list (e.g. `[a, b]`)",
+        "a map" => "must be a mapping of keys (e.g. `{ key: value }`)",
+        "unit" => "must be empty",
+        _ if expected.starts_with("struct ") => "must be a mapping of keys (e.g. `{ key: value }`)",
+        _ => return None,
+    };
+    Some(words.to_owned())
+}
+
+/// serde's description of the value found (`string "x"`, `integer `-1``), as
+/// the user wrote it.
+fn found(got: &str) -> String {
+    let quoted = |s: &str| s.trim_matches('`').to_owned();
+    match got.split_once(' ') {
+        Some(("string", text)) => text.to_owned(),
+        Some(("integer" | "boolean" | "character", v)) => quoted(v),
+        Some(("floating", v)) => quoted(v.trim_start_matches("point ")),
+        _ => match got {
+            "sequence" => "a list".to_owned(),
+            "map" => "a mapping".to_owned(),
+            "unit value" | "unit" => "nothing (null)".to_owned(),
+            other => other.to_owned(),
+        },
+    }
+}
+
 /// serde_yaml appends " at line L column C" to its messages; we print locations ourselves.
 pub(super) fn strip_location(message: &str) -> String {
     match message.find(" at line ") {
@@ -375,6 +444,83 @@ pub(super) fn strip_location(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_primitive_type_error_is_said_in_words() {
+        let cases = [
+            (
+                "invalid type: string \"x\", expected u8",
+                "must be a whole number from 0 to 255, not \"x\"",
+            ),
+            (
+                "invalid value: integer `70000`, expected u16",
+                "must be a whole number from 0 to 65535, not 70000",
+            ),
+            (
+                "invalid value: integer `-1`, expected u32",
+                "must be a whole number (0 or more), not -1",
+            ),
+            (
+                "invalid type: floating point `1.5`, expected u64",
+                "must be a whole number (0 or more), not 1.5",
+            ),
+            (
+                "invalid type: map, expected usize",
+                "must be a whole number (0 or more), not a mapping",
+            ),
+            (
+                "invalid type: boolean `true`, expected i64",
+                "must be a whole number, not true",
+            ),
+            (
+                "invalid type: string \"x\", expected i8",
+                "must be a whole number, not \"x\"",
+            ),
+            (
+                "invalid type: string \"x\", expected f32",
+                "must be a number, not \"x\"",
+            ),
+            (
+                "invalid type: sequence, expected f64",
+                "must be a number, not a list",
+            ),
+            (
+                "invalid type: string \"yes\", expected a boolean",
+                "must be true or false, not \"yes\"",
+            ),
+            (
+                "invalid type: integer `7`, expected a string",
+                "must be text, not 7 (write '7' to make it text)",
+            ),
+            (
+                "invalid type: map, expected a string",
+                "must be text, not a mapping",
+            ),
+            (
+                "invalid type: string \"ab\", expected a character",
+                "must be a single character, not \"ab\"",
+            ),
+            (
+                "invalid type: string \"a\", expected a sequence",
+                "must be a list (e.g. `[a, b]`), not \"a\"",
+            ),
+            (
+                "invalid type: sequence, expected a map",
+                "must be a mapping of keys (e.g. `{ key: value }`), not a list",
+            ),
+            (
+                "invalid type: integer `5`, expected struct RawBudget",
+                "must be a mapping of keys (e.g. `{ key: value }`), not 5",
+            ),
+            (
+                "unknown field `x`, expected `a`",
+                "unknown field `x`, expected `a`",
+            ),
+        ];
+        for (serde, words) in cases {
+            assert_eq!(in_words(serde), words, "{serde}");
+        }
+    }
 
     fn key(k: &str) -> Step {
         Step::Key(k.to_owned())
