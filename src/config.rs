@@ -312,10 +312,11 @@ pub struct RawTarget {
     /// The upstream's own model name, written into the forwarded request (not blank).
     #[schemars(regex(pattern = schema_parts::NOT_BLANK))]
     pub model: String,
-    /// Free capability tags. `tools`, `json_mode` and `vision` are derived
-    /// from requests; any tag can be required by a task's `requires`.
+    /// What the target can do: `tools`, `json_mode` and `vision` (a request
+    /// that needs one skips targets without it), `prefill` (a broken stream
+    /// may be continued here from the assistant prefix).
     #[serde(default)]
-    pub capabilities: Vec<String>,
+    pub capabilities: Vec<Capability>,
     /// Context window in tokens: prompt estimate + `max_tokens` must fit.
     pub max_context: Option<u64>,
     /// Longest answer in tokens the target produces; the output estimate
@@ -429,9 +430,10 @@ pub struct RawTask {
     pub chain: Vec<String>,
     /// Time and failover budget of one request.
     pub budget: Option<RawBudget>,
-    /// Capability tags every target must have, on top of what the request needs.
+    /// Capabilities every target must have, on top of what the request
+    /// needs; at least one target of the chain must have each.
     #[serde(default)]
-    pub requires: Vec<String>,
+    pub requires: Vec<Capability>,
     /// How the first target is chosen (default `priority`); failover then
     /// follows chain order.
     #[schemars(with = "Option<schema_parts::Names<schema_parts::Strategies>>")]
@@ -617,6 +619,74 @@ pub struct RawProbe {
     #[serde(default, deserialize_with = "duration_text")]
     #[schemars(with = "Option<schema_parts::DurationOrOff>")]
     pub interval: Option<String>,
+}
+
+/// A capability a target declares (`capabilities`) and a request or a task
+/// (`requires`) needs. Only these exist: the code derives the first three
+/// from requests and uses `prefill` to continue broken streams, so any other
+/// tag could never be satisfied and is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Capability {
+    /// Function calling: needed by a request with `tools` or `functions`.
+    Tools,
+    /// JSON mode: needed by a request with a JSON `response_format`.
+    JsonMode,
+    /// Image input: needed by a request with image content parts.
+    Vision,
+    /// Can continue an assistant prefix (a broken stream's continuation).
+    Prefill,
+}
+
+impl Capability {
+    /// Every capability, in the order messages list them.
+    pub const ALL: [Capability; 4] = [
+        Capability::Tools,
+        Capability::JsonMode,
+        Capability::Vision,
+        Capability::Prefill,
+    ];
+
+    /// Parses a `routes.yaml` name.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// The `routes.yaml` name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Capability::Tools => "tools",
+            Capability::JsonMode => "json_mode",
+            Capability::Vision => "vision",
+            Capability::Prefill => "prefill",
+        }
+    }
+
+    /// The names, for messages: `tools, json_mode, vision, prefill`.
+    #[must_use]
+    pub fn listed() -> String {
+        Self::ALL.map(Self::as_str).join(", ")
+    }
+}
+
+impl std::fmt::Display for Capability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Capability {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Capability::parse(&name).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "unknown capability `{name}`: a target can declare only {} (every target streams)",
+                Capability::listed()
+            ))
+        })
+    }
 }
 
 /// How a task picks its first target (`strategy`). Defined with the raw
@@ -952,6 +1022,8 @@ health:
             "version: 1\nsanitize: { messages: { '200': fine } }",
         ),
         ("timeout: 2s", "headers: { 'bad header': x }"),
+        ("model: m", "model: m, capabilities: [streaming]"),
+        ("chain: [t]", "chain: [t]\n    requires: [streaming]"),
     ];
 
     #[test]

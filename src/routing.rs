@@ -33,7 +33,7 @@ use tracing::{debug, info};
 
 use crate::health::{Permit, State, Unavailable};
 use crate::request::{ChatRequest, EmbeddingsRequest};
-use crate::snapshot::{KeySet, NoKey, Snapshot, Strategy, Target, Task};
+use crate::snapshot::{Capability, KeySet, NoKey, Snapshot, Strategy, Target, Task};
 use crate::upstream::{Operation, TargetModel};
 
 /// Share of first picks (under strategies other than `priority`) in which
@@ -70,20 +70,20 @@ impl Needs {
 
     /// Capability tags needed: the request's own, then the task's `requires`.
     #[must_use]
-    pub fn tags<'a>(&self, task: &'a Task) -> Vec<&'a str> {
-        let mut tags: Vec<&str> = Vec::new();
+    pub fn tags(&self, task: &Task) -> Vec<Capability> {
+        let mut tags: Vec<Capability> = Vec::new();
         if self.tools {
-            tags.push("tools");
+            tags.push(Capability::Tools);
         }
         if self.json_mode {
-            tags.push("json_mode");
+            tags.push(Capability::JsonMode);
         }
         if self.vision {
-            tags.push("vision");
+            tags.push(Capability::Vision);
         }
         for r in &task.requires {
-            if !tags.contains(&r.as_str()) {
-                tags.push(r);
+            if !tags.contains(r) {
+                tags.push(*r);
             }
         }
         tags
@@ -101,7 +101,7 @@ impl Needs {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Exclusion {
     /// It lacks a needed capability tag.
-    MissingCapability(String),
+    MissingCapability(Capability),
     /// Prompt + output would not fit its context window.
     ContextWindow {
         /// Estimated tokens needed.
@@ -292,7 +292,10 @@ impl Plan {
             if tags.is_empty() {
                 "no capabilities".to_owned()
             } else {
-                tags.join(", ")
+                tags.iter()
+                    .map(|t| t.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             },
             needs.prompt_tokens,
             needs
@@ -350,11 +353,8 @@ pub fn plan(task: &Task, needs: &Needs, now: Instant) -> Plan {
     let mut eligible = Vec::with_capacity(task.chain.len());
     let mut excluded = Vec::new();
     for (i, target) in task.chain.iter().enumerate() {
-        let exclusion = if let Some(tag) = tags
-            .iter()
-            .find(|t| !target.capabilities.iter().any(|c| c == *t))
-        {
-            Some(Exclusion::MissingCapability((*tag).to_owned()))
+        let exclusion = if let Some(tag) = tags.iter().find(|t| !target.capabilities.contains(t)) {
+            Some(Exclusion::MissingCapability(*tag))
         } else if let Some(max) = target
             .max_context
             .filter(|max| needs.total_tokens(target) > *max)
@@ -857,7 +857,7 @@ mod tests {
         assert_eq!(names(&p), ["big"]);
         assert_eq!(
             p.excluded[0].1,
-            Exclusion::MissingCapability("tools".into())
+            Exclusion::MissingCapability(Capability::Tools)
         );
         assert_eq!(
             p.excluded[1].1,

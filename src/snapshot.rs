@@ -21,7 +21,7 @@ use metrics::{Counter, Gauge};
 
 use crate::classify::ErrorTable;
 use crate::config::diagnostic::Diagnostic;
-pub use crate::config::Strategy;
+pub use crate::config::{Capability, Strategy};
 use crate::health::{HealthConfig, KeyHealth, KeyState, ProviderHealth, TargetHealth, Transition};
 use crate::metrics::{Family, Metrics, RouteMetrics, TargetMetrics};
 use crate::ratelimit::{ProviderLimits, TaskLimiter};
@@ -165,8 +165,8 @@ pub struct Target {
     pub provider: Arc<Provider>,
     /// Upstream model name written into forwarded requests.
     pub model: String,
-    /// Capability tags.
-    pub capabilities: Vec<String>,
+    /// What it can do.
+    pub capabilities: Vec<Capability>,
     /// Context window in tokens, if declared.
     pub max_context: Option<u64>,
     /// Longest answer in tokens, if declared.
@@ -199,9 +199,6 @@ impl std::fmt::Display for EmbeddingSpace {
         write!(f, "{}/{}", self.family, self.dimensions)
     }
 }
-
-/// The capability that declares a target able to continue an assistant prefix.
-pub const PREFILL: &str = "prefill";
 
 /// Where an API key is read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -457,7 +454,7 @@ impl Target {
     /// Whether it is declared able to continue an assistant prefix.
     #[must_use]
     pub fn can_prefill(&self) -> bool {
-        self.capabilities.iter().any(|c| c == PREFILL)
+        self.capabilities.contains(&Capability::Prefill)
     }
 
     /// USD of `prompt` + `completion` tokens at this target's price (0 without one).
@@ -501,8 +498,8 @@ pub struct Task {
     pub chain: Vec<Arc<Target>>,
     /// Request budget.
     pub budget: Budget,
-    /// Capability tags every target must have.
-    pub requires: Vec<String>,
+    /// Capabilities every target must have.
+    pub requires: Vec<Capability>,
     /// How the first target is picked.
     pub strategy: Strategy,
     /// Client-facing buckets, if limited.

@@ -517,6 +517,64 @@ telemetry: { access_log: 'yes' }
     }
 }
 
+/// Issue 14b: capabilities are a closed set. An unknown tag (`streaming`:
+/// every target streams) is refused at the tag, in a target's
+/// `capabilities` and in a task's `requires`, naming the valid ones; and a
+/// required capability that no target of the chain has is refused, since
+/// it would exclude every target at runtime.
+#[test]
+fn unknown_and_unsatisfiable_capabilities_are_refused_at_the_tag() {
+    let text = "version: 1
+providers:
+  a: { base_url: 'http://127.0.0.1:9/v1' }
+targets:
+  t: { provider: a, model: m, capabilities: [tools, streaming] }
+  u: { provider: a, model: m2, capabilities: [tools] }
+tasks:
+  chat: { chain: [t, u], requires: [streaming] }
+  json: { chain: [t, u], requires: [tools, json_mode] }
+  fine: { chain: [t, u], requires: [tools] }
+";
+    let diags = compile_errors(text);
+    let all = rendered(&diags);
+    assert_eq!(diags.len(), 3, "{all:#?}");
+    let find = |path: &str| {
+        diags
+            .iter()
+            .find(|d| d.path == path)
+            .unwrap_or_else(|| panic!("{path}: {all:#?}"))
+    };
+    let declared = find("targets.t.capabilities[1]");
+    assert_eq!((declared.line, declared.column), at(text, "streaming] }"));
+    let required = find("tasks.chat.requires[0]");
+    let (line, column) = at(text, "requires: [streaming]");
+    assert_eq!((required.line, required.column), (line, column + 11));
+    for d in [declared, required] {
+        assert!(
+            d.message.contains("unknown capability `streaming`"),
+            "{all:#?}"
+        );
+        assert!(
+            d.message.contains("tools, json_mode, vision, prefill"),
+            "{all:#?}"
+        );
+        assert_eq!(d.severity, switchyard::config::diagnostic::Severity::Error);
+    }
+    let unmet = find("tasks.json.requires[1]");
+    let (line, column) = at(text, "json_mode] }");
+    assert_eq!((unmet.line, unmet.column), (line, column), "{all:#?}");
+    assert!(
+        unmet
+            .message
+            .contains("no target in the chain (t, u) has capability `json_mode`"),
+        "{all:#?}"
+    );
+    assert_eq!(
+        unmet.severity,
+        switchyard::config::diagnostic::Severity::Error
+    );
+}
+
 // ----- reload: never add a provider without its key -----
 
 /// The value of `switchyard_config_reloads_total{result=...}` (0 if absent).

@@ -27,9 +27,9 @@ use http::Uri;
 
 use super::live::{CallerLimitKey, KeyId, LiveState, ProviderLimitsKey, TaskLimitKey};
 use super::{
-    After, ApiKey, Budget, Compiled, Cost, EmbeddingSpace, HedgePolicy, KeySelection, KeySource,
-    Prefill, Provider, RetryPolicy, SharedStore, Snapshot, Startup, Strategy, StreamRecovery,
-    Target, Task, DEFAULT_LISTEN, MAX_KEYS,
+    After, ApiKey, Budget, Capability, Compiled, Cost, EmbeddingSpace, HedgePolicy, KeySelection,
+    KeySource, Prefill, Provider, RetryPolicy, SharedStore, Snapshot, Startup, Strategy,
+    StreamRecovery, Target, Task, DEFAULT_LISTEN, MAX_KEYS,
 };
 use crate::classify::{
     self, Action, Cooldown, ErrorTable, Match, NetworkKind, Rule, Scope, StatusPattern,
@@ -50,9 +50,6 @@ pub struct CompileOptions {
     /// Treat warnings (e.g. an unset `api_key_env`) as errors.
     pub strict: bool,
 }
-
-/// Capability tags that routing derives from requests.
-const KNOWN_TAGS: [&str; 4] = ["tools", "json_mode", "vision", "streaming"];
 
 /// Compiles a parsed file. Returns the snapshot, its startup settings and
 /// its warnings.
@@ -1256,7 +1253,7 @@ fn targets(
             None => 1,
         };
         if provider.endpoint.adapter.name() == "anthropic"
-            && t.capabilities.iter().any(|c| c == "json_mode")
+            && t.capabilities.contains(&Capability::JsonMode)
         {
             c.warn(
                 &format!("{path}.capabilities"),
@@ -1317,6 +1314,31 @@ fn embedding(
         family: raw.model_family.clone(),
         dimensions: raw.dimensions,
     })
+}
+
+/// A task's `requires`: each capability must be had by some target of the
+/// chain, else the task could never serve a request. Checked only when every
+/// target of the chain was read with its capabilities (a broken one has its
+/// own error already).
+fn requires(t: &RawTask, path: &str, chain: &[Arc<Target>], c: &mut Checks<'_>) {
+    let whole = chain.len() == t.chain.len()
+        && chain
+            .iter()
+            .all(|target| !c.gone(&format!("targets.{}.capabilities", target.name)));
+    if !whole || chain.is_empty() {
+        return;
+    }
+    for (i, tag) in t.requires.iter().enumerate() {
+        if !chain.iter().any(|target| target.capabilities.contains(tag)) {
+            c.error(
+                &format!("{path}.requires[{i}]"),
+                format!(
+                    "no target in the chain ({}) has capability `{tag}`, so every request would be refused: add it to a target's `capabilities` or drop it here",
+                    t.chain.join(", ")
+                ),
+            );
+        }
+    }
 }
 
 /// A chain's embedding space: every target's the same, or none has one.
@@ -1418,16 +1440,7 @@ fn task(
             }
         }
     }
-    for (i, tag) in t.requires.iter().enumerate() {
-        if !KNOWN_TAGS.contains(&tag.as_str())
-            && !chain.iter().any(|target| target.capabilities.contains(tag))
-        {
-            c.warn(
-                &format!("{path}.requires[{i}]"),
-                format!("no target in the chain has capability `{tag}`"),
-            );
-        }
-    }
+    requires(t, path, &chain, c);
     let fallback_budget = t.fallback_budget.as_ref().map(|b| {
         if !(b.usd_per_hour.is_finite() && b.usd_per_hour >= 0.0) {
             c.error(
