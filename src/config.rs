@@ -14,6 +14,7 @@ pub mod diagnostic;
 pub mod locate;
 mod schema_parts;
 mod sweep;
+mod syntax;
 pub mod validate;
 
 use std::collections::BTreeMap;
@@ -812,10 +813,21 @@ pub fn load(path: &Path) -> Result<(Parsed, String), Vec<Diagnostic>> {
 pub fn parse(text: &str) -> Result<Parsed, Vec<Diagnostic>> {
     // Editors on Windows save a byte order mark; YAML allows one and it is no column.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let index = LocationIndex::build(text).map_err(|d| vec![d])?;
-    if let Some(dup) = index.duplicates().first() {
-        return Err(vec![dup.clone()]);
+    match LocationIndex::scan(text) {
+        Ok(index) if index.duplicates().is_empty() => read(text, index),
+        Err(locate::ScanError::Refused(d)) => Err(vec![d]),
+        // Each syntax error said at its line, and the rest read without it.
+        Ok(_) | Err(locate::ScanError::Syntax { .. }) => Err(syntax::recover(text, |rest| {
+            match LocationIndex::scan(rest) {
+                Ok(index) => read(rest, index).map_or_else(|d| d, |parsed| parsed.pending),
+                Err(_) => Vec::new(),
+            }
+        })),
     }
+}
+
+/// Reads a well-formed `text`, indexed: as [`parse`].
+fn read(text: &str, index: LocationIndex) -> Result<Parsed, Vec<Diagnostic>> {
     let first = match serde_yaml::from_str::<RawConfig>(text) {
         Ok(raw) => {
             return Ok(Parsed {
@@ -837,8 +849,14 @@ pub fn parse(text: &str) -> Result<Parsed, Vec<Diagnostic>> {
             sweep::in_words(&sweep::strip_location(&first.to_string())),
         )]
     };
-    let Ok(tree) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
-        return Err(first());
+    let tree = match serde_yaml::from_str::<serde_yaml::Value>(text) {
+        Ok(tree) => tree,
+        // What the indexing parser accepted and libyaml does not: said the same way.
+        Err(e) => {
+            let (line, column) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
+            let info = sweep::strip_location(&e.to_string());
+            return Err(vec![syntax::explain(text, line, column, &info).diagnostic]);
+        }
     };
     match sweep::read(tree, &index) {
         Ok(read) => Ok(Parsed {

@@ -17,6 +17,22 @@ pub const MAX_DEPTH: usize = 32;
 /// Most YAML aliases accepted (each can expand to a whole subtree).
 pub const MAX_ALIASES: usize = 64;
 
+/// Why a text could not be indexed.
+#[derive(Debug)]
+pub enum ScanError {
+    /// A YAML syntax error, as the parser reports it.
+    Syntax {
+        /// 1-based line where the parser stopped.
+        line: usize,
+        /// 1-based column where the parser stopped.
+        column: usize,
+        /// The parser's own message.
+        info: String,
+    },
+    /// A file refused whole: too large, too deep, too many aliases.
+    Refused(Diagnostic),
+}
+
 /// Maps paths (`providers.a.base_url`, `tasks.t.chain[0]`) to 1-based
 /// (line, column) of the key and of the value.
 #[derive(Debug, Default)]
@@ -30,15 +46,30 @@ impl LocationIndex {
     /// Indexes `text`.
     ///
     /// # Errors
-    /// A YAML syntax error, located where the scanner stopped.
+    /// A YAML syntax error, in the parser's words where it stopped
+    /// (`config::parse` says it in the user's words, at the line that is
+    /// wrong), or a file refused for its size or shape.
     pub fn build(text: &str) -> Result<Self, Diagnostic> {
+        Self::scan(text).map_err(|e| match e {
+            ScanError::Syntax { line, column, info } => {
+                Diagnostic::error("", line, column, format!("YAML syntax error: {info}"))
+            }
+            ScanError::Refused(d) => d,
+        })
+    }
+
+    /// Indexes `text`, a syntax error left as the parser reports it.
+    ///
+    /// # Errors
+    /// As [`Self::build`], the syntax error where the parser stopped.
+    pub fn scan(text: &str) -> Result<Self, ScanError> {
         if text.len() > MAX_FILE_BYTES {
-            return Err(Diagnostic::error(
+            return Err(ScanError::Refused(Diagnostic::error(
                 "",
                 1,
                 1,
                 format!("the file is larger than {MAX_FILE_BYTES} bytes"),
-            ));
+            )));
         }
         let mut builder = Builder::default();
         let mut parser = Parser::new_from_str(text);
@@ -46,37 +77,33 @@ impl LocationIndex {
         // Events one by one, not `Parser::load`: that recurses once per nesting
         // level and a hostile file could overflow the stack.
         loop {
-            let (event, mark) = parser.next_token().map_err(|e| {
-                let m = e.marker();
-                Diagnostic::error(
-                    "",
-                    m.line(),
-                    m.col() + 1,
-                    format!("YAML syntax error: {}", e.info()),
-                )
+            let (event, mark) = parser.next_token().map_err(|e| ScanError::Syntax {
+                line: e.marker().line(),
+                column: e.marker().col() + 1,
+                info: e.info().to_owned(),
             })?;
             match event {
                 Event::StreamEnd => break,
                 Event::MappingStart(..) | Event::SequenceStart(..)
                     if builder.stack.len() >= MAX_DEPTH =>
                 {
-                    return Err(Diagnostic::error(
+                    return Err(ScanError::Refused(Diagnostic::error(
                         "",
                         mark.line(),
                         mark.col() + 1,
                         format!("nesting deeper than {MAX_DEPTH} levels"),
-                    ));
+                    )));
                 }
                 Event::Alias(_) => {
                     aliases += 1;
                     // Each alias may expand to a whole subtree: a few are fine, many are a bomb.
                     if aliases > MAX_ALIASES {
-                        return Err(Diagnostic::error(
+                        return Err(ScanError::Refused(Diagnostic::error(
                             "",
                             mark.line(),
                             mark.col() + 1,
                             format!("more than {MAX_ALIASES} YAML aliases"),
-                        ));
+                        )));
                     }
                 }
                 Event::Nothing
@@ -192,13 +219,20 @@ impl MarkedEventReceiver for Builder {
                     return;
                 };
                 let full = join(path, &text);
-                if self.index.keys.insert(full.clone(), loc(mark)).is_some() {
+                // The keys under a duplicate are no duplicates of their own.
+                let under_duplicate = self.index.duplicates.iter().any(|d| {
+                    full.len() > d.path.len()
+                        && full.starts_with(&d.path)
+                        && matches!(full.as_bytes()[d.path.len()], b'.' | b'[')
+                });
+                let earlier = self.index.keys.insert(full.clone(), loc(mark));
+                if let Some((first, _)) = earlier.filter(|_| !under_duplicate) {
                     let (line, column) = loc(mark);
                     self.index.duplicates.push(Diagnostic::error(
                         &full,
                         line,
                         column,
-                        format!("duplicate key `{text}`"),
+                        format!("duplicate key `{text}`: it is written already on line {first} of this mapping, and a key may be written once; remove one"),
                     ));
                 }
                 *key = Some(text);
