@@ -289,9 +289,17 @@ fn kind(content: &str) -> Kind {
     }
 }
 
-/// Whether a line opens a nested block: `key:` or `-` with nothing after.
+/// Whether a line opens a nested block: `key:` or `-` with nothing after
+/// (or only an anchor or a tag, `key: &base`).
 fn opens(content: &str) -> bool {
-    content.ends_with(':') || content == "-"
+    let value = content
+        .rsplit_once(": ")
+        .map(|(_, v)| v)
+        .or_else(|| content.strip_prefix("- "))
+        .map(str::trim);
+    let only_anchor =
+        value.is_some_and(|v| v.starts_with(['&', '!']) && !v.contains(char::is_whitespace));
+    content.ends_with(':') || content == "-" || only_anchor
 }
 
 /// Whether a line reads as structure (a key or an item), not as the
@@ -572,6 +580,16 @@ mod tests {
                     assert!(diags.iter().all(|d| d.line >= 1 && d.column >= 1));
                 }
             }
+        }
+    }
+
+    #[test]
+    fn well_formed_files_have_no_misindented_line() {
+        let shapes = "a: &base\n  x: 1\nb:\n- one\n- two: 2\n  three: 3\nc:\n  - match:\n      status: 503\n    action: failover\n  -   k: v\n      j: w\nd: \"two\n  lines\"\ne: >-\n    folded\n    text\nf:\n    deep: 1\n";
+        assert!(serde_yaml::from_str::<serde_yaml::Value>(shapes).is_ok());
+        for text in [shapes, include_str!("../../routes.yaml")] {
+            let all = lines(text);
+            assert_eq!(indentation(&all, all.len()), None, "{text}");
         }
     }
 
