@@ -452,10 +452,25 @@ pub struct RawTask {
     /// request's `parameters`, by function name.
     #[serde(default)]
     pub tool_schemas: BTreeMap<String, String>,
+    /// What is tried on an answer that breaks the tool call contract before
+    /// the failover.
+    pub contract: Option<RawContract>,
     /// What happens when a stream breaks after its commit point.
     pub stream_recovery: Option<RawStreamRecovery>,
     /// Hedged requests: when a slow first attempt gets a parallel one.
     pub hedge: Option<RawHedge>,
+}
+
+/// A task's answers that break the tool call contract.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawContract {
+    /// Repairs tried, in order, before the failover: `syntax` fixes the JSON
+    /// of tool call arguments (code fences, trailing commas, single quotes,
+    /// unclosed brackets) without a model call.
+    #[serde(default)]
+    #[schemars(with = "Vec<schema_parts::Names<schema_parts::Repairs>>")]
+    pub repair: Vec<String>,
 }
 
 /// A task's hedged requests: when the first attempt has not reached its
@@ -1042,6 +1057,14 @@ health:
         ("timeout: 2s", "headers: { 'bad header': x }"),
         ("model: m", "model: m, capabilities: [streaming]"),
         ("chain: [t]", "chain: [t]\n    requires: [streaming]"),
+        (
+            "chain: [t]",
+            "chain: [t]\n    contract: { repair: [reask] }",
+        ),
+        (
+            "chain: [t]",
+            "chain: [t]\n    contract: { repairs: [syntax] }",
+        ),
     ];
 
     #[test]

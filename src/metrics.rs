@@ -60,6 +60,8 @@ pub const KEY_STATE: &str = "switchyard_key_state";
 pub const STREAM_MALFORMED: &str = "switchyard_stream_malformed_events_total";
 /// Counter `{task, target}`: answers that broke the degraded-answer contract (tool calls).
 pub const CONTRACT_VIOLATIONS: &str = "switchyard_contract_violations_total";
+/// `switchyard_contract_repairs_total{task, target, method, result}`.
+pub const CONTRACT_REPAIRS: &str = "switchyard_contract_repairs_total";
 /// Counter `{task}`: requests whose client hung up before the answer was complete.
 pub const CLIENT_CANCELLED: &str = "switchyard_client_cancelled_total";
 /// Gauge `{target}`: 0 healthy, 1 degraded, 2 down.
@@ -247,6 +249,7 @@ impl Metrics {
                 Counter::noop()
             },
             exclusions: self.family(SKIPPED, &labels, &["reason"]),
+            repairs: self.family(CONTRACT_REPAIRS, &labels, &["method", "result"]),
         }
     }
 
@@ -319,6 +322,11 @@ const DESCRIPTIONS: &[(Kind, &str, &str)] = &[
         Kind::Counter,
         CONTRACT_VIOLATIONS,
         "Answers whose tool calls broke the request's contract.",
+    ),
+    (
+        Kind::Counter,
+        CONTRACT_REPAIRS,
+        "Repairs of answers that broke the contract, by method and result.",
     ),
     (
         Kind::Counter,
@@ -526,6 +534,9 @@ pub struct RouteMetrics {
     pub violations: Counter,
     /// `switchyard_route_exclusions_total{task, target, reason}`.
     pub exclusions: Family<&'static str>,
+    /// `switchyard_contract_repairs_total{task, target, method, result}`
+    /// (series appear with the first repair tried).
+    pub repairs: Family<(&'static str, &'static str)>,
 }
 
 /// The status-class label of an HTTP status: `2xx`, `4xx`, `5xx`.

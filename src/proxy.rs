@@ -510,13 +510,18 @@ impl Walk<'_> {
         attempt: Attempt,
         span: &tracing::Span,
     ) -> Option<Response<Body>> {
-        let resp = match attempt {
-            Attempt::Answer { status, body } => {
+        let (resp, repaired) = match attempt {
+            Attempt::Answer {
+                status,
+                body,
+                repaired,
+            } => {
                 telemetry::attempt_served(span, status.as_u16());
-                respond::completion(status, body)
+                (respond::completion(status, body), repaired)
             }
             Attempt::Committed(commit) => {
                 telemetry::attempt_served(span, StatusCode::OK.as_u16());
+                let repaired = commit.repaired;
                 let origin = Origin {
                     body: self.body.clone(),
                     request_id: self.request_id.clone(),
@@ -539,14 +544,19 @@ impl Walk<'_> {
                     tracing::Span::current()
                 };
                 let drain = self.drain.watch();
-                respond::stream(Relay::new(*commit, recovery, relay_span, drain).into_body())
+                let relay = Relay::new(*commit, recovery, relay_span, drain);
+                (respond::stream(relay.into_body()), repaired)
             }
             Attempt::Failed(_)
             | Attempt::Deadline
             | Attempt::Local(_)
             | Attempt::Violated { .. } => return None,
         };
-        Some(self.serve(resp, target))
+        let mut resp = self.serve(resp, target);
+        if let Some(method) = repaired {
+            respond::repaired(&mut resp, method);
+        }
+        Some(resp)
     }
 
     /// The first attempt of a hedging task, raced against the next admitted

@@ -48,6 +48,35 @@ impl Mode {
     }
 }
 
+/// A repair tried on an answer that breaks the contract, before the
+/// failover (`contract: { repair: [...] }` on a task).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repair {
+    /// The arguments' JSON is fixed (code fences, trailing commas, single
+    /// quotes, unquoted keys, unclosed brackets) with no model call; the
+    /// repaired call must then keep the contract.
+    Syntax,
+}
+
+impl Repair {
+    /// Every method, for parsing and the JSON Schema.
+    pub const ALL: [Repair; 1] = [Repair::Syntax];
+
+    /// The `routes.yaml` name, also the `method` label and `x-switchyard-repaired`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Repair::Syntax => "syntax",
+        }
+    }
+
+    /// Parses a `routes.yaml` name.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.as_str() == s)
+    }
+}
+
 /// Bytes of streamed tool call deltas held for validation, at most; a larger
 /// call is a violation.
 pub const HOLD_MAX_TOOL_BYTES: usize = 1024 * 1024;
@@ -230,6 +259,69 @@ impl Contract {
     }
 }
 
+impl Contract {
+    /// The calls with the JSON of their arguments repaired, when that alone
+    /// makes them keep the contract; `None` when nothing was repairable or
+    /// the repaired calls still break it.
+    #[must_use]
+    pub fn repair_calls(&self, calls: &[(String, String)]) -> Option<Vec<(String, String)>> {
+        let mut changed = false;
+        let fixed: Vec<(String, String)> = calls
+            .iter()
+            .map(|(name, arguments)| match repair_arguments(arguments) {
+                Some(repaired) => {
+                    changed = true;
+                    (name.clone(), repaired)
+                }
+                None => (name.clone(), arguments.clone()),
+            })
+            .collect();
+        (changed && self.check_calls(&fixed).is_ok()).then_some(fixed)
+    }
+
+    /// A non-streamed `chat.completion` whose tool call arguments are
+    /// repaired, when that makes it keep the contract.
+    #[must_use]
+    pub fn repair_completion(&self, body: &[u8]) -> Option<bytes::Bytes> {
+        let mut v: Value = serde_json::from_slice(body).ok()?;
+        let mut changed = false;
+        for choice in v.get_mut("choices")?.as_array_mut()? {
+            let Some(message) = choice.get_mut("message") else {
+                continue;
+            };
+            let functions = message
+                .get_mut("tool_calls")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c.get_mut("function"));
+            for f in functions {
+                let repaired = f
+                    .get("arguments")
+                    .and_then(Value::as_str)
+                    .and_then(repair_arguments);
+                if let Some(repaired) = repaired {
+                    f["arguments"] = Value::String(repaired);
+                    changed = true;
+                }
+            }
+        }
+        let repaired = serde_json::to_vec(&v).ok()?;
+        (changed && self.check_completion(&repaired).is_ok()).then(|| repaired.into())
+    }
+}
+
+/// Arguments that are not a JSON object, repaired into one; `None` when
+/// they are one already or no repair makes them one (prose stays prose).
+fn repair_arguments(arguments: &str) -> Option<String> {
+    let is_object = |text: &str| serde_json::from_str::<Value>(text).is_ok_and(|v| v.is_object());
+    if arguments.trim().is_empty() || is_object(arguments) {
+        return None;
+    }
+    let repaired = jsonrepair_rs::jsonrepair(arguments).ok()?;
+    is_object(&repaired).then_some(repaired)
+}
+
 /// `(name, arguments)` of a `function` object (a tool call's or a legacy
 /// `function_call`); missing fields read as empty.
 fn name_and_arguments(f: &Value) -> (String, String) {
@@ -242,6 +334,8 @@ fn name_and_arguments(f: &Value) -> (String, String) {
 #[derive(Debug, Default, Clone)]
 pub struct CallAssembler {
     calls: BTreeMap<u64, (String, String)>,
+    /// Each call's `id`, as its first delta gave it.
+    ids: BTreeMap<u64, String>,
 }
 
 impl CallAssembler {
@@ -276,6 +370,9 @@ impl CallAssembler {
             {
                 any = true;
                 let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+                if let Some(id) = call.get("id").and_then(Value::as_str) {
+                    self.ids.entry(index).or_insert_with(|| id.to_owned());
+                }
                 let entry = self.calls.entry(index).or_default();
                 if let Some(f) = call.get("function") {
                     if let Some(name) = f.get("name").and_then(Value::as_str) {
@@ -294,6 +391,68 @@ impl CallAssembler {
     #[must_use]
     pub fn calls(&self) -> Vec<(String, String)> {
         self.calls.values().cloned().collect()
+    }
+
+    /// What goes out in place of `held`, a stream's held tool call events,
+    /// once their calls are repaired into `calls` (in index order, as
+    /// [`CallAssembler::calls`] gave them): one chunk carrying them whole,
+    /// then the finish the held events carried, if any, in the envelope
+    /// (`id`, `model`, `created`) of the first of them.
+    #[must_use]
+    pub fn repaired_events(&self, held: &[u8], calls: &[(String, String)]) -> Option<bytes::Bytes> {
+        let mut parser = crate::sse::Parser::default();
+        parser.push(held);
+        let data: Vec<String> = std::iter::from_fn(|| parser.next_event(true))
+            .filter_map(|e| e.data)
+            .collect();
+        let template = data.first()?;
+        let mut out = self.whole_calls_event(template, calls)?.to_vec();
+        let finish = data.iter().rev().find_map(|d| {
+            let v: Value = serde_json::from_str(d).ok()?;
+            v.pointer("/choices/0/finish_reason")?
+                .as_str()
+                .map(str::to_owned)
+        });
+        if let Some(reason) = finish {
+            let mut chunk: Value = serde_json::from_str(template).ok()?;
+            let choice = serde_json::json!({"index": 0, "delta": {}, "finish_reason": reason});
+            chunk
+                .as_object_mut()?
+                .insert("choices".into(), Value::Array(vec![choice]));
+            out.extend_from_slice(format!("data: {chunk}\n\n").as_bytes());
+        }
+        Some(out.into())
+    }
+
+    fn whole_calls_event(
+        &self,
+        template: &str,
+        calls: &[(String, String)],
+    ) -> Option<bytes::Bytes> {
+        let mut chunk: Value = serde_json::from_str(template).ok()?;
+        let tool_calls: Vec<Value> = self
+            .calls
+            .keys()
+            .zip(calls)
+            .map(|(index, (name, arguments))| {
+                serde_json::json!({
+                    "index": index,
+                    "id": self.ids.get(index),
+                    "type": "function",
+                    "function": { "name": name, "arguments": arguments },
+                })
+            })
+            .collect();
+        let choice = serde_json::json!({
+            "index": 0,
+            "delta": { "tool_calls": tool_calls },
+            "finish_reason": null,
+        });
+        chunk
+            .as_object_mut()?
+            .insert("choices".into(), Value::Array(vec![choice]));
+        chunk.as_object_mut()?.remove("usage");
+        Some(bytes::Bytes::from(format!("data: {chunk}\n\n")))
     }
 }
 
@@ -323,6 +482,36 @@ mod tests {
 
     fn call(name: &str, args: &str) -> Value {
         serde_json::json!([{"id": "c1", "type": "function", "function": {"name": name, "arguments": args}}])
+    }
+
+    #[test]
+    fn only_broken_syntax_is_repaired_and_only_into_a_valid_call() {
+        let c = contract(serde_json::json!({}));
+        let weather = |args: &str| vec![("get_weather".to_owned(), args.to_owned())];
+        for broken in [
+            "```json\n{\"city\": \"Oslo\"}\n```",
+            "{\"city\": \"Oslo\",}",
+            "{'city': 'Oslo'}",
+            "{city: \"Oslo\"}",
+            "{\"city\": \"Oslo\"",
+        ] {
+            let fixed = c
+                .repair_calls(&weather(broken))
+                .unwrap_or_else(|| panic!("{broken}"));
+            let v: Value = serde_json::from_str(&fixed[0].1).unwrap();
+            assert_eq!(v, serde_json::json!({"city": "Oslo"}), "{broken}");
+        }
+        // Valid JSON is never touched; prose and schema errors stay broken.
+        for not_syntax in ["{\"town\": \"Oslo\"}", "{\"city\": 7,}", "Oslo please", ""] {
+            assert_eq!(c.repair_calls(&weather(not_syntax)), None, "{not_syntax}");
+        }
+        let body = answer(call("get_weather", "{'city': 'Oslo',}"));
+        let fixed = c.repair_completion(&body).unwrap();
+        assert!(c.check_completion(&fixed).is_ok());
+        assert_eq!(
+            c.repair_completion(&answer(call("get_weather", "{\"city\": 1}"))),
+            None
+        );
     }
 
     #[test]

@@ -510,6 +510,8 @@ pub struct Task {
     pub state: Arc<TaskState>,
     /// When answers' tool calls are validated.
     pub validate_tool_calls: crate::schema::Mode,
+    /// Repairs tried on an answer that breaks the contract, in order.
+    pub repairs: Vec<crate::schema::Repair>,
     /// Schema overrides by function name, compiled once per snapshot.
     pub tool_schemas: Arc<crate::schema::Overrides>,
     /// Series per chain position (same order as `chain`).

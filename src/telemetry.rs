@@ -134,6 +134,22 @@ pub fn skipped(target: &str, reason: &'static str) {
     );
 }
 
+/// A repair of an answer that broke the contract, as an event on the
+/// current span.
+pub fn repaired(target: &str, method: &'static str, result: &'static str) {
+    if !tracing_on() {
+        return;
+    }
+    tracing::Span::current().add_event(
+        "contract_repair",
+        vec![
+            KeyValue::new("switchyard.target", target.to_owned()),
+            KeyValue::new("switchyard.repair.method", method),
+            KeyValue::new("switchyard.repair.result", result),
+        ],
+    );
+}
+
 /// A switch to another target, as an event on the request's span.
 pub fn failover(from: &str, to: &str, reason: &'static str) {
     if !tracing_on() {

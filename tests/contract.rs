@@ -307,3 +307,161 @@ async fn schema_override_file_is_used() {
     );
     assert!(ans.text().contains("/required"));
 }
+
+const REPAIR: &str = "    contract: { repair: [syntax] }\n";
+
+/// The arguments of the call in a non-streamed answer.
+fn call_arguments(ans: &Answer) -> serde_json::Value {
+    let args = ans.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no call: {}", ans.text()))
+        .to_owned();
+    serde_json::from_str(&args).unwrap_or_else(|e| panic!("{args}: {e}"))
+}
+
+/// A fallback's call whose arguments are fenced, with a trailing comma and
+/// single quotes, is repaired in place without another call, says so, and is
+/// counted; the same answer without `contract.repair` still fails over.
+#[tokio::test]
+async fn a_syntax_repair_fixes_broken_arguments_without_another_call() {
+    let broken = "```json\n{'city': 'Oslo',}\n```";
+    let (_a, b, c, gw) = three(
+        fake::error(503, "down"),
+        tool_answer("model-b", "get_weather", broken),
+        tool_answer("model-c", "get_weather", r#"{"city":"Bergen"}"#),
+        REPAIR,
+    )
+    .await;
+    let ans = chat(gw.addr, weather_request(serde_json::json!({}))).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    assert_eq!(ans.header("x-switchyard-repaired"), "syntax");
+    assert_eq!(call_arguments(&ans), serde_json::json!({"city": "Oslo"}));
+    assert_eq!(
+        ans.json()["choices"][0]["message"]["tool_calls"][0]["id"],
+        "call_1"
+    );
+    assert_eq!(
+        (b.calls(), c.calls()),
+        (1, 0),
+        "no second call, no failover"
+    );
+    let page = metrics_page(&gw).await;
+    let series = r#"switchyard_contract_repairs_total{task="chat",target="b",method="syntax",result="repaired"}"#;
+    assert_eq!(series_value(&page, series), Some(1.0), "{page}");
+    let violations = r#"switchyard_contract_violations_total{task="chat",target="b"}"#;
+    assert_eq!(
+        series_value(&page, violations).unwrap_or(0.0),
+        0.0,
+        "{page}"
+    );
+
+    let (_a, _b, c, gw) = three(
+        fake::error(503, "down"),
+        tool_answer("model-b", "get_weather", broken),
+        tool_answer("model-c", "get_weather", r#"{"city":"Bergen"}"#),
+        "",
+    )
+    .await;
+    let ans = chat(gw.addr, weather_request(serde_json::json!({}))).await;
+    assert_eq!(
+        ans.header("x-switchyard-target"),
+        "c",
+        "no repair without the key"
+    );
+    assert!(ans.headers.get("x-switchyard-repaired").is_none());
+    assert_eq!(c.calls(), 1);
+}
+
+/// What syntax cannot fix is not passed off as fixed: a schema error, or
+/// prose instead of arguments, still fails over (counted as a failed repair).
+#[tokio::test]
+async fn a_repair_that_cannot_make_the_answer_valid_still_fails_over() {
+    for broken in [r#"{"town": "Oslo"}"#, r#"{"city": 7,}"#, "Oslo, I think"] {
+        let (_a, b, c, gw) = three(
+            fake::error(503, "down"),
+            tool_answer("model-b", "get_weather", broken),
+            tool_answer("model-c", "get_weather", r#"{"city":"Bergen"}"#),
+            REPAIR,
+        )
+        .await;
+        let ans = chat(gw.addr, weather_request(serde_json::json!({}))).await;
+        assert_eq!(
+            ans.header("x-switchyard-target"),
+            "c",
+            "{broken}: {}",
+            ans.text()
+        );
+        assert!(ans.headers.get("x-switchyard-repaired").is_none());
+        assert_eq!(call_arguments(&ans), serde_json::json!({"city": "Bergen"}));
+        assert_eq!((b.calls(), c.calls()), (1, 1));
+        let page = metrics_page(&gw).await;
+        let series = r#"switchyard_contract_repairs_total{task="chat",target="b",method="syntax",result="failed"}"#;
+        assert_eq!(series_value(&page, series), Some(1.0), "{broken}: {page}");
+    }
+}
+
+/// The streamed call assembled from the client's chunks.
+fn streamed_call(text: &str) -> (String, serde_json::Value) {
+    let (mut id, mut args) = (String::new(), String::new());
+    for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else {
+            continue;
+        };
+        for call in v["choices"][0]["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if let Some(i) = call["id"].as_str() {
+                id = i.to_owned();
+            }
+            args.push_str(call["function"]["arguments"].as_str().unwrap_or(""));
+        }
+    }
+    let args = serde_json::from_str(&args).unwrap_or_else(|e| panic!("{args}: {e}\n{text}"));
+    (id, args)
+}
+
+/// A streamed call with broken arguments is repaired before anything goes
+/// out (tool calls only: the header says so), and also after text was sent
+/// (no header then), instead of failing over or interrupting the stream.
+#[tokio::test]
+async fn a_streamed_call_is_repaired_before_or_after_text() {
+    let pieces = ["{'city':", " 'Oslo',"];
+    for text_first in [None, Some("Let me check.")] {
+        let (_a, b, c, gw) = three(
+            fake::error(503, "down"),
+            tool_stream("model-b", "get_weather", &pieces, text_first),
+            tool_stream(
+                "model-c",
+                "get_weather",
+                &["{\"city\":", "\"Bergen\"}"],
+                None,
+            ),
+            REPAIR,
+        )
+        .await;
+        let mut body = weather_request(serde_json::json!({}));
+        body["stream"] = true.into();
+        let ans = chat(gw.addr, body).await;
+        let text = ans.text();
+        assert_eq!(ans.header("x-switchyard-target"), "b", "{text}");
+        let expected_header = if text_first.is_none() { "syntax" } else { "" };
+        assert_eq!(ans.header("x-switchyard-repaired"), expected_header);
+        assert_eq!(
+            streamed_call(&text),
+            ("call_1".to_owned(), serde_json::json!({"city": "Oslo"}))
+        );
+        assert!(!text.contains("stream_interrupted"), "{text}");
+        assert!(text.contains("\"finish_reason\":\"tool_calls\""), "{text}");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        if let Some(t) = text_first {
+            assert!(text.contains(t), "{text}");
+        }
+        assert_eq!((b.calls(), c.calls()), (1, 0));
+        let page = metrics_page(&gw).await;
+        let series = r#"switchyard_contract_repairs_total{task="chat",target="b",method="syntax",result="repaired"}"#;
+        assert_eq!(series_value(&page, series), Some(1.0), "{page}");
+    }
+}

@@ -137,6 +137,19 @@ impl NameSet for Modes {
     }
 }
 
+/// `tasks.*.contract.repair[*]`.
+pub struct Repairs;
+
+impl NameSet for Repairs {
+    const NAME: &'static str = "Repair";
+    fn names() -> Vec<&'static str> {
+        crate::schema::Repair::ALL
+            .iter()
+            .map(|m| m.as_str())
+            .collect()
+    }
+}
+
 /// `health.all_down`.
 pub struct AllDownChoices;
 

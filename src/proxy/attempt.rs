@@ -17,13 +17,13 @@ use http::StatusCode;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::time::{timeout_at, Instant};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::account::Account;
 use crate::body;
 use crate::classify::{self, AnswerShape, AttemptOutcome, Decision, NetworkKind, Outcome, Scope};
 use crate::health::{Failure, HealthConfig, Permit};
-use crate::schema::{CallAssembler, Contract, Violation, HOLD_MAX_TOOL_BYTES};
+use crate::schema::{CallAssembler, Contract, Repair, Violation, HOLD_MAX_TOOL_BYTES};
 use crate::snapshot::{ApiKey, Provider, Snapshot, Target, Task};
 use crate::sse::{self, Chunk};
 use crate::telemetry::AttemptInfo;
@@ -81,6 +81,8 @@ pub enum Attempt {
         status: StatusCode,
         /// The answer.
         body: Bytes,
+        /// How it was repaired to keep the contract, if it was.
+        repaired: Option<Repair>,
     },
     /// A stream past its commit point, ready to relay.
     Committed(Box<Commit>),
@@ -147,6 +149,8 @@ pub struct Commit {
     pub held: Bytes,
     /// To record the end-of-stream verdict with.
     pub permit: Permit,
+    /// How the held tool calls were repaired to keep the contract, if they were.
+    pub repaired: Option<Repair>,
 }
 
 /// What follows a failed attempt, decided from its verdict alone.
@@ -505,11 +509,10 @@ fn answered(
         debug!(target = %target.name, "a completion instead of the stream asked for");
         return network(target, NetworkKind::Protocol, permit);
     }
-    if let Some(contract) = &call.contract {
-        if let Err(violation) = contract.check_completion(&bytes) {
-            return Attempt::Violated { violation, permit };
-        }
-    }
+    let (bytes, repaired) = match keep_contract(call, bytes) {
+        Ok(kept) => kept,
+        Err(violation) => return Attempt::Violated { violation, permit },
+    };
     // Header rules may still claim a completion; body rules never discard one.
     let outcome = Outcome::Response {
         status: code,
@@ -543,7 +546,54 @@ fn answered(
     Attempt::Answer {
         status,
         body: crate::sanitize::redact_secrets(bytes, target.provider.secrets()),
+        repaired,
     }
+}
+
+/// A non-streamed answer held to the request's contract, when it has one:
+/// as it came, or repaired by the task's first repair that makes it keep it.
+fn keep_contract(call: &Call<'_>, bytes: Bytes) -> Result<(Bytes, Option<Repair>), Violation> {
+    let Some(contract) = &call.contract else {
+        return Ok((bytes, None));
+    };
+    let Err(violation) = contract.check_completion(&bytes) else {
+        return Ok((bytes, None));
+    };
+    match try_repairs(call.task, call.target, &violation, |_| {
+        contract.repair_completion(&bytes)
+    }) {
+        Some((method, fixed)) => Ok((fixed, Some(method))),
+        None => Err(violation),
+    }
+}
+
+/// Tries the task's repairs, in order, on an answer of `target` that broke
+/// the contract (`violation`); `repair` applies one method. Each try is
+/// counted, logged with the violation (never the prompt) and put on the
+/// trace. The first that works, and what it made.
+pub fn try_repairs<T>(
+    task: &Task,
+    target: &Target,
+    violation: &Violation,
+    mut repair: impl FnMut(Repair) -> Option<T>,
+) -> Option<(Repair, T)> {
+    for &method in &task.repairs {
+        let fixed = repair(method);
+        let result = if fixed.is_some() {
+            "repaired"
+        } else {
+            "failed"
+        };
+        info!(target = %target.name, method = method.as_str(), result, violation = %violation, "contract repair");
+        task.route_metrics(Some(target))
+            .repairs
+            .increment((method.as_str(), result), 1);
+        crate::telemetry::repaired(&target.name, method.as_str(), result);
+        if let Some(fixed) = fixed {
+            return Some((method, fixed));
+        }
+    }
+    None
 }
 
 /// A 2xx body that is not a chat completion is an upstream failure: the
@@ -806,10 +856,15 @@ fn commit(
 ) -> Attempt {
     let target = call.target;
     let complete = held.finished || held.done;
+    let mut held = held;
+    let mut repaired = None;
     if let (Some(contract), true) = (&call.contract, complete) {
         // The answer is complete: check its calls before a byte goes out.
         if let Err(violation) = contract.check_calls(&held.calls.calls()) {
-            return Attempt::Violated { violation, permit };
+            match repair_held(call, contract, &mut held, &violation) {
+                Some(method) => repaired = Some(method),
+                None => return Attempt::Violated { violation, permit },
+            }
         }
     }
     let mut out = BytesMut::new();
@@ -852,7 +907,34 @@ fn commit(
         },
         held: out.freeze(),
         permit,
+        repaired,
     }))
+}
+
+/// Repairs the held tool calls of a complete stream that broke the
+/// contract: their deltas are replaced, where the first of them stood, by
+/// one event carrying the repaired calls whole. The method that worked.
+fn repair_held(
+    call: &Call<'_>,
+    contract: &Contract,
+    held: &mut Held,
+    violation: &Violation,
+) -> Option<Repair> {
+    let calls = held.calls.calls();
+    let (method, events) = try_repairs(call.task, call.target, violation, |_| {
+        let fixed = contract.repair_calls(&calls)?;
+        let tool_bytes: Vec<u8> = held
+            .events
+            .iter()
+            .filter(|(_, tool)| *tool)
+            .flat_map(|(raw, _)| raw.iter().copied())
+            .collect();
+        held.calls.repaired_events(&tool_bytes, &fixed)
+    })?;
+    let first = held.events.iter().position(|(_, tool)| *tool)?;
+    held.events.retain(|(_, tool)| !tool);
+    held.events.insert(first, (events, false));
+    Some(method)
 }
 
 #[cfg(test)]

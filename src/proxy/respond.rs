@@ -27,6 +27,8 @@ pub const H_TASK_TYPE: &str = "x-task-type";
 /// Response header: how a hedged request went (`won`: the hedge answered,
 /// `lost`: the first attempt did, `cancelled`: neither).
 pub const H_HEDGE: &str = "x-switchyard-hedge";
+/// How an answer that broke the contract was repaired (`syntax`).
+pub const H_REPAIRED: &str = "x-switchyard-repaired";
 /// Response header the official SDKs read before retrying on their own.
 pub const H_SHOULD_RETRY: &str = "x-should-retry";
 
@@ -39,6 +41,7 @@ const N_FAILOVERS: HeaderName = HeaderName::from_static(H_FAILOVERS);
 const N_DEGRADED: HeaderName = HeaderName::from_static(H_DEGRADED);
 const N_REQUEST_ID: HeaderName = HeaderName::from_static(H_REQUEST_ID);
 const N_HEDGE: HeaderName = HeaderName::from_static(H_HEDGE);
+const N_REPAIRED: HeaderName = HeaderName::from_static(H_REPAIRED);
 const N_SHOULD_RETRY: HeaderName = HeaderName::from_static(H_SHOULD_RETRY);
 
 /// Headers of a response switchyard makes: its own, plus the few hyper adds,
@@ -70,6 +73,12 @@ impl Tally {
         h.insert(N_FAILOVERS, count_value(self.failovers));
         h.insert(N_REQUEST_ID, request_id.clone());
     }
+}
+
+/// Says how an answer was repaired to keep the contract (`x-switchyard-repaired`).
+pub fn repaired(resp: &mut Response<Body>, method: crate::schema::Repair) {
+    resp.headers_mut()
+        .insert(N_REPAIRED, HeaderValue::from_static(method.as_str()));
 }
 
 /// Marks how a hedged request went (`x-switchyard-hedge`).

@@ -307,16 +307,27 @@ impl Relay {
         let Some(contract) = self.state.contract.take() else {
             return Ok(());
         };
-        if let Err(v) = contract.check_calls(&self.state.calls.calls()) {
-            let target = &self.state.target;
-            warn!(target = %target.name, violation = %v, "tool call breaks the contract after text was sent");
-            self.state
-                .account
-                .task
-                .route_metrics(Some(target))
-                .violations
-                .increment(1);
-            return Err(());
+        let calls = self.state.calls.calls();
+        if let Err(v) = contract.check_calls(&calls) {
+            let s = &self.state;
+            // Past the commit point the headers are out: a repair shows in
+            // the metrics, the log and the trace only.
+            let fixed = attempt::try_repairs(&s.account.task, &s.target, &v, |_| {
+                let fixed = contract.repair_calls(&calls)?;
+                s.calls.repaired_events(&s.tool_held, &fixed)
+            });
+            let Some((_, events)) = fixed else {
+                warn!(target = %s.target.name, violation = %v, "tool call breaks the contract after text was sent");
+                s.account
+                    .task
+                    .route_metrics(Some(&s.target))
+                    .violations
+                    .increment(1);
+                return Err(());
+            };
+            self.state.tool_held.clear();
+            self.batch.extend_from_slice(&events);
+            return Ok(());
         }
         let held = std::mem::take(&mut self.state.tool_held);
         self.batch.extend_from_slice(&held);

@@ -1460,6 +1460,7 @@ fn task(
             crate::schema::Mode::Degraded
         }),
     };
+    let repairs = repairs(t, path, c);
     let metrics = &live.metrics;
     let embedding = chain_embedding(&chain, path, c);
     // The tool call contract is a chat answer's: no such series for embeddings.
@@ -1474,6 +1475,7 @@ fn task(
         fallback_budget,
         state: live.tasks.get(name.to_owned()),
         validate_tool_calls,
+        repairs,
         tool_schemas: Arc::new(tool_schemas(&t.tool_schemas, path, c)),
         routes: chain
             .iter()
@@ -1487,6 +1489,30 @@ fn task(
         embedding,
         chain,
     }
+}
+
+/// A task's repairs of answers that break the contract, in order.
+fn repairs(t: &RawTask, path: &str, c: &mut Checks<'_>) -> Vec<crate::schema::Repair> {
+    use crate::schema::Repair;
+    let raw = t.contract.as_ref().map_or(&[][..], |k| &k.repair[..]);
+    let mut repairs = Vec::with_capacity(raw.len());
+    for (i, name) in raw.iter().enumerate() {
+        match Repair::parse(name) {
+            Some(r) if !repairs.contains(&r) => repairs.push(r),
+            Some(_) => c.error(
+                &format!("{path}.contract.repair[{i}]"),
+                format!("`{name}` is listed twice"),
+            ),
+            None => {
+                let known: Vec<&str> = Repair::ALL.iter().map(|r| r.as_str()).collect();
+                c.error(
+                    &format!("{path}.contract.repair[{i}]"),
+                    format!("unknown repair `{name}`, expected {}", known.join(", ")),
+                );
+            }
+        }
+    }
+    repairs
 }
 
 /// A task's hedging policy.
