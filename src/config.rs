@@ -1059,7 +1059,7 @@ health:
         ("chain: [t]", "chain: [t]\n    requires: [streaming]"),
         (
             "chain: [t]",
-            "chain: [t]\n    contract: { repair: [reask] }",
+            "chain: [t]\n    contract: { repair: [rewrite] }",
         ),
         (
             "chain: [t]",

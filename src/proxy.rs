@@ -26,6 +26,7 @@ pub mod account;
 pub mod attempt;
 pub mod continuation;
 pub mod hedge;
+mod repair;
 pub mod respond;
 pub mod stream;
 
@@ -415,13 +416,7 @@ impl Walk<'_> {
         let mut tries = Tries::on_key(key);
         loop {
             if let Some(pause) = tries.pause.take() {
-                if !pause.is_zero() {
-                    tokio::time::sleep(pause).await;
-                }
-                // A retry is a call too: it must fit the buckets it is charged to.
-                permit = admission
-                    .readmit(&target)
-                    .filter(|_| admission.recheck(&target, tries.key));
+                permit = retry_permit(pause, &target, tries.key, admission).await;
             }
             let Some(p) = permit.take() else { break };
             let first = self.tally.attempts == 0;
@@ -482,9 +477,17 @@ impl Walk<'_> {
                     self.local(resource, &span);
                     return TargetEnd::Local;
                 }
-                Attempt::Violated { violation, permit } => {
+                Attempt::Violated {
+                    violation,
+                    permit,
+                    answered,
+                } => {
                     telemetry::attempt_abandoned(&span, "contract_violation", "failover");
-                    self.violated(&target, violation, permit);
+                    let violated = (violation, permit, answered);
+                    let served = self.violated_then_reask(&target, tries.key, violated, admission);
+                    if let Some(resp) = served.await {
+                        return TargetEnd::Served(resp);
+                    }
                     return TargetEnd::Exhausted {
                         reason: AttemptOutcome::ContractViolation.label(),
                     };
@@ -731,7 +734,9 @@ impl Walk<'_> {
                 let for_caller = (step == Step::Return).then(|| self.returned(target, answer));
                 (outcome.label(), for_caller)
             }
-            Attempt::Violated { violation, permit } => {
+            Attempt::Violated {
+                violation, permit, ..
+            } => {
                 telemetry::attempt_abandoned(racer.span, "contract_violation", "failover");
                 self.violated(target, violation, permit);
                 (AttemptOutcome::ContractViolation.label(), None)
@@ -1084,6 +1089,22 @@ impl Tries {
         }
         self.pause = Some(pause);
     }
+}
+
+/// A retry of `target` after `pause`: a call too, so it must pass the
+/// breaker and fit the buckets it is charged to.
+async fn retry_permit(
+    pause: Duration,
+    target: &Arc<Target>,
+    key: Option<usize>,
+    admission: &mut Admission<'_>,
+) -> Option<crate::health::Permit> {
+    if !pause.is_zero() {
+        tokio::time::sleep(pause).await;
+    }
+    admission
+        .readmit(target)
+        .filter(|_| admission.recheck(target, key))
 }
 
 /// Exponential backoff with full jitter: uniform in `[0, base * 2^(n-1)]`, capped.

@@ -56,17 +56,21 @@ pub enum Repair {
     /// quotes, unquoted keys, unclosed brackets) with no model call; the
     /// repaired call must then keep the contract.
     Syntax,
+    /// One more call to the same target: the request, its broken answer and
+    /// the validation error; the new answer is held to the contract again.
+    Reask,
 }
 
 impl Repair {
     /// Every method, for parsing and the JSON Schema.
-    pub const ALL: [Repair; 1] = [Repair::Syntax];
+    pub const ALL: [Repair; 2] = [Repair::Syntax, Repair::Reask];
 
     /// The `routes.yaml` name, also the `method` label and `x-switchyard-repaired`.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             Repair::Syntax => "syntax",
+            Repair::Reask => "reask",
         }
     }
 
@@ -74,6 +78,15 @@ impl Repair {
     #[must_use]
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|m| m.as_str() == s)
+    }
+
+    /// Done on the answer in hand, with no model call.
+    #[must_use]
+    pub fn is_local(self) -> bool {
+        match self {
+            Repair::Syntax => true,
+            Repair::Reask => false,
+        }
     }
 }
 
@@ -309,6 +322,36 @@ impl Contract {
         let repaired = serde_json::to_vec(&v).ok()?;
         (changed && self.check_completion(&repaired).is_ok()).then(|| repaired.into())
     }
+}
+
+/// What a non-streamed answer said, for a re-ask to quote: its first
+/// choice's text, then its calls.
+#[must_use]
+pub fn quoted_completion(body: &[u8]) -> String {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let message = v.pointer("/choices/0/message").unwrap_or(&Value::Null);
+    let calls: Vec<(String, String)> = message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|c| name_and_arguments(c.get("function").unwrap_or(&Value::Null)))
+        .collect();
+    let text = message.get("content").and_then(Value::as_str).unwrap_or("");
+    quoted(text, &calls)
+}
+
+/// An answer's text and calls as one text a model can read back.
+#[must_use]
+pub fn quoted(text: &str, calls: &[(String, String)]) -> String {
+    let mut out = text.to_owned();
+    for (name, arguments) in calls {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&format!("Called `{name}` with arguments: {arguments}"));
+    }
+    out
 }
 
 /// Arguments that are not a JSON object, repaired into one; `None` when

@@ -465,3 +465,151 @@ async fn a_streamed_call_is_repaired_before_or_after_text() {
         assert_eq!(series_value(&page, series), Some(1.0), "{page}");
     }
 }
+
+const REASK: &str = "    contract: { repair: [syntax, reask] }\n";
+
+/// `b` answers `first`, then `then` to every later call.
+fn first_then(
+    first: Reply,
+    then: Reply,
+) -> impl FnMut(usize, &fake::Seen) -> Reply + Send + 'static {
+    let (mut first, then) = (Some(first), then);
+    move |_, _| first.take().unwrap_or_else(|| then.clone())
+}
+
+async fn reask_chain(b: Fake, task_extra: &str) -> (Fake, Fake, Gw) {
+    let c = Fake::always(tool_answer(
+        "model-c",
+        "get_weather",
+        r#"{"city":"Bergen"}"#,
+    ))
+    .await;
+    let a = Fake::always(fake::error(503, "down")).await;
+    let gw = gateway(&with_tools(chain_config(
+        &[("a", &a.url()), ("b", &b.url()), ("c", &c.url())],
+        "",
+        task_extra,
+    )))
+    .await;
+    (b, c, gw)
+}
+
+/// A schema error syntax cannot fix gets one re-ask of the same target,
+/// quoting the broken answer and the violation; its valid answer is served.
+#[tokio::test]
+async fn a_reask_quotes_the_violation_and_serves_the_corrected_call() {
+    let b = Fake::start(first_then(
+        tool_answer("model-b", "get_weather", r#"{"town":"Oslo"}"#),
+        tool_answer("model-b", "get_weather", r#"{"city":"Oslo"}"#),
+    ))
+    .await;
+    let (b, c, gw) = reask_chain(b, REASK).await;
+    let ans = chat(gw.addr, weather_request(serde_json::json!({}))).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    assert_eq!(ans.header("x-switchyard-repaired"), "reask");
+    assert_eq!(call_arguments(&ans), serde_json::json!({"city": "Oslo"}));
+    assert_eq!(
+        ans.header("x-switchyard-attempts"),
+        "4",
+        "a and its retry, b, b's re-ask"
+    );
+    assert_eq!((b.calls(), c.calls()), (2, 0));
+    let reask = &b.seen()[1].body;
+    let messages = reask["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 3, "{reask}");
+    assert_eq!(messages[0]["content"], "weather in Oslo?");
+    assert_eq!(messages[1]["role"], "assistant");
+    let quoted = messages[1]["content"].as_str().unwrap();
+    assert!(
+        quoted.contains(r#"Called `get_weather` with arguments: {"town":"Oslo"}"#),
+        "{quoted}"
+    );
+    let asked = messages[2]["content"].as_str().unwrap();
+    assert!(
+        asked.contains("tool `get_weather`") && asked.contains("city"),
+        "{asked}"
+    );
+    assert!(asked.contains("schema path"), "{asked}");
+    assert_eq!(reask["model"], "upstream-b", "encoded for its target");
+    let page = metrics_page(&gw).await;
+    let series = |result: &str| {
+        format!(
+            r#"switchyard_contract_repairs_total{{task="chat",target="b",method="{}",result="{result}"}}"#,
+            "reask"
+        )
+    };
+    assert_eq!(
+        series_value(&page, &series("repaired")),
+        Some(1.0),
+        "{page}"
+    );
+}
+
+/// A re-ask that breaks the contract again fails over; so does a task
+/// without `reask` at once, with no second call.
+#[tokio::test]
+async fn a_failed_reask_fails_over_and_none_is_made_unasked() {
+    let broken = tool_answer("model-b", "get_weather", r#"{"town":"Oslo"}"#);
+    let (b, c, gw) = reask_chain(Fake::always(broken.clone()).await, REASK).await;
+    let ans = chat(gw.addr, weather_request(serde_json::json!({}))).await;
+    assert_eq!(ans.header("x-switchyard-target"), "c", "{}", ans.text());
+    assert!(ans.headers.get("x-switchyard-repaired").is_none());
+    assert_eq!((b.calls(), c.calls()), (2, 1));
+    let page = metrics_page(&gw).await;
+    let failed = r#"switchyard_contract_repairs_total{task="chat",target="b",method="reask",result="failed"}"#;
+    assert_eq!(series_value(&page, failed), Some(1.0), "{page}");
+
+    let (b, c, gw) = reask_chain(Fake::always(broken).await, REPAIR).await;
+    let ans = chat(gw.addr, weather_request(serde_json::json!({}))).await;
+    assert_eq!(ans.header("x-switchyard-target"), "c");
+    assert_eq!((b.calls(), c.calls()), (1, 1));
+}
+
+/// A streamed answer whose held calls break the contract is re-asked as a
+/// stream before any byte goes out.
+#[tokio::test]
+async fn a_held_stream_is_reasked_before_anything_goes_out() {
+    let b = Fake::start(first_then(
+        tool_stream("model-b", "get_weather", &["{\"town\":", "\"Oslo\"}"], None),
+        tool_stream("model-b", "get_weather", &["{\"city\":", "\"Oslo\"}"], None),
+    ))
+    .await;
+    let (b, c, gw) = reask_chain(b, REASK).await;
+    let mut body = weather_request(serde_json::json!({}));
+    body["stream"] = true.into();
+    let ans = chat(gw.addr, body).await;
+    let text = ans.text();
+    assert_eq!(ans.header("x-switchyard-target"), "b", "{text}");
+    assert_eq!(ans.header("x-switchyard-repaired"), "reask");
+    assert!(
+        !text.contains("town"),
+        "nothing of the broken answer: {text}"
+    );
+    assert_eq!(streamed_call(&text).1, serde_json::json!({"city": "Oslo"}));
+    assert_eq!((b.calls(), c.calls()), (2, 0));
+    assert_eq!(b.seen()[1].body["stream"], true);
+}
+
+/// A re-ask never outlives the task's deadline.
+#[tokio::test]
+async fn a_reask_never_runs_past_the_deadline() {
+    let slow_broken = Reply::Delay(
+        Duration::from_millis(200),
+        Box::new(tool_answer("model-b", "get_weather", r#"{"town":"Oslo"}"#)),
+    );
+    let budget = format!("{REASK}    budget: {{ total_timeout: 300ms }}\n");
+    let (b, _c, gw) = reask_chain(Fake::always(slow_broken).await, &budget).await;
+    let started = tokio::time::Instant::now();
+    let ans = chat(gw.addr, weather_request(serde_json::json!({}))).await;
+    let took = started.elapsed();
+    // The contract violation names what was wrong (it wins over the deadline).
+    assert_eq!(ans.status, 502, "{}", ans.text());
+    assert!(ans.text().contains("degraded_contract_violation"));
+    assert!(took < Duration::from_millis(600), "{took:?}");
+    assert_eq!(
+        b.calls(),
+        2,
+        "the re-ask started in time and was cut at the deadline"
+    );
+}

@@ -99,6 +99,8 @@ pub enum Attempt {
         violation: Violation,
         /// To record the verdict with.
         permit: Permit,
+        /// What the answer said (its text and calls), for a re-ask to quote.
+        answered: String,
     },
 }
 
@@ -511,7 +513,13 @@ fn answered(
     }
     let (bytes, repaired) = match keep_contract(call, bytes) {
         Ok(kept) => kept,
-        Err(violation) => return Attempt::Violated { violation, permit },
+        Err((violation, answered)) => {
+            return Attempt::Violated {
+                violation,
+                permit,
+                answered,
+            }
+        }
     };
     // Header rules may still claim a completion; body rules never discard one.
     let outcome = Outcome::Response {
@@ -551,8 +559,12 @@ fn answered(
 }
 
 /// A non-streamed answer held to the request's contract, when it has one:
-/// as it came, or repaired by the task's first repair that makes it keep it.
-fn keep_contract(call: &Call<'_>, bytes: Bytes) -> Result<(Bytes, Option<Repair>), Violation> {
+/// as it came, or repaired by the task's first repair that makes it keep
+/// it. Else the violation, and what the answer said.
+fn keep_contract(
+    call: &Call<'_>,
+    bytes: Bytes,
+) -> Result<(Bytes, Option<Repair>), (Violation, String)> {
     let Some(contract) = &call.contract else {
         return Ok((bytes, None));
     };
@@ -563,7 +575,7 @@ fn keep_contract(call: &Call<'_>, bytes: Bytes) -> Result<(Bytes, Option<Repair>
         contract.repair_completion(&bytes)
     }) {
         Some((method, fixed)) => Ok((fixed, Some(method))),
-        None => Err(violation),
+        None => Err((violation, crate::schema::quoted_completion(&bytes))),
     }
 }
 
@@ -577,23 +589,31 @@ pub fn try_repairs<T>(
     violation: &Violation,
     mut repair: impl FnMut(Repair) -> Option<T>,
 ) -> Option<(Repair, T)> {
-    for &method in &task.repairs {
+    for &method in task.repairs.iter().filter(|m| m.is_local()) {
         let fixed = repair(method);
-        let result = if fixed.is_some() {
-            "repaired"
-        } else {
-            "failed"
-        };
-        info!(target = %target.name, method = method.as_str(), result, violation = %violation, "contract repair");
-        task.route_metrics(Some(target))
-            .repairs
-            .increment((method.as_str(), result), 1);
-        crate::telemetry::repaired(&target.name, method.as_str(), result);
+        count_repair(task, target, method, fixed.is_some(), violation);
         if let Some(fixed) = fixed {
             return Some((method, fixed));
         }
     }
     None
+}
+
+/// Counts, logs (with the violation, never the prompt) and traces one
+/// repair of `target`'s answer.
+pub fn count_repair(
+    task: &Task,
+    target: &Target,
+    method: Repair,
+    repaired: bool,
+    violation: &Violation,
+) {
+    let result = if repaired { "repaired" } else { "failed" };
+    info!(target = %target.name, method = method.as_str(), result, violation = %violation, "contract repair");
+    task.route_metrics(Some(target))
+        .repairs
+        .increment((method.as_str(), result), 1);
+    crate::telemetry::repaired(&target.name, method.as_str(), result);
 }
 
 /// A 2xx body that is not a chat completion is an upstream failure: the
@@ -755,7 +775,13 @@ async fn hold(
                 })
             }
             Hold::Malformed => return network(target, NetworkKind::Protocol, permit),
-            Hold::Violated(violation) => return Attempt::Violated { violation, permit },
+            Hold::Violated(violation) => {
+                return Attempt::Violated {
+                    violation,
+                    permit,
+                    answered: String::new(),
+                }
+            }
         }
     }
     commit(call, held, events, incoming, eof, permit, started)
@@ -863,7 +889,14 @@ fn commit(
         if let Err(violation) = contract.check_calls(&held.calls.calls()) {
             match repair_held(call, contract, &mut held, &violation) {
                 Some(method) => repaired = Some(method),
-                None => return Attempt::Violated { violation, permit },
+                None => {
+                    let answered = crate::schema::quoted("", &held.calls.calls());
+                    return Attempt::Violated {
+                        violation,
+                        permit,
+                        answered,
+                    };
+                }
             }
         }
     }

@@ -413,6 +413,7 @@ impl Recovery {
                 Attempt::Violated {
                     violation,
                     permit: p,
+                    ..
                 } => {
                     tracing::warn!(target = %target.name, violation = %violation, "continuation breaks the tool call contract");
                     attempt::book_violation(&on.snapshot.health, target, p);
