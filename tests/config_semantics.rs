@@ -633,6 +633,16 @@ fn syntax_errors_are_said_in_words_at_the_line_that_is_wrong() {
         ("  - b\n", "- b", "a list item (`- ...`) among the keys"),
         ("    model: a: b\n", ": b", "put the value in quotes"),
         (
+            "    timeout:60s\n    retry: { max: 1 }\n  b:\n    base_url: http://x\ntasks: {}\n",
+            ":60s",
+            "this `:` has no space after it, so YAML reads `timeout:60s` as one word",
+        ),
+        (
+            "    retry: { max: 1 }\n  timeout: 2s\n    connect_timeout: 1s\ntasks: {}\n",
+            "  timeout",
+            "indented less than the keys around it (2 spaces, where the lines above and below it have 4)",
+        ),
+        (
             "    base_url: http://x\n",
             "base_url: http://x",
             "duplicate key `base_url`: it is written already on line 4",
@@ -832,4 +842,31 @@ async fn a_provider_without_its_key_since_the_start_does_not_block_reloads() {
     }
     assert!(applied, "the reload was not applied within 3 s");
     assert_eq!(reloads(&gw, "error").await, 0.0);
+}
+
+/// A duration the parser cannot read is said in words, not as the
+/// library's byte offsets.
+#[test]
+fn a_bad_duration_says_what_is_wrong_in_words() {
+    for (value, words) in [
+        ("lots", "a number is missing"),
+        ("60", "the unit is missing"),
+        ("5 parsecs", "`parsecs` is not a unit"),
+    ] {
+        let text = format!(
+            "version: 1\nproviders:\n  a: {{ base_url: 'http://127.0.0.1:9/v1', timeout: '{value}' }}\ntargets:\n  t: {{ provider: a, model: m }}\ntasks:\n  chat: {{ chain: [t] }}\n"
+        );
+        let diags = compile_errors(&text);
+        let all = rendered(&diags);
+        assert!(
+            all.iter()
+                .any(|d| d.contains(words) && d.contains("like `500ms`")),
+            "{value}: {all:#?}"
+        );
+        assert!(
+            !all.iter()
+                .any(|d| d.contains(" at 0") || d.contains("expected number")),
+            "{all:#?}"
+        );
+    }
 }

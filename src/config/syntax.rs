@@ -229,10 +229,40 @@ pub(super) fn explain(text: &str, line: usize, column: usize, info: &str) -> Exp
         let what = if ch == '[' { "a list" } else { "a mapping" };
         return at(l, c, format!("this `{ch}` is never closed: {what} written in `{ch} {closer}` must end with `{closer}`"));
     }
+    if let Some((l, c, message)) = missing_space(&all, upto) {
+        return at(l, c, message);
+    }
     if let Some((l, message)) = indentation(&all, upto) {
         return at(l, all[l - 1].indent + 1, message);
     }
     at(line, column, plain(info))
+}
+
+/// The last line up to `upto` written `key:value`, with no space after the
+/// colon: YAML reads it as one word, not as a key and its value.
+fn missing_space(all: &[Line], upto: usize) -> Option<(usize, usize, String)> {
+    let (i, line) = all
+        .iter()
+        .enumerate()
+        .take(upto)
+        .filter(|(_, l)| !l.skip && kind(&l.content) == Kind::Key)
+        .filter(|(_, l)| !l.content.contains(": ") && !l.content.ends_with(':'))
+        .filter_map(|(i, l)| {
+            let (key, value) = l.content.split_once(':')?;
+            let is_key = !key.is_empty()
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+            (is_key && !value.starts_with(char::is_whitespace)).then_some((i, l))
+        })
+        .last()?;
+    let (key, value) = line.content.split_once(':')?;
+    let column = line.indent + key.chars().count() + 1;
+    Some((
+        i + 1,
+        column,
+        format!("this `:` has no space after it, so YAML reads `{key}:{value}` as one word, not as a key and its value: write `{key}: {value}`"),
+    ))
 }
 
 /// A tab in the indentation (or after a `:`), on `upto` or before it.
@@ -326,6 +356,9 @@ fn indentation(all: &[Line], upto: usize) -> Option<(usize, String)> {
                     if !structural(&line.content) {
                         continue;
                     }
+                    if let Some(found) = dip(all, i, indent) {
+                        return Some(found);
+                    }
                     let above = prev.map_or(0, |p| p.indent);
                     return Some((i + 1, format!("this line is indented more than the keys around it ({}, where the line above has {above} and already has a value): line it up with the keys it belongs with, or, if it belongs under the line above, remove that line's value", spaces(indent))));
                 }
@@ -356,6 +389,17 @@ fn indentation(all: &[Line], upto: usize) -> Option<(usize, String)> {
         prev = Some(line);
     }
     None
+}
+
+/// Line `i` (0-based), at `indent`, comes back to the indentation of the
+/// lines above the one before it: that one is the line indented too little.
+fn dip(all: &[Line], i: usize, indent: usize) -> Option<(usize, String)> {
+    let mut above = all[..i].iter().enumerate().rev().filter(|(_, l)| !l.skip);
+    let (p, prev) = above.next()?;
+    let (_, before) = above.next()?;
+    (before.indent == indent && prev.indent < indent).then(|| {
+        (p + 1, format!("this line is indented less than the keys around it ({}, where the lines above and below it have {indent}): line it up with them (if its indentation is right, the lines after it are indented too much)", spaces(prev.indent)))
+    })
 }
 
 /// Whether a line at `indent` of kind `k` fits the level now on top of

@@ -152,7 +152,10 @@ impl<'a> Checks<'a> {
                 Err(e) => {
                     self.error(
                         path,
-                        format!("bad duration `{text}`: {e} (e.g. `500ms`, `30s`, `2m`)"),
+                        format!(
+                            "bad duration `{text}`: {}; write a number and a unit, like `500ms`, `30s` or `2m`",
+                            duration_problem(&e)
+                        ),
                     );
                     default
                 }
@@ -249,5 +252,18 @@ mod tests {
             Duration::from_secs(3)
         );
         assert!(c.has_errors());
+    }
+}
+
+/// What is wrong with a duration, in words (not the parser's byte offsets).
+fn duration_problem(e: &humantime::DurationError) -> String {
+    use humantime::DurationError as E;
+    match e {
+        E::Empty => "it is empty".to_owned(),
+        E::NumberExpected(_) => "a number is missing".to_owned(),
+        E::InvalidCharacter(_) => "it holds a character no duration has".to_owned(),
+        E::UnknownUnit { unit, .. } if unit.is_empty() => "the unit is missing".to_owned(),
+        E::UnknownUnit { unit, .. } => format!("`{unit}` is not a unit (use ms, s, m or h)"),
+        E::NumberOverflow => "the number is too large".to_owned(),
     }
 }
