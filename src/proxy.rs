@@ -533,6 +533,7 @@ impl Walk<'_> {
                     include_usage: self.include_usage,
                     trace: self.account.trace.clone(),
                     first_choice: self.account.first_choice.clone(),
+                    contract: self.contract.clone(),
                 };
                 let recovery = Recovery::new(
                     Arc::clone(self.shared),

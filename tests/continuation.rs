@@ -667,3 +667,73 @@ async fn a_stream_of_several_choices_is_not_continued() {
         "a second choice ends as a broken stream:\n{text}"
     );
 }
+
+/// `b`'s restart: the delivered words, then a call of `name` with `arguments`.
+fn restart_then_call(name: &str, arguments: &str) -> Reply {
+    let mut pieces = fake::sse_events("model-b", &WORDS);
+    // Drop b's own finish and [DONE]: the call comes before them.
+    pieces.truncate(pieces.len() - 2);
+    let call = serde_json::json!({"tool_calls": [{"index": 0, "id": "call_b", "type": "function",
+        "function": {"name": name, "arguments": arguments}}]});
+    pieces.push(fake::chunk_event("model-b", call, None));
+    pieces.push(fake::chunk_event(
+        "model-b",
+        serde_json::json!({}),
+        Some("tool_calls"),
+    ));
+    pieces.push(fake::SSE_DONE.to_owned());
+    Reply::Stream {
+        pieces: pieces
+            .into_iter()
+            .map(|p| p.replace("chatcmpl-fake", "chatcmpl-b"))
+            .collect(),
+        delay: Duration::ZERO,
+        cut: false,
+    }
+}
+
+async fn continued_with_tools(b_reply: Reply) -> (String, Fake, Gw) {
+    let a = breaking_primary().await;
+    let b = Fake::always(b_reply).await;
+    let gw = gateway(&recovering(&a, &b, "capabilities: [tools]", "").replace(
+        "  a: { provider: p-a, model: upstream-a",
+        "  a: { provider: p-a, model: upstream-a, capabilities: [tools]",
+    ))
+    .await;
+    let body = serde_json::json!({"model": "gpt-4o", "stream": true,
+        "messages": [{"role": "user", "content": "weather?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]});
+    let ans = chat(gw.addr, body).await;
+    (ans.text(), b, gw)
+}
+
+/// A continuing target is a degraded one: its tool calls are held and held
+/// to the request's contract like any fallback's (found by an adversarial
+/// run: a broken call from the continuing target reached the client as a
+/// clean 200 stream).
+#[tokio::test]
+async fn a_continuing_targets_tool_call_is_held_to_the_contract() {
+    let (text, b, gw) = continued_with_tools(restart_then_call("rm_rf", "{not json")).await;
+    assert_eq!(b.calls(), 1, "{text}");
+    assert!(
+        !text.contains("rm_rf"),
+        "the broken call never reaches the client: {text}"
+    );
+    assert!(
+        text.contains("stream_interrupted") && text.contains("contract_violation"),
+        "{text}"
+    );
+    let m = metrics_page(&gw).await;
+    let violations = r#"switchyard_contract_violations_total{task="chat",target="b"}"#;
+    assert_eq!(series_value(&m, violations), Some(1.0), "{m}");
+
+    let (text, _b, _gw) =
+        continued_with_tools(restart_then_call("get_weather", r#"{"city":"Oslo"}"#)).await;
+    assert_eq!(stream_text(&text), "The quick brown fox", "{text}");
+    assert!(
+        text.contains(r#"{\"city\":\"Oslo\"}"#),
+        "the valid call is released: {text}"
+    );
+    assert_one_stream(&text);
+}

@@ -105,6 +105,9 @@ pub struct Origin {
     pub trace: RequestTrace,
     /// The request's first choice (what is not is fallback spend).
     pub first_choice: Option<Arc<Target>>,
+    /// The request's tool call contract, when its task validates degraded
+    /// answers: a continuing target's answer is one, held to it like any.
+    pub contract: Option<Arc<crate::schema::Contract>>,
 }
 
 /// A continuation that committed: its stream, and how to rewrite it.
@@ -456,7 +459,7 @@ impl Recovery {
             request_id: &self.origin.request_id,
             arrival: self.origin.arrival,
             deadline: self.origin.deadline,
-            contract: None,
+            contract: self.origin.contract.clone(),
             account,
         }
     }

@@ -326,12 +326,32 @@ impl Relay {
                 return Err(());
             };
             self.state.tool_held.clear();
-            self.batch.extend_from_slice(&events);
+            self.release(events);
             return Ok(());
         }
-        let held = std::mem::take(&mut self.state.tool_held);
-        self.batch.extend_from_slice(&held);
+        let held = std::mem::take(&mut self.state.tool_held).freeze();
+        self.release(held);
         Ok(())
+    }
+
+    /// Sends held events on: through the splice of a continued stream (so
+    /// they carry the stream's own id), else as they came.
+    fn release(&mut self, held: Bytes) {
+        let Some(splice) = self.splice.as_mut() else {
+            self.batch.extend_from_slice(&held);
+            return;
+        };
+        for event in parse_all(&held) {
+            match splice.event(&event) {
+                Spliced::Raw | Spliced::Diverged => self.batch.extend_from_slice(&event.raw),
+                Spliced::Drop => {}
+                Spliced::Data(data) => {
+                    self.batch.extend_from_slice(b"data: ");
+                    self.batch.extend_from_slice(data.as_bytes());
+                    self.batch.extend_from_slice(b"\n\n");
+                }
+            }
+        }
     }
 
     /// A stream broken after its commit point, when its task continues broken
