@@ -546,8 +546,10 @@ pub const OUT_OF_CREDIT_PHRASES: &[&str] = &[
     r"insufficient[_ ](account[_ ])?balance",
     r"insufficient[_ ]credits?",
     r"credit balance is too low",
-    r"exceeded your current quota",
-    r"quota[_ ]exceeded",
+    // OpenAI's "You exceeded your current quota", Moonshot's
+    // `exceeded_current_quota_error`; not a bare "quota exceeded", which
+    // Google's APIs say of a per-minute rate limit.
+    r"exceeded[_ ](your[_ ])?current[_ ]quota",
     r"payment[_ ]required",
 ];
 
@@ -595,15 +597,9 @@ pub fn default_rules() -> Vec<Rule> {
             Action::Retry,
             true,
         ),
-        rule(
-            "5xx-transient",
-            vec![Code(500), Code(502), Code(503), Code(504), Code(529)],
-            vec![],
-            Action::Retry,
-            true,
-        ),
         // An account out of credit is the provider's problem, not the
         // caller's: every target of it is held back, the chain moves on.
+        // Before the transient 5xx: a 502 that says so is no passing blip.
         Rule {
             cooldown: Some(Cooldown::Fixed(OUT_OF_CREDIT_COOLDOWN)),
             scope: Scope::Provider,
@@ -619,6 +615,13 @@ pub fn default_rules() -> Vec<Rule> {
             scope: Scope::Provider,
             ..rule("out-of-credit", vec![], vec![], Action::Failover, false)
         },
+        rule(
+            "5xx-transient",
+            vec![Code(500), Code(502), Code(503), Code(504), Code(529)],
+            vec![],
+            Action::Retry,
+            true,
+        ),
         Rule {
             cooldown: Some(Cooldown::RetryAfter(Duration::from_secs(1))),
             scope: Scope::Key,

@@ -728,7 +728,14 @@ impl Walk<'_> {
                     action,
                 };
                 telemetry::attempt_failed(racer.span, &failure);
-                attempt::record(self.snapshot, target, &decision, outcome, permit, racer.key);
+                attempt::record(
+                    &self.snapshot.health,
+                    target,
+                    &decision,
+                    outcome,
+                    permit,
+                    racer.key,
+                );
                 if decision.context_window {
                     self.context_error(target, answer.as_ref(), admission);
                 }
@@ -880,7 +887,14 @@ impl Walk<'_> {
             answer,
             permit,
         } = failed;
-        attempt::record(self.snapshot, target, &decision, outcome, permit, tries.key);
+        attempt::record(
+            &self.snapshot.health,
+            target,
+            &decision,
+            outcome,
+            permit,
+            tries.key,
+        );
         let now = Instant::now();
         self.held_back_by(status, &decision, now);
         // What really happens next: the provider's next key after a

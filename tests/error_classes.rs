@@ -167,18 +167,18 @@ async fn body_regex_rule_fails_over_a_200_that_says_insufficient_balance() {
     assert_eq!((a.calls(), b.calls()), (2, 1));
 
     // Without the rule the same 200 is still not a chat completion: never a
-    // success, it fails over like a 502.
+    // success. Read as the 502 it carries, it says the account is out of
+    // credit: failed over at once (no retry) and the provider held back.
     let a2 = Fake::always(fake::json(200, balance)).await;
     let gw2 = gateway(&routes(&[hop("a", &a2.url()), hop("b", &b.url())], "", "")).await;
     let ans = chat(gw2.addr, hello("gpt-4o")).await;
     assert_eq!(ans.status, 200);
     assert_eq!(ans.json()["model"], "model-b", "{}", ans.text());
     assert!(!ans.text().contains("balance"));
-    assert_eq!(
-        a2.calls(),
-        2,
-        "the 502 class: retried once, then failed over"
-    );
+    assert_eq!(a2.calls(), 1, "out of credit: no retry");
+    let ans = chat(gw2.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.json()["model"], "model-b");
+    assert_eq!(a2.calls(), 1, "the provider cools down");
 }
 
 #[tokio::test]

@@ -781,3 +781,65 @@ fn revoke_needs_a_revoking_rule_and_a_known_value() {
         "{found:?}"
     );
 }
+
+/// An out-of-credit error event after the commit point (text already sent)
+/// ends the stream as interrupted, but is read by the error table like one
+/// before it: the provider cools down and its health is not counted (found
+/// by an adversarial run: it counted as a broken stream of a healthy target).
+#[tokio::test]
+async fn an_out_of_credit_error_after_the_commit_point_cools_the_provider_not_its_health() {
+    let mut events = fake::sse_events("m1", &["Hello", " there"]);
+    events.truncate(2);
+    events.push(event(
+        r#"{"error":{"message":"Insufficient balance","code":402}}"#,
+        "\n",
+    ));
+    let acct = Fake::always(pieces(events, Duration::ZERO)).await;
+    let b = Fake::always(fake::stream("upstream-b", &["from", " b"])).await;
+    let yaml = format!(
+        "version: 1
+providers:
+  acct: {{ base_url: '{}', retry: {{ max: 0 }} }}
+  other: {{ base_url: '{}' }}
+targets:
+  one: {{ provider: acct, model: m1 }}
+  b: {{ provider: other, model: upstream-b }}
+tasks:
+  chat: {{ aliases: [gpt-4o], chain: [one, b] }}
+health: {{ degraded_after: 1, down_after: 1 }}
+",
+        acct.url(),
+        b.url()
+    );
+    let gw = gateway(&yaml).await;
+    let broken = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert!(broken.text().contains("Hello"), "{}", broken.text());
+    assert!(
+        broken.text().contains("stream_interrupted"),
+        "{}",
+        broken.text()
+    );
+    let next = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(next.header("x-switchyard-target"), "b", "{}", next.text());
+    assert_eq!(acct.calls(), 1, "the account is held back");
+    let one = admin_target(&gw, "one").await;
+    assert_eq!(one["state"], "healthy", "{one}");
+    assert!(
+        one["provider_cooldown_seconds_left"]
+            .as_f64()
+            .unwrap_or(0.0)
+            > 500.0,
+        "{one}"
+    );
+}
+
+/// OpenAI's out-of-quota answer sent with a 5xx status, or as a 200 body
+/// without a code, is read by the out-of-credit rule before the transient
+/// 5xx one: not retried, the provider cools down (found by an adversarial
+/// run: it was retried and counted against health).
+#[tokio::test]
+async fn an_out_of_quota_body_with_a_5xx_status_is_out_of_credit_not_transient() {
+    let quota = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+    out_of_credit_fails_over_and_cools_the_provider(fake::json(502, quota), false).await;
+    out_of_credit_fails_over_and_cools_the_provider(fake::json(200, quota), false).await;
+}

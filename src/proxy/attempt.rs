@@ -140,6 +140,8 @@ pub struct RelayState {
     pub calls: CallAssembler,
     /// Tool call deltas held until the calls are complete and valid.
     pub tool_held: BytesMut,
+    /// The key the stream was asked with (a verdict against the key goes to it).
+    pub key: Option<usize>,
 }
 
 /// A stream at its commit point: what the relay carries on with.
@@ -207,7 +209,7 @@ pub fn next_step(
 /// it), or the target (its breaker and cooldown). A key-scoped failure of a
 /// call without a key counts against the target.
 pub fn record(
-    snapshot: &Snapshot,
+    cfg: &HealthConfig,
     target: &Target,
     decision: &Decision,
     outcome: AttemptOutcome,
@@ -238,7 +240,7 @@ pub fn record(
         decision.rate_limited,
         Arc::clone(&decision.rule),
     );
-    book(&snapshot.health, target, outcome, permit, Some(&failure));
+    book(cfg, target, outcome, permit, Some(&failure));
 }
 
 /// The one place an attempt's verdict is booked against its target: the
@@ -840,13 +842,7 @@ fn take_events(
             Chunk::Done => held.done = true,
             Chunk::Error { code } => {
                 let data = Bytes::from(event.data.unwrap_or_default());
-                let status = classify::in_band_status(code, &data);
-                let outcome = Outcome::Response {
-                    status,
-                    headers,
-                    body: Some(&data),
-                };
-                let decision = call.target.provider.errors.classify_failure(&outcome);
+                let (decision, status) = in_band_verdict(call.target, code, headers, &data);
                 let answer = StatusCode::from_u16(status).ok().map(|s| (s, data));
                 return Hold::Fail(decision, status, answer);
             }
@@ -868,6 +864,23 @@ fn take_events(
         }
     }
     Hold::More
+}
+
+/// An in-band error event of `target`'s stream (before or after its commit
+/// point), read by the error table as the status it carries.
+pub fn in_band_verdict(
+    target: &Target,
+    code: Option<u16>,
+    headers: &HeaderMap,
+    data: &[u8],
+) -> (Decision, u16) {
+    let status = classify::in_band_status(code, data);
+    let outcome = Outcome::Response {
+        status,
+        headers,
+        body: Some(data),
+    };
+    (target.provider.errors.classify_failure(&outcome), status)
 }
 
 /// The commit point: what was held goes out first, the rest is relayed.
@@ -937,6 +950,7 @@ fn commit(
             },
             calls: held.calls,
             tool_held,
+            key: call.key,
         },
         held: out.freeze(),
         permit,

@@ -773,7 +773,7 @@ impl Turn {
             admission.raise_context_floor(target);
         }
         attempt::record(
-            snapshot,
+            &snapshot.health,
             target,
             &failed.decision,
             failed.outcome,

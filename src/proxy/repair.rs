@@ -113,7 +113,14 @@ impl Walk<'_> {
                 telemetry::attempt_abandoned(span, f.outcome.label(), "failover");
                 let now = Instant::now();
                 self.held_back_by(f.status, &f.decision, now);
-                attempt::record(self.snapshot, target, &f.decision, f.outcome, f.permit, key);
+                attempt::record(
+                    &self.snapshot.health,
+                    target,
+                    &f.decision,
+                    f.outcome,
+                    f.permit,
+                    key,
+                );
             }
             Attempt::Violated { permit, .. } => {
                 telemetry::attempt_abandoned(span, "contract_violation", "failover");

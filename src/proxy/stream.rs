@@ -49,6 +49,10 @@ pub struct Relay {
     seam: Option<Seam>,
     /// Ends the stream when switchyard's drain timeout passes.
     drain: DrainWatch,
+    /// The error table's verdict on an in-band error event that broke the
+    /// stream (an account out of credit cools its provider, as before the
+    /// commit point).
+    in_band: Option<classify::Decision>,
 }
 
 /// What happened to a broken stream that might be continued.
@@ -85,6 +89,7 @@ impl Relay {
             splice: None,
             seam: None,
             drain,
+            in_band: None,
         };
         if let Some(recovery) = &mut relay.recovery {
             for event in parse_all(&commit.held) {
@@ -244,7 +249,14 @@ impl Relay {
                     self.state.target.metrics.malformed.increment(1);
                     continue;
                 }
-                Chunk::Error { .. } => return Some(StreamEnd::InBandError),
+                Chunk::Error { code } => {
+                    let data = event.data.as_deref().unwrap_or("").as_bytes();
+                    let headers = http::HeaderMap::new();
+                    let (decision, _) =
+                        attempt::in_band_verdict(&self.state.target, code, &headers, data);
+                    self.in_band = Some(decision);
+                    return Some(StreamEnd::InBandError);
+                }
                 Chunk::Done => self.state.done = true,
                 Chunk::Content { finished } => {
                     self.content_chunks += 1;
@@ -499,6 +511,14 @@ impl Relay {
                 let reason = why.label();
                 warn!(target = %target.name, reason, "stream interrupted after the commit point");
                 target.metrics.interrupts.increment(reason, 1);
+                if let Some(decision) = self.in_band.take() {
+                    // Where the error table puts it: the provider for an
+                    // account out of credit, the key for a revoked one.
+                    let (cfg, key) = (&self.state.health, self.state.key);
+                    let outcome = AttemptOutcome::StreamInterrupted;
+                    attempt::record(cfg, &target, &decision, outcome, permit, key);
+                    return;
+                }
                 let failure = Failure::new(true, None, false, Arc::from("stream_interrupted"));
                 attempt::book(
                     &self.state.health,
