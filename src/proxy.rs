@@ -534,6 +534,11 @@ impl Walk<'_> {
                     trace: self.account.trace.clone(),
                     first_choice: self.account.first_choice.clone(),
                     contract: self.contract.clone(),
+                    failovers_left: self
+                        .task
+                        .budget
+                        .max_failovers
+                        .saturating_sub(self.tally.failovers),
                 };
                 let recovery = Recovery::new(
                     Arc::clone(self.shared),

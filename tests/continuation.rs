@@ -737,3 +737,57 @@ async fn a_continuing_targets_tool_call_is_held_to_the_contract() {
     );
     assert_one_stream(&text);
 }
+
+/// A restart that says something else ends the stream, but the restarting
+/// target answered: it is not counted against its health, so continuing
+/// streams do not push a healthy fallback DOWN (found by an adversarial run).
+#[tokio::test]
+async fn a_diverging_restart_does_not_count_against_the_restarting_target() {
+    let a = breaking_primary().await;
+    let b = Fake::always(stream_with_id("chatcmpl-b", &["A", " slow", " dog"])).await;
+    // One counted failure would make a target DEGRADED.
+    let health = "health: { degraded_after: 1, down_after: 3 }\n";
+    let gw = gateway(&(recovering(&a, &b, "max_context: 1000", "") + health)).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert!(ans.text().contains("stream_interrupted"), "{}", ans.text());
+    assert_eq!(b.calls(), 1);
+    let b_state = admin_target(&gw, "b").await;
+    assert_eq!(b_state["state"], "healthy", "{b_state}");
+    assert_eq!(b_state["consecutive_failures"], 0, "{b_state}");
+    let a_state = admin_target(&gw, "a").await;
+    assert_eq!(
+        a_state["state"], "degraded",
+        "the broken stream is a's: {a_state}"
+    );
+}
+
+/// A restart whose whole answer is exactly the delivered text completes
+/// the stream (its finish goes out), not a divergence.
+#[tokio::test]
+async fn a_restart_that_ends_exactly_at_the_delivered_text_completes_the_stream() {
+    let a = breaking_primary().await;
+    let b = Fake::always(stream_with_id("chatcmpl-b", &WORDS[..2])).await;
+    let gw = gateway(&recovering(&a, &b, "max_context: 1000", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    let text = ans.text();
+    assert_eq!(stream_text(&text), "The quick", "{text}");
+    assert_one_stream(&text);
+}
+
+/// A continuation is a switch to another target: `max_failovers` bounds it
+/// like any failover (found by an adversarial run: it was ignored).
+#[tokio::test]
+async fn max_failovers_bounds_continuations_too() {
+    let a = breaking_primary().await;
+    let b = Fake::always(stream_with_id("chatcmpl-b", &WORDS)).await;
+    let gw = gateway(&recovering(
+        &a,
+        &b,
+        "max_context: 1000",
+        "budget: { max_failovers: 0 }",
+    ))
+    .await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert!(ans.text().contains("stream_interrupted"), "{}", ans.text());
+    assert_eq!(b.calls(), 0);
+}

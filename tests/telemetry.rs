@@ -621,23 +621,14 @@ async fn a_client_gone_before_or_after_the_commit_point_is_logged_with_its_calls
     assert_eq!(late["stream_end"], "client_gone", "{late}");
 }
 
-/// A stream still running when `drain_timeout` passes at shutdown ends with
-/// an error event its client can see, and is logged as a drain, not as a
-/// client that hung up (issue 21 item 11).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_cut_at_the_drain_timeout_ends_with_an_error_event_and_is_logged_as_drain() {
+/// Serves `yaml` (plus a 500 ms `drain_timeout`), starts a stream, sends
+/// SIGTERM once `started` is in it, and reads it to its end: what the client
+/// got, and the log. The process must exit 0.
+async fn stream_through_a_drain(yaml: &str, started: &str) -> (String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let words = ["w"; 40];
-    let a = Fake::always(Reply::Stream {
-        pieces: fake::sse_events("model-a", &words),
-        delay: Duration::from_millis(150),
-        cut: false,
-    })
-    .await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("routes.yaml");
-    let yaml = chain_config(&[("a", &a.url())], "", "") + "drain_timeout: 500ms\n";
-    std::fs::write(&config, yaml).unwrap();
+    std::fs::write(&config, format!("{yaml}drain_timeout: 500ms\n")).unwrap();
     let mut served = Served::start_with(&config, dir.path(), &["--log-format", "json"], &[]);
     let body = hello_stream("gpt-4o").to_string();
     let mut tcp = tokio::net::TcpStream::connect(served.addr).await.unwrap();
@@ -648,7 +639,7 @@ async fn a_stream_cut_at_the_drain_timeout_ends_with_an_error_event_and_is_logge
     tcp.write_all(head.as_bytes()).await.unwrap();
     let mut got = Vec::new();
     let mut buf = vec![0u8; 4096];
-    while !String::from_utf8_lossy(&got).contains("\"w\"") {
+    while !String::from_utf8_lossy(&got).contains(started) {
         let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf))
             .await
             .expect("the stream started")
@@ -677,22 +668,61 @@ async fn a_stream_cut_at_the_drain_timeout_ends_with_an_error_event_and_is_logge
     });
     let status = status.expect("exited after SIGTERM");
     assert_eq!(status.code(), Some(0), "{}", served.log());
-    let text = String::from_utf8_lossy(&got);
+    (String::from_utf8_lossy(&got).into_owned(), served.log())
+}
+
+/// What a stream cut by the drain must show: the error event and `[DONE]`
+/// to the client, `stream_end=drain` in the log, no client hang-up.
+fn assert_drained(text: &str, log: &str) {
     assert!(text.contains("stream_interrupted"), "{text}");
     assert!(text.contains("drain_timeout passed"), "{text}");
     assert!(text.contains("data: [DONE]"), "{text}");
-    assert_eq!(a.calls(), 1);
-    let lines = access_lines(&served.log());
+    let lines = access_lines(log);
     let line = lines
         .iter()
         .find(|l| l["request_id"] == "drained")
-        .unwrap_or_else(|| panic!("{}", served.log()));
+        .unwrap_or_else(|| panic!("{log}"));
     assert_eq!(line["stream_end"], "drain", "{line}");
-    assert!(
-        !served.log().contains("client hung up mid-stream"),
-        "{}",
-        served.log()
+    assert!(!log.contains("client hung up mid-stream"), "{log}");
+}
+
+/// A stream still running when `drain_timeout` passes at shutdown ends with
+/// an error event its client can see, and is logged as a drain, not as a
+/// client that hung up (issue 21 item 11).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_at_the_drain_timeout_ends_with_an_error_event_and_is_logged_as_drain() {
+    let words = ["w"; 40];
+    let a = Fake::always(Reply::Stream {
+        pieces: fake::sse_events("model-a", &words),
+        delay: Duration::from_millis(150),
+        cut: false,
+    })
+    .await;
+    let yaml = chain_config(&[("a", &a.url())], "", "");
+    let (text, log) = stream_through_a_drain(&yaml, "\"w\"").await;
+    assert_drained(&text, &log);
+    assert_eq!(a.calls(), 1);
+}
+
+/// The drain also cuts a stream whose continuation is still waiting for the
+/// next target (found by an adversarial run: the connection just closed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_being_continued_at_the_drain_timeout_is_cut_as_a_drain() {
+    let a = Fake::always(fake::stream_cut_after(
+        "model-a",
+        &["one", " two", " three"],
+        2,
+    ))
+    .await;
+    let b = Fake::always(Reply::Hang).await;
+    let yaml = routes(
+        &[hop("a", &a.url()), hop("b", &b.url())],
+        "stream_recovery: { mode: continue }",
+        "",
     );
+    let (text, log) = stream_through_a_drain(&yaml, "two").await;
+    assert_drained(&text, &log);
+    assert_eq!(b.calls(), 1, "the continuation was under way");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

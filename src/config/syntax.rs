@@ -255,7 +255,7 @@ fn missing_space(all: &[Line], upto: usize) -> Option<(usize, usize, String)> {
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
             (is_key && !value.starts_with(char::is_whitespace)).then_some((i, l))
         })
-        .last()?;
+        .next_back()?;
     let (key, value) = line.content.split_once(':')?;
     let column = line.indent + key.chars().count() + 1;
     Some((

@@ -226,6 +226,19 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// What is wrong with a duration, in words (not the parser's byte offsets).
+fn duration_problem(e: &humantime::DurationError) -> String {
+    use humantime::DurationError as E;
+    match e {
+        E::Empty => "it is empty".to_owned(),
+        E::NumberExpected(_) => "a number is missing".to_owned(),
+        E::InvalidCharacter(_) => "it holds a character no duration has".to_owned(),
+        E::UnknownUnit { unit, .. } if unit.is_empty() => "the unit is missing".to_owned(),
+        E::UnknownUnit { unit, .. } => format!("`{unit}` is not a unit (use ms, s, m or h)"),
+        E::NumberOverflow => "the number is too large".to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,18 +265,5 @@ mod tests {
             Duration::from_secs(3)
         );
         assert!(c.has_errors());
-    }
-}
-
-/// What is wrong with a duration, in words (not the parser's byte offsets).
-fn duration_problem(e: &humantime::DurationError) -> String {
-    use humantime::DurationError as E;
-    match e {
-        E::Empty => "it is empty".to_owned(),
-        E::NumberExpected(_) => "a number is missing".to_owned(),
-        E::InvalidCharacter(_) => "it holds a character no duration has".to_owned(),
-        E::UnknownUnit { unit, .. } if unit.is_empty() => "the unit is missing".to_owned(),
-        E::UnknownUnit { unit, .. } => format!("`{unit}` is not a unit (use ms, s, m or h)"),
-        E::NumberOverflow => "the number is too large".to_owned(),
     }
 }

@@ -108,6 +108,9 @@ pub struct Origin {
     /// The request's tool call contract, when its task validates degraded
     /// answers: a continuing target's answer is one, held to it like any.
     pub contract: Option<Arc<crate::schema::Contract>>,
+    /// Switches to another target the task's `max_failovers` still allows
+    /// (each continuation is one).
+    pub failovers_left: u32,
 }
 
 /// A continuation that committed: its stream, and how to rewrite it.
@@ -203,6 +206,7 @@ impl Recovery {
             && !under_validation
             && !self.transcript.is_empty()
             && self.used < self.task.stream_recovery.max_continuations
+            && self.used < self.origin.failovers_left
             && Instant::now() < self.origin.deadline
     }
 
@@ -611,7 +615,16 @@ impl Splice {
         verify.produced.push_str(&text);
         match seam_match(&verify.delivered, &verify.produced) {
             SeamMatch::Diverged => Some(Spliced::Diverged),
-            SeamMatch::Short if finished => Some(Spliced::Diverged),
+            SeamMatch::Short if finished => {
+                if verify.produced.trim_end() != verify.delivered.trim_end() {
+                    return Some(Spliced::Diverged);
+                }
+                // The restart's whole answer is what the client has: it is
+                // complete, and only its finish goes out.
+                self.verify = None;
+                set_chunk_text(chunk, "");
+                None
+            }
             SeamMatch::Short => Some(Spliced::Drop),
             SeamMatch::Found(at) => {
                 let rest = verify.produced[at..].to_owned();

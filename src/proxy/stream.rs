@@ -385,14 +385,26 @@ impl Relay {
         let Some(recovery) = self.recovery.as_mut() else {
             return Continued::No;
         };
-        match recovery.resume(&broken).await {
-            Ok(resumed) => {
+        let resumed = tokio::select! {
+            resumed = recovery.resume(&broken) => Some(resumed),
+            () = self.drain.cut() => None,
+        };
+        match resumed {
+            Some(Ok(resumed)) => {
                 self.adopt(resumed);
                 Continued::Yes
             }
-            Err(()) => {
+            Some(Err(())) => {
                 recovery.count_failed(&broken);
                 self.out.push_back(sse::interrupt_events(why.label()));
+                self.over = true;
+                Continued::Ended
+            }
+            None => {
+                // The drain timeout passed while the next target was sought.
+                warn!(task = %self.state.account.task.name, "stream cut at drain_timeout while being continued");
+                self.state.account.trace.stream_end("drain", true);
+                self.out.push_back(sse::drain_events());
                 self.over = true;
                 Continued::Ended
             }
@@ -519,7 +531,10 @@ impl Relay {
                     attempt::record(cfg, &target, &decision, outcome, permit, key);
                     return;
                 }
-                let failure = Failure::new(true, None, false, Arc::from("stream_interrupted"));
+                // A restart that said something else answered all the same:
+                // the divergence ends the stream, it is not the target's failure.
+                let counted = why != Interruption::Diverged;
+                let failure = Failure::new(counted, None, false, Arc::from("stream_interrupted"));
                 attempt::book(
                     &self.state.health,
                     &target,
