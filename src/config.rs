@@ -870,7 +870,26 @@ fn read(text: &str, index: LocationIndex) -> Result<Parsed, Vec<Diagnostic>> {
         Err(e) => {
             let (line, column) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
             let info = sweep::strip_location(&e.to_string());
-            return Err(vec![syntax::explain(text, line, column, &info).diagnostic]);
+            // A number too large for any setting: said, then the rest read
+            // with it as 0 (which only its own key's checks would notice).
+            let patched = (info.contains(" as u128") || info.contains(" as i128"))
+                .then(|| syntax::zero_number_at(text, line, column))
+                .flatten();
+            let Some(patched) = patched else {
+                return Err(vec![syntax::explain(text, line, column, &info).diagnostic]);
+            };
+            let said = Diagnostic::error(
+                "",
+                line,
+                column,
+                "this number is too large for any setting: write a smaller one",
+            );
+            let mut all = vec![said];
+            match parse(&patched) {
+                Ok(parsed) => all.extend(parsed.pending),
+                Err(more) => all.extend(more),
+            }
+            return Err(all);
         }
     };
     match sweep::read(tree, &index) {

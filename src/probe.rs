@@ -41,7 +41,7 @@ pub fn spawn(app: Arc<App>) -> tokio::task::JoinHandle<()> {
             for provider in snapshot.providers.values() {
                 // Cooldowns end on their own; the gauge follows.
                 for key in &provider.keys {
-                    key.gauge.set(key.health.state(now).gauge());
+                    key.show_state(now);
                 }
                 reprobe_keys(&snapshot, provider, now);
             }
@@ -129,7 +129,7 @@ async fn reprobe_key(target: Arc<Target>, index: usize, max: Duration) {
     } else {
         debug!(provider = %provider.name, key = %key.name, accepted, "re-probe of a revoked key");
     }
-    key.gauge.set(key.health.state(now).gauge());
+    key.show_state(now);
 }
 
 /// The probe request in `target`'s protocol, and where it goes.

@@ -202,10 +202,11 @@ fn being_written(path: &Path) -> bool {
 /// valid. Returns whether a new snapshot was applied.
 pub fn reload_now(app: &App) -> bool {
     let path = app.config_path.display().to_string();
-    let current = app.snapshot.load();
     let rejected = &app.live.config_rejected;
+    // No guard of the serving snapshot is held past this test: the reload
+    // must drop what only the old one used (its upstream pools) at once.
     match prepare(app) {
-        Ok(next) if next.snapshot.same_as(&current) => {
+        Ok(next) if next.snapshot.same_as(&app.snapshot.load()) => {
             if rejected.swap(false, Ordering::Relaxed) {
                 info!(config = %path, hash = format_args!("{:016x}", next.snapshot.hash),
                     "config fixed: the good config is loaded again (the same as the one serving)");

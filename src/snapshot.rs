@@ -241,6 +241,19 @@ pub struct ApiKey {
     pub gauge: Gauge,
 }
 
+impl ApiKey {
+    /// Sets `switchyard_key_state` from its live state: 0 usable, 1 cooling
+    /// down, 2 revoked, 3 unreadable (its file or variable could not be read).
+    pub fn show_state(&self, now: Instant) {
+        let value = if self.credential.is_none() {
+            3.0
+        } else {
+            self.health.state(now).gauge()
+        };
+        self.gauge.set(value);
+    }
+}
+
 /// Why no key of a provider can serve a request now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NoKey {

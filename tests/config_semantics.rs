@@ -470,7 +470,7 @@ telemetry: { access_log: 'yes' }
         (
             "providers.a.retry.max",
             "max: -1",
-            "must be a whole number (0 or more), not -1",
+            "must be a whole number from 0 to 4294967295, not -1",
         ),
         (
             "providers.a.headers",
@@ -869,4 +869,61 @@ fn a_bad_duration_says_what_is_wrong_in_words() {
             "{all:#?}"
         );
     }
+}
+
+/// Numbers too large are said so in words at their key, and the rest of the
+/// file is still checked (found by an adversarial run: a huge `max_context`
+/// was a parser message called a syntax error that hid everything else).
+#[test]
+fn numbers_too_large_are_said_in_words() {
+    let text = "version: 1
+providers:
+  a: { base_url: 'http://127.0.0.1:9/v1' }
+targets:
+  t: { provider: a, model: m, max_context: 99999999999999999999 }
+tasks:
+  chat: { chain: [t], budget: { max_failovers: 99999999999 } }
+  other: { chain: [t], colour: red }
+";
+    let diags = match switchyard::config::parse(text) {
+        Err(d) => d,
+        Ok(_) => compile_errors(text),
+    };
+    let all = rendered(&diags);
+    let joined = all.join("\n");
+    assert!(
+        joined.contains("5:44: error: this number is too large"),
+        "{joined}"
+    );
+    assert!(
+        !joined.contains("u128") && !joined.contains("any YAML value"),
+        "{joined}"
+    );
+    assert!(
+        joined.contains("from 0 to 4294967295, not 99999999999"),
+        "{joined}"
+    );
+    assert!(
+        joined.contains("colour"),
+        "the rest is still checked: {joined}"
+    );
+}
+
+/// A name with a control character would break metric labels and logs.
+#[test]
+fn a_name_with_a_control_character_is_refused() {
+    let text = "version: 1
+providers:
+  a: { base_url: 'http://127.0.0.1:9/v1' }
+targets:
+  \"t\\r\": { provider: a, model: m }
+tasks:
+  chat: { chain: [\"t\\r\"] }
+";
+    let all = rendered(&compile_errors(text));
+    assert!(
+        all.iter()
+            .any(|d| d.starts_with("5:3:") && d.contains("control character")),
+        "{all:#?}"
+    );
 }

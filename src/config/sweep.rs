@@ -401,7 +401,8 @@ fn wanted(expected: &str) -> Option<String> {
     let words = match expected {
         "u8" => "must be a whole number from 0 to 255",
         "u16" => "must be a whole number from 0 to 65535",
-        "u32" | "u64" | "u128" | "usize" => "must be a whole number (0 or more)",
+        "u32" => "must be a whole number from 0 to 4294967295",
+        "u64" | "u128" | "usize" => "must be a whole number (0 or more)",
         "i8" | "i16" | "i32" | "i64" | "i128" | "isize" => "must be a whole number",
         "f32" | "f64" => "must be a number",
         "a boolean" => "must be true or false",
@@ -458,7 +459,7 @@ mod tests {
             ),
             (
                 "invalid value: integer `-1`, expected u32",
-                "must be a whole number (0 or more), not -1",
+                "must be a whole number from 0 to 4294967295, not -1",
             ),
             (
                 "invalid type: floating point `1.5`, expected u64",

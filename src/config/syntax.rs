@@ -438,6 +438,28 @@ fn spaces(n: usize) -> String {
     }
 }
 
+/// `text` with the number that starts at 1-based `line`:`column` written
+/// as `0`; `None` when no number starts there.
+pub(super) fn zero_number_at(text: &str, line: usize, column: usize) -> Option<String> {
+    let mut rows: Vec<String> = text.split('\n').map(str::to_owned).collect();
+    let row = rows.get_mut(line.checked_sub(1)?)?;
+    let start: usize = row
+        .chars()
+        .take(column.checked_sub(1)?)
+        .map(char::len_utf8)
+        .sum();
+    let rest = row.get(start..)?;
+    let digits = rest
+        .char_indices()
+        .take_while(|(i, c)| c.is_ascii_digit() || (*i == 0 && matches!(c, '-' | '+')))
+        .count();
+    if digits == 0 {
+        return None;
+    }
+    row.replace_range(start..start + digits, "0");
+    Some(rows.join("\n"))
+}
+
 /// A parser message that no cause above explains, in plainer words.
 fn plain(info: &str) -> String {
     if info.contains("mapping values are not allowed") {

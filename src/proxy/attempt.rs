@@ -285,8 +285,7 @@ fn record_on_key(provider: &Provider, key: &ApiKey, decision: &Decision, now: In
     if decision.until_rotation {
         key.health.pin_revocation();
     }
-    let state = key.health.state(now);
-    key.gauge.set(state.gauge());
+    key.show_state(now);
     if decision.until_reload && decision.until_rotation {
         warn!(provider = %provider.name, key = %key.name, rule = %decision.rule,
             "API key refused; unusable until a reload or a rotation of its file");
@@ -294,7 +293,7 @@ fn record_on_key(provider: &Provider, key: &ApiKey, decision: &Decision, now: In
         warn!(provider = %provider.name, key = %key.name, rule = %decision.rule,
             "API key refused; re-probed with backoff, or back at a reload or a rotation of its file");
     } else {
-        debug!(provider = %provider.name, key = %key.name, state = state.as_str(), "API key cooling down");
+        debug!(provider = %provider.name, key = %key.name, state = key.health.state(now).as_str(), "API key cooling down");
     }
 }
 

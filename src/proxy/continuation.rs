@@ -321,7 +321,7 @@ impl Recovery {
                             ],
                         );
                     });
-                    let splice = self.splice(mode, &seam.to);
+                    let splice = self.splice(mode, &seam.from, &seam.to);
                     return Ok(Resumed {
                         commit: *commit,
                         splice,
@@ -490,8 +490,8 @@ impl Recovery {
         request_body_for(&view, target)
     }
 
-    fn splice(&self, mode: Mode, to: &Target) -> Splice {
-        info!(task = %self.task.name, to = %to.name, mode = mode.label(),
+    fn splice(&self, mode: Mode, from: &Target, to: &Target) -> Splice {
+        info!(task = %self.task.name, from = %from.name, to = %to.name, mode = mode.label(),
             delivered_chars = self.delivered_chars(), "continuing the stream on the next target");
         Splice {
             envelope: self.envelope.clone(),

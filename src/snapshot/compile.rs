@@ -66,6 +66,7 @@ pub fn compile(
     c.diagnostics.extend(parsed.pending.iter().cloned());
     let raw = &parsed.raw;
     check_version(raw, &mut c);
+    check_names(raw, &mut c);
     let startup = startup_settings(raw, &mut c);
     let health = health_settings(raw, &mut c);
     let admin_token = admin_token(raw, &mut c);
@@ -868,6 +869,27 @@ fn query_string(params: &BTreeMap<String, String>) -> String {
         .join("&")
 }
 
+/// Names end up in metric labels, log fields and headers: a control
+/// character (a CR, a tab) in one would break them.
+fn check_names(raw: &RawConfig, c: &mut Checks<'_>) {
+    let sections = [
+        ("providers", raw.providers.keys().collect::<Vec<_>>()),
+        ("targets", raw.targets.keys().collect()),
+        ("tasks", raw.tasks.keys().collect()),
+    ];
+    for (section, names) in sections {
+        for name in names
+            .into_iter()
+            .filter(|n| n.chars().any(char::is_control))
+        {
+            c.error(
+                &format!("{section}.{name}"),
+                format!("the name {name:?} holds a control character: names go into metric labels, logs and headers"),
+            );
+        }
+    }
+}
+
 /// Percent-encodes all but the unreserved characters of RFC 3986.
 fn percent_encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -1029,7 +1051,6 @@ fn keys(
                 ("key", name.clone().into()),
             ],
         );
-        gauge.set(health.state(tokio::time::Instant::now()).gauge());
         out.push(ApiKey {
             gauge,
             health,
@@ -1041,6 +1062,9 @@ fn keys(
             credential,
             limits,
         });
+        if let Some(key) = out.last() {
+            key.show_state(tokio::time::Instant::now());
+        }
     }
     out
 }
