@@ -791,3 +791,42 @@ async fn max_failovers_bounds_continuations_too() {
     assert!(ans.text().contains("stream_interrupted"), "{}", ans.text());
     assert_eq!(b.calls(), 0);
 }
+
+/// A prefill goes without the delivered text's trailing whitespace (which
+/// Anthropic refuses in a final assistant message), and the whitespace the
+/// target then begins with is not sent twice (found by an adversarial run).
+#[tokio::test]
+async fn a_prefill_leaves_out_trailing_whitespace_and_the_seam_keeps_one_space() {
+    let a = Fake::always(fake::stream_cut_after(
+        "model-a",
+        &["The ", "quick ", "brown"],
+        2,
+    ))
+    .await;
+    let b = Fake::start(|_, seen: &Seen| {
+        let last = seen.body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .cloned();
+        match last {
+            Some(m) if m["role"] == "assistant" => {
+                stream_with_id("chatcmpl-b", &[" brown", " fox"])
+            }
+            _ => fake::error(500, "expected a prefill"),
+        }
+    })
+    .await;
+    let cfg = recovering(&a, &b, "capabilities: [prefill]", "");
+    let gw = gateway(&cfg).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(
+        stream_text(&ans.text()),
+        "The quick brown fox",
+        "{}",
+        ans.text()
+    );
+    assert_one_stream(&ans.text());
+    let sent = &b.seen()[0].body;
+    let last = sent["messages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["content"], "The quick", "{sent}");
+}

@@ -476,9 +476,16 @@ impl Recovery {
             return None;
         };
         let prefill = &target.provider.prefill;
+        // Without trailing whitespace, which Anthropic refuses in a final
+        // assistant message (the splice drops the whitespace the target then
+        // begins with: the client has it already).
+        let delivered = self.transcript.trim_end();
+        if delivered.is_empty() {
+            return None;
+        }
         let mut message = Map::new();
         message.insert("role".into(), Value::from("assistant"));
-        message.insert("content".into(), Value::from(self.transcript.as_str()));
+        message.insert("content".into(), Value::from(delivered));
         message.extend(prefill.message_fields.clone());
         match request.get_mut("messages") {
             Some(Value::Array(messages)) => messages.push(Value::Object(message)),
@@ -493,12 +500,14 @@ impl Recovery {
     fn splice(&self, mode: Mode, from: &Target, to: &Target) -> Splice {
         info!(task = %self.task.name, from = %from.name, to = %to.name, mode = mode.label(),
             delivered_chars = self.delivered_chars(), "continuing the stream on the next target");
+        let trimmed = self.transcript.len() != self.transcript.trim_end().len();
         Splice {
             envelope: self.envelope.clone(),
             verify: (mode == Mode::Restart).then(|| Verify {
                 delivered: self.transcript.clone(),
                 produced: String::new(),
             }),
+            skip_space: mode == Mode::Prefill && trimmed,
         }
     }
 }
@@ -569,6 +578,9 @@ pub struct Splice {
     envelope: Option<Envelope>,
     /// Restart mode, until the delivered text is found again.
     verify: Option<Verify>,
+    /// Prefill mode after a prefill sent without the delivered text's
+    /// trailing whitespace: the whitespace the target begins with is dropped.
+    skip_space: bool,
 }
 
 impl Splice {
@@ -595,6 +607,20 @@ impl Splice {
             match self.verify_text(&mut chunk, finished) {
                 Some(Spliced::Data(_)) | None => {}
                 Some(other) => return other,
+            }
+        }
+        if self.skip_space {
+            let text = chunk_text(&chunk);
+            let rest = text.trim_start();
+            if !rest.is_empty() {
+                self.skip_space = false;
+            }
+            if rest.len() != text.len() {
+                let rest = rest.to_owned();
+                set_chunk_text(&mut chunk, &rest);
+                if rest.is_empty() && !finished {
+                    return Spliced::Drop;
+                }
             }
         }
         if only_role(&chunk) {
@@ -876,6 +902,7 @@ mod tests {
                 delivered: "The quick brown".into(),
                 produced: String::new(),
             }),
+            skip_space: false,
         };
         let role = chunk(
             "second",
@@ -915,12 +942,14 @@ mod tests {
         let mut s = Splice {
             envelope: envelope(),
             verify: verify(),
+            skip_space: false,
         };
         let other = chunk("x", serde_json::json!({"content": "A slow"}), None);
         assert_eq!(s.event(&event(&other)), Spliced::Diverged);
         let mut s = Splice {
             envelope: envelope(),
             verify: verify(),
+            skip_space: false,
         };
         let short = chunk(
             "x",
@@ -931,10 +960,36 @@ mod tests {
     }
 
     #[test]
+    fn after_a_prefill_without_trailing_space_the_targets_leading_space_is_dropped() {
+        let mut s = Splice {
+            envelope: envelope(),
+            verify: None,
+            skip_space: true,
+        };
+        let space = chunk("second", serde_json::json!({"content": " "}), None);
+        assert_eq!(s.event(&event(&space)), Spliced::Drop);
+        let word = chunk("second", serde_json::json!({"content": " brown fox"}), None);
+        let Spliced::Data(out) = s.event(&event(&word)) else {
+            panic!()
+        };
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["choices"][0]["delta"]["content"], "brown fox");
+        let next = chunk("second", serde_json::json!({"content": " jumps"}), None);
+        let Spliced::Data(out) = s.event(&event(&next)) else {
+            panic!()
+        };
+        assert!(
+            out.contains(r#"" jumps""#),
+            "only the seam's whitespace: {out}"
+        );
+    }
+
+    #[test]
     fn a_prefill_continuation_passes_text_and_drops_the_second_role_chunk() {
         let mut s = Splice {
             envelope: envelope(),
             verify: None,
+            skip_space: false,
         };
         let role = chunk("second", serde_json::json!({"role": "assistant"}), None);
         assert_eq!(s.event(&event(&role)), Spliced::Drop);
