@@ -209,6 +209,11 @@ async fn a_target_with_a_non_ascii_name_is_counted_under_its_name() {
     for _ in 0..2 {
         let ans = chat(gw.addr, hello("gpt-4o")).await;
         assert_eq!(ans.status, 200, "{}", ans.text());
+        // Percent-encoded UTF-8 in the header, not raw bytes.
+        assert_eq!(
+            ans.header("x-switchyard-target"),
+            "zielmodell-gr%C3%B6%C3%9Fe"
+        );
     }
     let text = get(gw.addr, "/metrics").await.text();
     assert_eq!(

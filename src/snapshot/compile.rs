@@ -744,7 +744,7 @@ fn provider(
     };
     Some(Provider {
         name: name.to_owned(),
-        name_header: http::HeaderValue::from_str(name).ok(),
+        name_header: name_header(name),
         endpoint: endpoint?,
         key_selection: key_selection(p, path, c),
         key_cursor: live.key_cursors.get((base_url.clone(), keys.len())),
@@ -891,6 +891,17 @@ fn check_names(raw: &RawConfig, c: &mut Checks<'_>) {
 }
 
 /// Percent-encodes all but the unreserved characters of RFC 3986.
+/// A name as an `x-switchyard-*` header value: as written when it is
+/// ASCII, else percent-encoded UTF-8 (raw bytes would reach clients as
+/// Latin-1).
+fn name_header(name: &str) -> Option<http::HeaderValue> {
+    if name.is_ascii() {
+        http::HeaderValue::from_str(name).ok()
+    } else {
+        http::HeaderValue::from_str(&percent_encode(name)).ok()
+    }
+}
+
 fn percent_encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for b in text.bytes() {
@@ -1290,7 +1301,7 @@ fn targets(
         };
         let target = Target {
             name: name.clone(),
-            name_header: http::HeaderValue::from_str(name).ok(),
+            name_header: name_header(name),
             provider: Arc::clone(provider),
             model: t.model.clone(),
             capabilities: t.capabilities.clone(),
