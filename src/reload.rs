@@ -270,10 +270,16 @@ fn keeps_keys(current: &Snapshot, next: Compiled) -> Result<Compiled, Vec<Diagno
         for key in q.keys.iter().filter(|k| k.secret.is_none()) {
             let old = before.and_then(|p| p.keys.iter().find(|k| k.name == key.name));
             if old.is_some_and(|k| k.secret.is_some()) {
+                // At the setting, where the compile warning saying why stands.
+                let (line, column) = next
+                    .warnings
+                    .iter()
+                    .find(|w| w.path == key.setting)
+                    .map_or((1, 1), |w| (w.line, w.column));
                 refused.push(Diagnostic::error(
                     &key.setting,
-                    1,
-                    1,
+                    line,
+                    column,
                     format!("key `{}` of provider `{name}` was read and now cannot be; keeping the old config", key.name),
                 ));
             } else if old.is_none() {

@@ -698,3 +698,33 @@ async fn a_fixed_rejected_reload_says_the_good_config_is_loaded_again() {
         "{log}"
     );
 }
+
+/// A reload refused because a key that was read no longer can be is located
+/// at the key's setting, not at the top of the file.
+#[tokio::test]
+async fn a_key_that_can_no_longer_be_read_is_refused_at_its_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    std::fs::write(&key, "sk-reload-0123456789").unwrap();
+    let path = dir.path().join("routes.yaml");
+    let text = format!(
+        "version: 1\nproviders:\n  p:\n    base_url: http://127.0.0.1:9/v1\n    api_key_file: '{}'\ntargets:\n  t: {{ provider: p, model: m }}\ntasks:\n  chat: {{ chain: [t] }}\n",
+        key.display()
+    );
+    std::fs::write(&path, &text).unwrap();
+    let gw = switchyard::server::Gateway::bind(
+        &path,
+        Some("127.0.0.1:0".parse().unwrap()),
+        switchyard::snapshot::CompileOptions::default(),
+    )
+    .await
+    .unwrap();
+    let app = gw.app();
+    std::fs::remove_file(&key).unwrap();
+    let diags = switchyard::reload::prepare(&app).err().expect("refused");
+    let refusal = diags
+        .iter()
+        .find(|d| d.message.contains("was read and now cannot be"))
+        .unwrap_or_else(|| panic!("{diags:?}"));
+    assert_eq!((refusal.line, refusal.column), (5, 19), "{refusal:?}");
+}
