@@ -721,7 +721,9 @@ async fn a_key_that_can_no_longer_be_read_is_refused_at_its_setting() {
     .unwrap();
     let app = gw.app();
     std::fs::remove_file(&key).unwrap();
-    let diags = switchyard::reload::prepare(&app).err().expect("refused");
+    let Err(diags) = switchyard::reload::prepare(&app) else {
+        panic!("the reload was not refused")
+    };
     let refusal = diags
         .iter()
         .find(|d| d.message.contains("was read and now cannot be"))
