@@ -471,6 +471,9 @@ pub struct RawContract {
     #[serde(default)]
     #[schemars(with = "Vec<schema_parts::Names<schema_parts::Repairs>>")]
     pub repair: Vec<String>,
+    /// For `to_tool`: the target (or the task, whose chain is tried in
+    /// order) that turns a prose answer into the required call.
+    pub repair_target: Option<String>,
 }
 
 /// A task's hedged requests: when the first attempt has not reached its

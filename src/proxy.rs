@@ -477,14 +477,9 @@ impl Walk<'_> {
                     self.local(resource, &span);
                     return TargetEnd::Local;
                 }
-                Attempt::Violated {
-                    violation,
-                    permit,
-                    answered,
-                } => {
+                Attempt::Violated(violated) => {
                     telemetry::attempt_abandoned(&span, "contract_violation", "failover");
-                    let violated = (violation, permit, answered);
-                    let served = self.violated_then_reask(&target, tries.key, violated, admission);
+                    let served = self.violated_then_reask(&target, tries.key, *violated, admission);
                     if let Some(resp) = served.await {
                         return TargetEnd::Served(resp);
                     }
@@ -556,10 +551,9 @@ impl Walk<'_> {
                 let relay = Relay::new(*commit, recovery, relay_span, drain);
                 (respond::stream(relay.into_body()), repaired)
             }
-            Attempt::Failed(_)
-            | Attempt::Deadline
-            | Attempt::Local(_)
-            | Attempt::Violated { .. } => return None,
+            Attempt::Failed(_) | Attempt::Deadline | Attempt::Local(_) | Attempt::Violated(_) => {
+                return None
+            }
         };
         let mut resp = self.serve(resp, target);
         if let Some(method) = repaired {
@@ -747,11 +741,9 @@ impl Walk<'_> {
                 let for_caller = (step == Step::Return).then(|| self.returned(target, answer));
                 (outcome.label(), for_caller)
             }
-            Attempt::Violated {
-                violation, permit, ..
-            } => {
+            Attempt::Violated(v) => {
                 telemetry::attempt_abandoned(racer.span, "contract_violation", "failover");
-                self.violated(target, violation, permit);
+                self.violated(target, v.violation, v.permit);
                 (AttemptOutcome::ContractViolation.label(), None)
             }
             Attempt::Deadline => {

@@ -680,27 +680,45 @@ impl<'a> Admission<'a> {
             skip(self.task, &target, &Exclusion::SmallerContext);
             return None;
         }
+        let permit = self.gate(&target)?;
+        let body = self.encode(&target)?;
+        self.finish(target, permit, body)
+    }
+
+    /// Admits `target` for a call of its own outside the plan (a repair by
+    /// another target), `body` already encoded for it: the same provider
+    /// cooldown, breaker, key and bucket checks as a candidate's.
+    pub fn admit_with(&mut self, target: Arc<Target>, body: Bytes) -> Option<Admitted> {
+        let permit = self.gate(&target)?;
+        self.finish(target, permit, body)
+    }
+
+    /// A target's provider cooldown and breaker: its permit, if they let it be called.
+    fn gate(&mut self, target: &Arc<Target>) -> Option<Permit> {
         if let Some(why) = target.provider.health.unavailable(Instant::now()) {
             self.holdbacks.held(why);
-            skip(self.task, &target, &Exclusion::ProviderCoolingDown);
+            skip(self.task, target, &Exclusion::ProviderCoolingDown);
             return None;
         }
-        let permit = match target.health.admit(Instant::now()) {
-            Ok(p) => p,
+        match target.health.admit(Instant::now()) {
+            Ok(p) => Some(p),
             Err(why) => {
                 self.holdbacks.held(why);
                 let exclusion = match why {
                     Unavailable::Down { .. } => Exclusion::Down,
                     Unavailable::CoolingDown { .. } => Exclusion::CoolingDown,
                 };
-                skip(self.task, &target, &exclusion);
+                skip(self.task, target, &exclusion);
                 if exclusion == Exclusion::Down {
-                    self.down.push(Arc::clone(&target));
+                    self.down.push(Arc::clone(target));
                 }
-                return None;
+                None
             }
-        };
-        let body = self.encode(&target)?;
+        }
+    }
+
+    /// The key and the provider's bucket: the admitted call.
+    fn finish(&mut self, target: Arc<Target>, permit: Permit, body: Bytes) -> Option<Admitted> {
         let key = self.key(&target)?;
         if !self.provider_fits(&target) {
             skip(self.task, &target, &Exclusion::ProviderRateLimited);

@@ -59,11 +59,14 @@ pub enum Repair {
     /// One more call to the same target: the request, its broken answer and
     /// the validation error; the new answer is held to the contract again.
     Reask,
+    /// Prose where a call was required is turned into that call by the
+    /// task's `repair_target`, asked to produce exactly it.
+    ToTool,
 }
 
 impl Repair {
     /// Every method, for parsing and the JSON Schema.
-    pub const ALL: [Repair; 2] = [Repair::Syntax, Repair::Reask];
+    pub const ALL: [Repair; 3] = [Repair::Syntax, Repair::Reask, Repair::ToTool];
 
     /// The `routes.yaml` name, also the `method` label and `x-switchyard-repaired`.
     #[must_use]
@@ -71,6 +74,7 @@ impl Repair {
         match self {
             Repair::Syntax => "syntax",
             Repair::Reask => "reask",
+            Repair::ToTool => "to_tool",
         }
     }
 
@@ -85,7 +89,7 @@ impl Repair {
     pub fn is_local(self) -> bool {
         match self {
             Repair::Syntax => true,
-            Repair::Reask => false,
+            Repair::Reask | Repair::ToTool => false,
         }
     }
 }
@@ -273,6 +277,35 @@ impl Contract {
 }
 
 impl Contract {
+    /// The call the request required, if it required one: `Some(None)` any
+    /// offered tool, `Some(Some(name))` that one.
+    #[must_use]
+    pub fn required(&self) -> Option<Option<&str>> {
+        self.required.as_ref().map(Option::as_deref)
+    }
+
+    /// The offered tools a call may use (`name`: that one only), as
+    /// Chat Completions `tools` entries.
+    #[must_use]
+    pub fn tools(&self, name: Option<&str>) -> Vec<Value> {
+        let mut names: Vec<&String> = self
+            .offered
+            .keys()
+            .filter(|n| name.is_none_or(|want| *n == want))
+            .collect();
+        names.sort();
+        names
+            .into_iter()
+            .map(|n| {
+                let mut function = serde_json::json!({ "name": n });
+                if let Some(parameters) = self.offered.get(n).and_then(Option::as_ref) {
+                    function["parameters"] = parameters.clone();
+                }
+                serde_json::json!({ "type": "function", "function": function })
+            })
+            .collect()
+    }
+
     /// The calls with the JSON of their arguments repaired, when that alone
     /// makes them keep the contract; `None` when nothing was repairable or
     /// the repaired calls still break it.
@@ -339,6 +372,24 @@ pub fn quoted_completion(body: &[u8]) -> String {
         .collect();
     let text = message.get("content").and_then(Value::as_str).unwrap_or("");
     quoted(text, &calls)
+}
+
+/// `completion` with its first choice's message made the calls of
+/// `repaired` (another completion): the answer stays the first one's (its
+/// `id`, `model`, usage), its text turned into those calls.
+#[must_use]
+pub fn with_calls_of(completion: &[u8], repaired: &[u8]) -> Option<bytes::Bytes> {
+    let mut whole: Value = serde_json::from_slice(completion).ok()?;
+    let other: Value = serde_json::from_slice(repaired).ok()?;
+    let calls = other.pointer("/choices/0/message/tool_calls")?.clone();
+    if calls.as_array().is_none_or(Vec::is_empty) {
+        return None;
+    }
+    let choice = whole.pointer_mut("/choices/0")?;
+    choice["message"] =
+        serde_json::json!({"role": "assistant", "content": null, "tool_calls": calls});
+    choice["finish_reason"] = Value::from("tool_calls");
+    serde_json::to_vec(&whole).ok().map(bytes::Bytes::from)
 }
 
 /// An answer's text and calls as one text a model can read back.

@@ -525,6 +525,9 @@ pub struct Task {
     pub validate_tool_calls: crate::schema::Mode,
     /// Repairs tried on an answer that breaks the contract, in order.
     pub repairs: Vec<crate::schema::Repair>,
+    /// For the `to_tool` repair: the targets that may turn prose into the
+    /// required call, in order.
+    pub repair_targets: Vec<Arc<Target>>,
     /// Schema overrides by function name, compiled once per snapshot.
     pub tool_schemas: Arc<crate::schema::Overrides>,
     /// Series per chain position (same order as `chain`).

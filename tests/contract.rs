@@ -613,3 +613,128 @@ async fn a_reask_never_runs_past_the_deadline() {
         "the re-ask started in time and was cut at the deadline"
     );
 }
+
+fn prose(model: &str, text: &str) -> Reply {
+    fake::json(
+        200,
+        &serde_json::json!({"id": "chatcmpl-prose", "object": "chat.completion", "created": 1, "model": model,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14}})
+        .to_string(),
+    )
+}
+
+/// Chain [a (down), b, c] plus a repair target `r`; the task's contract says `contract`.
+async fn to_tool_chain(b: Reply, r: Reply, contract: &str) -> (Fake, Fake, Fake, Gw) {
+    let a = Fake::always(fake::error(503, "down")).await;
+    let (b, c, r) = (
+        Fake::always(b).await,
+        Fake::always(tool_answer(
+            "model-c",
+            "get_weather",
+            r#"{"city":"Bergen"}"#,
+        ))
+        .await,
+        Fake::always(r).await,
+    );
+    let cfg = with_tools(chain_config(
+        &[("a", &a.url()), ("b", &b.url()), ("c", &c.url())],
+        "",
+        contract,
+    ))
+    .replace(
+        "targets:\n",
+        &format!(
+            "  p-r: {{ base_url: '{}' }}\ntargets:\n  r: {{ provider: p-r, model: repairer, capabilities: [tools] }}\n",
+            r.url()
+        ),
+    );
+    (b, c, r, gateway(&cfg).await)
+}
+
+const TO_TOOL: &str = "    contract: { repair: [syntax, to_tool], repair_target: r }\n";
+
+/// Prose where the request required a call is turned into that call by the
+/// repair target; the answer stays b's, its message now the call.
+#[tokio::test]
+async fn to_tool_turns_prose_into_the_required_call_by_the_repair_target() {
+    let (b, c, r, gw) = to_tool_chain(
+        prose("model-b", "The weather in Oslo: call get_weather for Oslo."),
+        tool_answer("repairer", "get_weather", r#"{"city":"Oslo"}"#),
+        TO_TOOL,
+    )
+    .await;
+    let body = weather_request(serde_json::json!({"tool_choice": "required"}));
+    let ans = chat(gw.addr, body).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    assert_eq!(ans.header("x-switchyard-repaired"), "to_tool");
+    assert_eq!(call_arguments(&ans), serde_json::json!({"city": "Oslo"}));
+    let v = ans.json();
+    assert_eq!(v["id"], "chatcmpl-prose", "still b's answer");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!((b.calls(), r.calls(), c.calls()), (1, 1, 0));
+    let asked = &r.seen()[0].body;
+    assert_eq!(asked["model"], "repairer");
+    assert_eq!(asked["tool_choice"], "required");
+    assert_eq!(asked["tools"][0]["function"]["name"], "get_weather");
+    let user = asked["messages"][1]["content"].as_str().unwrap();
+    assert!(user.contains("call get_weather for Oslo"), "{asked}");
+    let page = metrics_page(&gw).await;
+    let series = r#"switchyard_contract_repairs_total{task="chat",target="b",method="to_tool",result="repaired"}"#;
+    assert_eq!(series_value(&page, series), Some(1.0), "{page}");
+}
+
+/// A repair target whose call breaks the contract too leaves the answer
+/// broken: the walk fails over.
+#[tokio::test]
+async fn a_to_tool_repair_that_fails_fails_over() {
+    let (b, c, r, gw) = to_tool_chain(
+        prose("model-b", "It is sunny in Oslo."),
+        tool_answer("repairer", "get_weather", r#"{"town":"Oslo"}"#),
+        TO_TOOL,
+    )
+    .await;
+    let body = weather_request(serde_json::json!({"tool_choice": "required"}));
+    let ans = chat(gw.addr, body).await;
+    assert_eq!(ans.header("x-switchyard-target"), "c", "{}", ans.text());
+    assert!(ans.headers.get("x-switchyard-repaired").is_none());
+    assert_eq!((b.calls(), r.calls(), c.calls()), (1, 1, 1));
+}
+
+/// `to_tool` needs a repair target that exists and can make tool calls.
+#[test]
+fn to_tool_needs_a_repair_target_that_makes_tool_calls() {
+    let base = "version: 1
+providers:
+  p: { base_url: 'http://127.0.0.1:9/v1' }
+targets:
+  t: { provider: p, model: m, capabilities: [tools] }
+  plain: { provider: p, model: m2 }
+tasks:
+  chat:
+    chain: [t]
+";
+    for (contract, words) in [
+        ("{ repair: [to_tool] }", "`to_tool` needs a `repair_target`"),
+        (
+            "{ repair: [to_tool], repair_target: nobody }",
+            "unknown target or task `nobody`",
+        ),
+        (
+            "{ repair: [to_tool], repair_target: plain }",
+            "does not declare the `tools` capability",
+        ),
+        (
+            "{ repair: [syntax], repair_target: t }",
+            "only used by the `to_tool` repair",
+        ),
+    ] {
+        let text = format!("{base}    contract: {contract}\n");
+        let errs = compile_errors(&text);
+        assert!(
+            errs.iter().any(|d| d.message.contains(words)),
+            "{contract}: {errs:?}"
+        );
+    }
+}

@@ -94,14 +94,38 @@ pub enum Attempt {
     /// upstream was called and no verdict is recorded.
     Local(LocalResource),
     /// A well-formed answer that breaks the degraded-answer contract.
-    Violated {
-        /// What broke.
+    Violated(Box<Violated>),
+}
+
+/// A well-formed answer that broke the request's contract.
+#[derive(Debug)]
+pub struct Violated {
+    /// What broke.
+    pub violation: Violation,
+    /// To record the verdict with.
+    pub permit: Permit,
+    /// What the answer said (its text and calls), for a re-ask to quote.
+    pub answered: String,
+    /// The completion itself, for a non-streamed answer (a repair that
+    /// keeps it replaces only its message).
+    pub completion: Option<Bytes>,
+}
+
+impl Violated {
+    /// The attempt it makes.
+    fn attempt(
         violation: Violation,
-        /// To record the verdict with.
         permit: Permit,
-        /// What the answer said (its text and calls), for a re-ask to quote.
         answered: String,
-    },
+        completion: Option<Bytes>,
+    ) -> Attempt {
+        Attempt::Violated(Box::new(Violated {
+            violation,
+            permit,
+            answered,
+            completion,
+        }))
+    }
 }
 
 impl Attempt {
@@ -512,15 +536,9 @@ fn answered(
         debug!(target = %target.name, "a completion instead of the stream asked for");
         return network(target, NetworkKind::Protocol, permit);
     }
-    let (bytes, repaired) = match keep_contract(call, bytes) {
+    let (bytes, repaired, permit) = match keep_contract(call, bytes, permit) {
         Ok(kept) => kept,
-        Err((violation, answered)) => {
-            return Attempt::Violated {
-                violation,
-                permit,
-                answered,
-            }
-        }
+        Err(violated) => return Attempt::Violated(violated),
     };
     // Header rules may still claim a completion; body rules never discard one.
     let outcome = Outcome::Response {
@@ -561,22 +579,28 @@ fn answered(
 
 /// A non-streamed answer held to the request's contract, when it has one:
 /// as it came, or repaired by the task's first repair that makes it keep
-/// it. Else the violation, and what the answer said.
+/// it. Else the violation, with what the answer said.
 fn keep_contract(
     call: &Call<'_>,
     bytes: Bytes,
-) -> Result<(Bytes, Option<Repair>), (Violation, String)> {
+    permit: Permit,
+) -> Result<(Bytes, Option<Repair>, Permit), Box<Violated>> {
     let Some(contract) = &call.contract else {
-        return Ok((bytes, None));
+        return Ok((bytes, None, permit));
     };
     let Err(violation) = contract.check_completion(&bytes) else {
-        return Ok((bytes, None));
+        return Ok((bytes, None, permit));
     };
     match try_repairs(call.task, call.target, &violation, |_| {
         contract.repair_completion(&bytes)
     }) {
-        Some((method, fixed)) => Ok((fixed, Some(method))),
-        None => Err((violation, crate::schema::quoted_completion(&bytes))),
+        Some((method, fixed)) => Ok((fixed, Some(method), permit)),
+        None => Err(Box::new(Violated {
+            violation,
+            permit,
+            answered: crate::schema::quoted_completion(&bytes),
+            completion: Some(bytes),
+        })),
     }
 }
 
@@ -777,11 +801,7 @@ async fn hold(
             }
             Hold::Malformed => return network(target, NetworkKind::Protocol, permit),
             Hold::Violated(violation) => {
-                return Attempt::Violated {
-                    violation,
-                    permit,
-                    answered: String::new(),
-                }
+                return Violated::attempt(violation, permit, String::new(), None)
             }
         }
     }
@@ -903,11 +923,7 @@ fn commit(
                 Some(method) => repaired = Some(method),
                 None => {
                     let answered = crate::schema::quoted("", &held.calls.calls());
-                    return Attempt::Violated {
-                        violation,
-                        permit,
-                        answered,
-                    };
+                    return Violated::attempt(violation, permit, answered, None);
                 }
             }
         }

@@ -417,13 +417,9 @@ impl Recovery {
                     telemetry::attempt_abandoned(&span, "local_resources", "return");
                     return TakeOver::Deadline;
                 }
-                Attempt::Violated {
-                    violation,
-                    permit: p,
-                    ..
-                } => {
-                    tracing::warn!(target = %target.name, violation = %violation, "continuation breaks the tool call contract");
-                    attempt::book_violation(&on.snapshot.health, target, p);
+                Attempt::Violated(v) => {
+                    tracing::warn!(target = %target.name, violation = %v.violation, "continuation breaks the tool call contract");
+                    attempt::book_violation(&on.snapshot.health, target, v.permit);
                     telemetry::attempt_abandoned(&span, "contract_violation", "failover");
                 }
             }

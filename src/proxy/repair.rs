@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::attempt::{self, Attempt};
+use super::attempt::{self, Attempt, Violated};
 use super::Walk;
 use crate::body::Body;
 use crate::request::ChatRequest;
@@ -34,22 +34,33 @@ struct Broken<'a> {
 
 impl Walk<'_> {
     /// An answer of `target` (sent with `key`) that broke the contract: the
-    /// violation is booked, then the re-ask tried; its answer, if it served.
+    /// violation is booked, then the re-ask and the conversion to a tool
+    /// call tried, as the task says; the answer of the first that served.
     pub(super) async fn violated_then_reask(
         &mut self,
         target: &Arc<Target>,
         key: Option<usize>,
-        violated: (Violation, crate::health::Permit, String),
+        violated: Violated,
         admission: &mut Admission<'_>,
     ) -> Option<Response<Body>> {
-        let (violation, permit, answered) = violated;
+        let Violated {
+            violation,
+            permit,
+            answered,
+            completion,
+        } = violated;
         let broken = Broken {
             key,
             violation: &violation,
             answered: &answered,
         };
         self.violated(target, violation.clone(), permit);
-        self.reask(target, broken, admission).await
+        if let Some(resp) = self.reask(target, &broken, admission).await {
+            return Some(resp);
+        }
+        let completion = completion?;
+        self.convert_to_tool(target, &broken, &completion, admission)
+            .await
     }
 
     /// Re-asks `target` once, when the task says so and the deadline and the
@@ -57,14 +68,14 @@ impl Walk<'_> {
     async fn reask(
         &mut self,
         target: &Arc<Target>,
-        broken: Broken<'_>,
+        broken: &Broken<'_>,
         admission: &mut Admission<'_>,
     ) -> Option<Response<Body>> {
         let wanted = self.task.repairs.contains(&Repair::Reask) && self.op == Operation::Chat;
         if !wanted || Instant::now() >= self.deadline {
             return None;
         }
-        let body = reask_body(self.body, target, &broken)?;
+        let body = reask_body(self.body, target, broken)?;
         let permit = admission
             .readmit(target)
             .filter(|_| admission.recheck(target, broken.key))?;
@@ -90,7 +101,7 @@ impl Walk<'_> {
             failed @ (Attempt::Failed(_)
             | Attempt::Deadline
             | Attempt::Local(_)
-            | Attempt::Violated { .. }) => {
+            | Attempt::Violated(_)) => {
                 attempt::count_repair(self.task, target, Repair::Reask, false, broken.violation);
                 self.reask_failed(target, failed, broken.key, &span);
                 return None;
@@ -122,15 +133,118 @@ impl Walk<'_> {
                     key,
                 );
             }
-            Attempt::Violated { permit, .. } => {
+            Attempt::Violated(v) => {
                 telemetry::attempt_abandoned(span, "contract_violation", "failover");
-                attempt::book_violation(&self.snapshot.health, target, permit);
+                attempt::book_violation(&self.snapshot.health, target, v.permit);
             }
             Attempt::Deadline => self.deadline_hit = true,
             Attempt::Local(resource) => self.local(resource, span),
             Attempt::Answer { .. } | Attempt::Committed(_) => {}
         }
     }
+}
+
+impl Walk<'_> {
+    /// Turns `target`'s prose, where the request required a call, into that
+    /// call: the task's `repair_target`s in order, each asked to produce
+    /// exactly it from the answer. The answer stays `target`'s, its message
+    /// now the call (non-streamed requests only: prose commits a stream).
+    async fn convert_to_tool(
+        &mut self,
+        target: &Arc<Target>,
+        broken: &Broken<'_>,
+        completion: &Bytes,
+        admission: &mut Admission<'_>,
+    ) -> Option<Response<Body>> {
+        let contract = self.contract_for(target)?;
+        let required = contract.required()?;
+        let wanted = self.task.repairs.contains(&Repair::ToTool) && !self.stream;
+        if !wanted || broken.answered.trim().is_empty() {
+            return None;
+        }
+        let request = to_tool_request(&contract, required, broken.answered)?;
+        for repairer in self.task.repair_targets.clone() {
+            if Instant::now() >= self.deadline {
+                return None;
+            }
+            let Some(body) = encode_for(&request, &repairer) else {
+                continue;
+            };
+            let Some(admitted) = admission.admit_with(Arc::clone(&repairer), body) else {
+                continue;
+            };
+            self.tally.attempts += 1;
+            let span = self.account.trace.attempt(&attempt::span_info(
+                &repairer,
+                self.tally.attempts,
+                self.op,
+            ));
+            let mut call = self.call(&repairer, admitted.key);
+            call.contract = Some(Arc::clone(&contract));
+            call.stream = false;
+            let outcome = attempt::run(&call, admitted.body, admitted.permit)
+                .instrument(span.clone())
+                .await;
+            let Attempt::Answer { status, body, .. } = outcome else {
+                attempt::count_repair(self.task, target, Repair::ToTool, false, broken.violation);
+                self.reask_failed(&repairer, outcome, admitted.key, &span);
+                continue;
+            };
+            let kept = crate::schema::with_calls_of(completion, &body)
+                .filter(|whole| contract.check_completion(whole).is_ok());
+            attempt::count_repair(
+                self.task,
+                target,
+                Repair::ToTool,
+                kept.is_some(),
+                broken.violation,
+            );
+            let Some(whole) = kept else {
+                continue;
+            };
+            let answer = Attempt::Answer {
+                status,
+                body: whole,
+                repaired: Some(Repair::ToTool),
+            };
+            return self.deliver(target, answer, &span);
+        }
+        None
+    }
+}
+
+/// The request that asks a repair target for exactly the required call
+/// (`required`: `None` any offered tool) made of `answered`.
+fn to_tool_request(
+    contract: &crate::schema::Contract,
+    required: Option<&str>,
+    answered: &str,
+) -> Option<Vec<u8>> {
+    let tool_choice = match required {
+        Some(name) => serde_json::json!({"type": "function", "function": {"name": name}}),
+        None => Value::from("required"),
+    };
+    let request = serde_json::json!({
+        "model": "repair",
+        "stream": false,
+        "messages": [
+            {"role": "system", "content": "Turn the assistant's answer below into exactly one call of the tool you are given. Take its arguments only from that answer; do not answer anything else."},
+            {"role": "user", "content": answered},
+        ],
+        "tools": contract.tools(required),
+        "tool_choice": tool_choice,
+    });
+    serde_json::to_vec(&request).ok()
+}
+
+/// An OpenAI-format request body encoded for `target`'s protocol.
+fn encode_for(request: &[u8], target: &Target) -> Option<Bytes> {
+    let parsed = ChatRequest::parse(request).ok()?;
+    let model = TargetModel {
+        model: &target.model,
+        max_output: target.max_output,
+    };
+    target.provider.endpoint.adapter.encode(&parsed, model).ok()
 }
 
 /// The client's request, then the broken answer and a message quoting what
@@ -152,11 +266,5 @@ fn reask_body(client_body: &[u8], target: &Target, broken: &Broken<'_>) -> Optio
             broken.violation
         ),
     }));
-    let bytes = serde_json::to_vec(&request).ok()?;
-    let parsed = ChatRequest::parse(&bytes).ok()?;
-    let model = TargetModel {
-        model: &target.model,
-        max_output: target.max_output,
-    };
-    target.provider.endpoint.adapter.encode(&parsed, model).ok()
+    encode_for(&serde_json::to_vec(&request).ok()?, target)
 }

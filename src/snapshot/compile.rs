@@ -1510,6 +1510,7 @@ fn task(
         fallback_budget,
         state: live.tasks.get(name.to_owned()),
         validate_tool_calls,
+        repair_targets: repair_targets(t, path, raw, targets, &repairs, c),
         repairs,
         tool_schemas: Arc::new(tool_schemas(&t.tool_schemas, path, c)),
         routes: chain
@@ -1548,6 +1549,60 @@ fn repairs(t: &RawTask, path: &str, c: &mut Checks<'_>) -> Vec<crate::schema::Re
         }
     }
     repairs
+}
+
+/// The targets of `to_tool`: `repair_target` names a target, or a task
+/// whose chain is tried in order; each must declare `tools`.
+fn repair_targets(
+    t: &RawTask,
+    path: &str,
+    raw: &RawConfig,
+    targets: &BTreeMap<String, Arc<Target>>,
+    repairs: &[crate::schema::Repair],
+    c: &mut Checks<'_>,
+) -> Vec<Arc<Target>> {
+    let wants = repairs.contains(&crate::schema::Repair::ToTool);
+    let named = t.contract.as_ref().and_then(|k| k.repair_target.as_deref());
+    let at = format!("{path}.contract.repair_target");
+    let name = match (wants, named) {
+        (false, None) => return Vec::new(),
+        (true, None) => {
+            c.error(&format!("{path}.contract.repair"), "`to_tool` needs a `repair_target`: the target or task that turns prose into the call");
+            return Vec::new();
+        }
+        (false, Some(_)) => {
+            c.error(
+                &at,
+                "`repair_target` is only used by the `to_tool` repair: add it to `repair`",
+            );
+            return Vec::new();
+        }
+        (true, Some(name)) => name,
+    };
+    let names: Vec<String> = if targets.contains_key(name) {
+        vec![name.to_owned()]
+    } else if let Some(task) = raw.tasks.get(name) {
+        task.chain.clone()
+    } else {
+        c.error(&at, format!("unknown target or task `{name}`"));
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for n in names {
+        // An unknown name in a task's chain is that task's error already.
+        let Some(target) = targets.get(n.as_str()) else {
+            continue;
+        };
+        if target
+            .capabilities
+            .contains(&crate::config::Capability::Tools)
+        {
+            out.push(Arc::clone(target));
+        } else {
+            c.error(&at, format!("target `{n}` cannot make tool calls: it does not declare the `tools` capability"));
+        }
+    }
+    out
 }
 
 /// A task's hedging policy.
