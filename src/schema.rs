@@ -205,14 +205,10 @@ impl Contract {
             .unwrap_or_default();
         for choice in &choices {
             let message = choice.get("message").unwrap_or(&Value::Null);
-            let calls: Vec<(String, String)> = message
-                .get("tool_calls")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .map(|c| name_and_arguments(c.get("function").unwrap_or(&Value::Null)))
-                .chain(message.get("function_call").map(name_and_arguments))
-                .collect();
+            for f in functions(message) {
+                string_arguments(f)?;
+            }
+            let calls: Vec<(String, String)> = functions(message).map(name_and_arguments).collect();
             self.check_calls(&calls)?;
         }
         if choices.is_empty() {
@@ -251,6 +247,9 @@ impl Contract {
                 arguments
             })
             .map_err(|e| violation(Some(name), format!("arguments are not valid JSON: {e}")))?;
+            if !args.is_object() {
+                return Err(violation(Some(name), "arguments are not a JSON object"));
+            }
             let result = match (self.overrides.get(name), parameters) {
                 (Some(validator), _) => validator
                     .validate(&args)
@@ -306,11 +305,14 @@ impl Contract {
             .collect()
     }
 
-    /// The calls with the JSON of their arguments repaired, when that alone
-    /// makes them keep the contract; `None` when nothing was repairable or
-    /// the repaired calls still break it.
+    /// The calls with the JSON of their arguments repaired: `None` when no
+    /// argument needed it (nothing to try), `Some(None)` when the repaired
+    /// calls still break the contract.
     #[must_use]
-    pub fn repair_calls(&self, calls: &[(String, String)]) -> Option<Vec<(String, String)>> {
+    pub fn repair_calls(
+        &self,
+        calls: &[(String, String)],
+    ) -> Option<Option<Vec<(String, String)>>> {
         let mut changed = false;
         let fixed: Vec<(String, String)> = calls
             .iter()
@@ -322,56 +324,87 @@ impl Contract {
                 None => (name.clone(), arguments.clone()),
             })
             .collect();
-        (changed && self.check_calls(&fixed).is_ok()).then_some(fixed)
+        changed.then(|| self.check_calls(&fixed).is_ok().then_some(fixed))
     }
 
     /// A non-streamed `chat.completion` whose tool call arguments are
-    /// repaired, when that makes it keep the contract.
+    /// repaired, as [`Contract::repair_calls`] says it.
     #[must_use]
-    pub fn repair_completion(&self, body: &[u8]) -> Option<bytes::Bytes> {
+    pub fn repair_completion(&self, body: &[u8]) -> Option<Option<bytes::Bytes>> {
         let mut v: Value = serde_json::from_slice(body).ok()?;
         let mut changed = false;
         for choice in v.get_mut("choices")?.as_array_mut()? {
             let Some(message) = choice.get_mut("message") else {
                 continue;
             };
-            let functions = message
-                .get_mut("tool_calls")
-                .and_then(Value::as_array_mut)
-                .into_iter()
-                .flatten()
-                .filter_map(|c| c.get_mut("function"));
-            for f in functions {
-                let repaired = f
-                    .get("arguments")
-                    .and_then(Value::as_str)
-                    .and_then(repair_arguments);
-                if let Some(repaired) = repaired {
-                    f["arguments"] = Value::String(repaired);
-                    changed = true;
+            let Some(fields) = message.as_object_mut() else {
+                continue;
+            };
+            for (key, value) in fields.iter_mut() {
+                match (key.as_str(), value) {
+                    ("tool_calls", Value::Array(calls)) => {
+                        for f in calls.iter_mut().filter_map(|c| c.get_mut("function")) {
+                            changed |= repair_function(f);
+                        }
+                    }
+                    ("function_call", f) => changed |= repair_function(f),
+                    _ => {}
                 }
             }
         }
+        if !changed {
+            return None;
+        }
         let repaired = serde_json::to_vec(&v).ok()?;
-        (changed && self.check_completion(&repaired).is_ok()).then(|| repaired.into())
+        Some(
+            self.check_completion(&repaired)
+                .is_ok()
+                .then(|| repaired.into()),
+        )
     }
 }
 
-/// What a non-streamed answer said, for a re-ask to quote: its first
-/// choice's text, then its calls.
+/// Repairs the `arguments` of one `function` object in place; whether it did.
+fn repair_function(f: &mut Value) -> bool {
+    let repaired = match f.get("arguments") {
+        Some(Value::String(text)) => repair_arguments(text),
+        // Arguments sent as the object itself: the client expects its JSON text.
+        Some(object @ Value::Object(_)) => Some(object.to_string()),
+        _ => None,
+    };
+    let Some(repaired) = repaired else {
+        return false;
+    };
+    f["arguments"] = Value::String(repaired);
+    true
+}
+
+/// What a non-streamed answer said, for a re-ask to quote: each choice's
+/// text, then its calls (legacy `function_call` included).
 #[must_use]
 pub fn quoted_completion(body: &[u8]) -> String {
     let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    let message = v.pointer("/choices/0/message").unwrap_or(&Value::Null);
-    let calls: Vec<(String, String)> = message
-        .get("tool_calls")
-        .and_then(Value::as_array)
+    let choices = v.get("choices").and_then(Value::as_array);
+    let quotes: Vec<String> = choices
         .into_iter()
         .flatten()
-        .map(|c| name_and_arguments(c.get("function").unwrap_or(&Value::Null)))
+        .map(|choice| {
+            let message = choice.get("message").unwrap_or(&Value::Null);
+            let calls: Vec<(String, String)> = functions(message)
+                .map(|f| {
+                    let arguments = match f.get("arguments") {
+                        Some(Value::String(text)) => text.clone(),
+                        Some(other) => other.to_string(),
+                        None => String::new(),
+                    };
+                    (name_and_arguments(f).0, arguments)
+                })
+                .collect();
+            let text = message.get("content").and_then(Value::as_str).unwrap_or("");
+            quoted(text, &calls)
+        })
         .collect();
-    let text = message.get("content").and_then(Value::as_str).unwrap_or("");
-    quoted(text, &calls)
+    quotes.join("\n")
 }
 
 /// `completion` with its first choice's message made the calls of
@@ -416,6 +449,40 @@ fn repair_arguments(arguments: &str) -> Option<String> {
     is_object(&repaired).then_some(repaired)
 }
 
+/// The `function` objects of a message: its tool calls', then a legacy
+/// `function_call`.
+fn functions(message: &Value) -> impl Iterator<Item = &Value> {
+    message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|c| c.get("function").unwrap_or(&Value::Null))
+        .chain(message.get("function_call"))
+}
+
+/// A call's `arguments` must be JSON text (a string), as every client parses it.
+fn string_arguments(f: &Value) -> Result<(), Violation> {
+    let name = f.get("name").and_then(Value::as_str);
+    match f.get("arguments") {
+        Some(Value::String(_)) => Ok(()),
+        None | Some(Value::Null) => Err(violation(name, "the call has no `arguments`")),
+        Some(other) => {
+            let kind = match other {
+                Value::Object(_) => "an object",
+                Value::Array(_) => "a list",
+                Value::Number(_) => "a number",
+                Value::Bool(_) => "a boolean",
+                Value::String(_) | Value::Null => "a value",
+            };
+            Err(violation(
+                name,
+                format!("`arguments` must be JSON text (a string), not {kind}"),
+            ))
+        }
+    }
+}
+
 /// `(name, arguments)` of a `function` object (a tool call's or a legacy
 /// `function_call`); missing fields read as empty.
 fn name_and_arguments(f: &Value) -> (String, String) {
@@ -424,12 +491,13 @@ fn name_and_arguments(f: &Value) -> (String, String) {
 }
 
 /// Assembles streamed tool call deltas (`delta.tool_calls[i]` with `index`,
-/// `function.name` once, `function.arguments` in pieces).
+/// `function.name` once, `function.arguments` in pieces), per choice.
 #[derive(Debug, Default, Clone)]
 pub struct CallAssembler {
-    calls: BTreeMap<u64, (String, String)>,
+    /// By (choice index, call index): name and arguments so far.
+    calls: BTreeMap<(u64, u64), (String, String)>,
     /// Each call's `id`, as its first delta gave it.
-    ids: BTreeMap<u64, String>,
+    ids: BTreeMap<(u64, u64), String>,
 }
 
 impl CallAssembler {
@@ -447,16 +515,16 @@ impl CallAssembler {
             .into_iter()
             .flatten()
         {
-            if choice
-                .get("delta")
+            let at = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
+            let delta = choice.get("delta");
+            if delta
                 .and_then(|d| d.get("content"))
                 .and_then(Value::as_str)
                 .is_some_and(|t| !t.is_empty())
             {
                 text = true;
             }
-            for call in choice
-                .get("delta")
+            for call in delta
                 .and_then(|d| d.get("tool_calls"))
                 .and_then(Value::as_array)
                 .into_iter()
@@ -465,9 +533,9 @@ impl CallAssembler {
                 any = true;
                 let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
                 if let Some(id) = call.get("id").and_then(Value::as_str) {
-                    self.ids.entry(index).or_insert_with(|| id.to_owned());
+                    self.ids.entry((at, index)).or_insert_with(|| id.to_owned());
                 }
-                let entry = self.calls.entry(index).or_default();
+                let entry = self.calls.entry((at, index)).or_default();
                 if let Some(f) = call.get("function") {
                     if let Some(name) = f.get("name").and_then(Value::as_str) {
                         entry.0.push_str(name);
@@ -481,73 +549,78 @@ impl CallAssembler {
         (any, text)
     }
 
-    /// The calls assembled so far, in index order.
+    /// The calls assembled so far, by choice then index.
     #[must_use]
     pub fn calls(&self) -> Vec<(String, String)> {
         self.calls.values().cloned().collect()
     }
 
     /// What goes out in place of `held`, a stream's held tool call events,
-    /// once their calls are repaired into `calls` (in index order, as
-    /// [`CallAssembler::calls`] gave them): one chunk carrying them whole,
-    /// then the finish the held events carried, if any, in the envelope
-    /// (`id`, `model`, `created`) of the first of them.
+    /// once their calls are repaired into `calls` (in the order
+    /// [`CallAssembler::calls`] gave them): one chunk per choice carrying
+    /// its calls whole, then the finish (and usage) the held events carried,
+    /// in the envelope (`id`, `model`, `created`) of the first of them.
     #[must_use]
     pub fn repaired_events(&self, held: &[u8], calls: &[(String, String)]) -> Option<bytes::Bytes> {
         let mut parser = crate::sse::Parser::default();
         parser.push(held);
-        let data: Vec<String> = std::iter::from_fn(|| parser.next_event(true))
+        let parsed: Vec<Value> = std::iter::from_fn(|| parser.next_event(true))
             .filter_map(|e| e.data)
+            .filter_map(|d| serde_json::from_str(&d).ok())
             .collect();
-        let template = data.first()?;
-        let mut out = self.whole_calls_event(template, calls)?.to_vec();
-        let finish = data.iter().rev().find_map(|d| {
-            let v: Value = serde_json::from_str(d).ok()?;
-            v.pointer("/choices/0/finish_reason")?
-                .as_str()
-                .map(str::to_owned)
-        });
-        if let Some(reason) = finish {
-            let mut chunk: Value = serde_json::from_str(template).ok()?;
-            let choice = serde_json::json!({"index": 0, "delta": {}, "finish_reason": reason});
-            chunk
-                .as_object_mut()?
-                .insert("choices".into(), Value::Array(vec![choice]));
-            out.extend_from_slice(format!("data: {chunk}\n\n").as_bytes());
+        let template = parsed.first()?;
+        let mut by_choice: BTreeMap<u64, Vec<Value>> = BTreeMap::new();
+        for (((at, index), _), (name, arguments)) in self.calls.iter().zip(calls) {
+            by_choice.entry(*at).or_default().push(serde_json::json!({
+                "index": index,
+                "id": self.ids.get(&(*at, *index)),
+                "type": "function",
+                "function": { "name": name, "arguments": arguments },
+            }));
+        }
+        let mut out = Vec::new();
+        for (at, tool_calls) in by_choice {
+            let choice = serde_json::json!({"index": at, "delta": {"tool_calls": tool_calls}, "finish_reason": null});
+            out.extend_from_slice(&event_like(template, vec![choice], None)?);
+        }
+        let finishes: BTreeMap<u64, String> = parsed
+            .iter()
+            .flat_map(|v| {
+                v.get("choices")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|c| {
+                let reason = c.get("finish_reason")?.as_str()?.to_owned();
+                Some((c.get("index").and_then(Value::as_u64).unwrap_or(0), reason))
+            })
+            .collect();
+        let usage = parsed
+            .iter()
+            .rev()
+            .find_map(|v| v.get("usage").filter(|u| u.is_object()).cloned());
+        if !finishes.is_empty() || usage.is_some() {
+            let choices = finishes
+                .into_iter()
+                .map(|(at, reason)| serde_json::json!({"index": at, "delta": {}, "finish_reason": reason}))
+                .collect();
+            out.extend_from_slice(&event_like(template, choices, usage)?);
         }
         Some(out.into())
     }
+}
 
-    fn whole_calls_event(
-        &self,
-        template: &str,
-        calls: &[(String, String)],
-    ) -> Option<bytes::Bytes> {
-        let mut chunk: Value = serde_json::from_str(template).ok()?;
-        let tool_calls: Vec<Value> = self
-            .calls
-            .keys()
-            .zip(calls)
-            .map(|(index, (name, arguments))| {
-                serde_json::json!({
-                    "index": index,
-                    "id": self.ids.get(index),
-                    "type": "function",
-                    "function": { "name": name, "arguments": arguments },
-                })
-            })
-            .collect();
-        let choice = serde_json::json!({
-            "index": 0,
-            "delta": { "tool_calls": tool_calls },
-            "finish_reason": null,
-        });
-        chunk
-            .as_object_mut()?
-            .insert("choices".into(), Value::Array(vec![choice]));
-        chunk.as_object_mut()?.remove("usage");
-        Some(bytes::Bytes::from(format!("data: {chunk}\n\n")))
-    }
+/// An SSE chunk event in `template`'s envelope with `choices` (and `usage`).
+fn event_like(template: &Value, choices: Vec<Value>, usage: Option<Value>) -> Option<Vec<u8>> {
+    let mut chunk = template.clone();
+    let fields = chunk.as_object_mut()?;
+    fields.insert("choices".into(), Value::Array(choices));
+    match usage {
+        Some(usage) => fields.insert("usage".into(), usage),
+        None => fields.remove("usage"),
+    };
+    Some(format!("data: {chunk}\n\n").into_bytes())
 }
 
 #[cfg(test)]
@@ -591,19 +664,24 @@ mod tests {
         ] {
             let fixed = c
                 .repair_calls(&weather(broken))
+                .flatten()
                 .unwrap_or_else(|| panic!("{broken}"));
             let v: Value = serde_json::from_str(&fixed[0].1).unwrap();
             assert_eq!(v, serde_json::json!({"city": "Oslo"}), "{broken}");
         }
         // Valid JSON is never touched; prose and schema errors stay broken.
         for not_syntax in ["{\"town\": \"Oslo\"}", "{\"city\": 7,}", "Oslo please", ""] {
-            assert_eq!(c.repair_calls(&weather(not_syntax)), None, "{not_syntax}");
+            assert!(
+                c.repair_calls(&weather(not_syntax)).flatten().is_none(),
+                "{not_syntax}"
+            );
         }
         let body = answer(call("get_weather", "{'city': 'Oslo',}"));
-        let fixed = c.repair_completion(&body).unwrap();
+        let fixed = c.repair_completion(&body).flatten().unwrap();
         assert!(c.check_completion(&fixed).is_ok());
         assert_eq!(
-            c.repair_completion(&answer(call("get_weather", "{\"city\": 1}"))),
+            c.repair_completion(&answer(call("get_weather", "{\"city\": 1}")))
+                .flatten(),
             None
         );
     }

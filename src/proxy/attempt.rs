@@ -563,13 +563,7 @@ fn answered(
         permit,
         None,
     );
-    let usage = sse::usage(&bytes);
-    // Without reported usage, the answer's own text is the completion's estimate.
-    let estimate = match usage {
-        Some(_) => 0,
-        None => crate::tokens::estimate_completion(&bytes),
-    };
-    call.account.settle(target, usage, estimate);
+    settle_answer(call, &bytes);
     Attempt::Answer {
         status,
         body: crate::sanitize::redact_secrets(bytes, target.provider.secrets()),
@@ -595,27 +589,44 @@ fn keep_contract(
         contract.repair_completion(&bytes)
     }) {
         Some((method, fixed)) => Ok((fixed, Some(method), permit)),
-        None => Err(Box::new(Violated {
-            violation,
-            permit,
-            answered: crate::schema::quoted_completion(&bytes),
-            completion: Some(bytes),
-        })),
+        None => {
+            // The provider billed the broken answer all the same.
+            settle_answer(call, &bytes);
+            Err(Box::new(Violated {
+                violation,
+                permit,
+                answered: crate::schema::quoted_completion(&bytes),
+                completion: Some(bytes),
+            }))
+        }
     }
 }
 
+/// Books a non-streamed answer's usage: as reported, else estimated from its text.
+fn settle_answer(call: &Call<'_>, bytes: &[u8]) {
+    let usage = sse::usage(bytes);
+    let estimate = match usage {
+        Some(_) => 0,
+        None => crate::tokens::estimate_completion(bytes),
+    };
+    call.account.settle(call.target, usage, estimate);
+}
+
 /// Tries the task's repairs, in order, on an answer of `target` that broke
-/// the contract (`violation`); `repair` applies one method. Each try is
-/// counted, logged with the violation (never the prompt) and put on the
-/// trace. The first that works, and what it made.
+/// the contract (`violation`); `repair` applies one method: `None` when it
+/// has nothing to repair there, else what it made, if that keeps the
+/// contract. Each real try is counted, logged with the violation (never the
+/// prompt) and put on the trace. The first that works, and what it made.
 pub fn try_repairs<T>(
     task: &Task,
     target: &Target,
     violation: &Violation,
-    mut repair: impl FnMut(Repair) -> Option<T>,
+    mut repair: impl FnMut(Repair) -> Option<Option<T>>,
 ) -> Option<(Repair, T)> {
     for &method in task.repairs.iter().filter(|m| m.is_local()) {
-        let fixed = repair(method);
+        let Some(fixed) = repair(method) else {
+            continue;
+        };
         count_repair(task, target, method, fixed.is_some(), violation);
         if let Some(fixed) = fixed {
             return Some((method, fixed));
@@ -985,13 +996,16 @@ fn repair_held(
     let calls = held.calls.calls();
     let (method, events) = try_repairs(call.task, call.target, violation, |_| {
         let fixed = contract.repair_calls(&calls)?;
+        let Some(fixed) = fixed else {
+            return Some(None);
+        };
         let tool_bytes: Vec<u8> = held
             .events
             .iter()
             .filter(|(_, tool)| *tool)
             .flat_map(|(raw, _)| raw.iter().copied())
             .collect();
-        held.calls.repaired_events(&tool_bytes, &fixed)
+        Some(held.calls.repaired_events(&tool_bytes, &fixed))
     })?;
     let first = held.events.iter().position(|(_, tool)| *tool)?;
     held.events.retain(|(_, tool)| !tool);

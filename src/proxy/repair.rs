@@ -137,7 +137,11 @@ impl Walk<'_> {
                 telemetry::attempt_abandoned(span, "contract_violation", "failover");
                 attempt::book_violation(&self.snapshot.health, target, v.permit);
             }
-            Attempt::Deadline => self.deadline_hit = true,
+            Attempt::Deadline => {
+                // The deadline, not the broken answer, ended the request: 504.
+                self.deadline_hit = true;
+                self.violation = None;
+            }
             Attempt::Local(resource) => self.local(resource, span),
             Attempt::Answer { .. } | Attempt::Committed(_) => {}
         }

@@ -326,7 +326,7 @@ impl Relay {
             // the metrics, the log and the trace only.
             let fixed = attempt::try_repairs(&s.account.task, &s.target, &v, |_| {
                 let fixed = contract.repair_calls(&calls)?;
-                s.calls.repaired_events(&s.tool_held, &fixed)
+                Some(fixed.and_then(|fixed| s.calls.repaired_events(&s.tool_held, &fixed)))
             });
             let Some((_, events)) = fixed else {
                 warn!(target = %s.target.name, violation = %v, "tool call breaks the contract after text was sent");
