@@ -485,6 +485,37 @@ fn keyed_config(
     )
 }
 
+/// A store, a key file, `a` answering one 401 then completions, and `b`.
+struct Blip {
+    redis: RedisServer,
+    _dir: tempfile::TempDir,
+    key: std::path::PathBuf,
+    a: Fake,
+    b: Fake,
+}
+
+impl Blip {
+    async fn start() -> Blip {
+        let redis = RedisServer::start();
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("key");
+        std::fs::write(&key, "sk-shared-0123456789").unwrap();
+        let a = Fake::start(|n, _| match n {
+            0 => fake::error(401, "Incorrect API key provided"),
+            _ => fake::completion("model-a", "a"),
+        })
+        .await;
+        let b = Fake::always(fake::completion("model-b", "b")).await;
+        Blip {
+            redis,
+            _dir: dir,
+            key,
+            a,
+            b,
+        }
+    }
+}
+
 fn key_dead(gw: &Gw) -> bool {
     let snapshot = gw.app.snapshot.load();
     let key = &snapshot.providers["pa"].keys[0];
@@ -497,16 +528,13 @@ fn key_dead(gw: &Gw) -> bool {
 /// item 5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_keys_recovery_reaches_the_replicas_that_do_not_reprobe() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let key = dir.path().join("key");
-    std::fs::write(&key, "sk-shared-0123456789").unwrap();
-    let a = Fake::start(|n, _| match n {
-        0 => fake::error(401, "Incorrect API key provided"),
-        _ => fake::completion("model-a", "a"),
-    })
-    .await;
-    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let Blip {
+        redis,
+        _dir,
+        key,
+        a,
+        b,
+    } = Blip::start().await;
     let prober = gateway(&keyed_config(&a, &b, &redis, &key, Some("200ms"), "")).await;
     let quiet = gateway(&keyed_config(&a, &b, &redis, &key, None, "")).await;
     for gw in [&prober, &quiet] {
@@ -531,16 +559,13 @@ async fn a_revoked_keys_recovery_reaches_the_replicas_that_do_not_reprobe() {
 /// re-probes the key, so none revives it for the others (issue 21 item 5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revocation_until_rotation_is_kept_by_every_replica() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let key = dir.path().join("key");
-    std::fs::write(&key, "sk-shared-0123456789").unwrap();
-    let a = Fake::start(|n, _| match n {
-        0 => fake::error(401, "Incorrect API key provided"),
-        _ => fake::completion("model-a", "a"),
-    })
-    .await;
-    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let Blip {
+        redis,
+        _dir,
+        key,
+        a,
+        b,
+    } = Blip::start().await;
     let rules = ", error_classes: [{ match: { status: 401 }, action: failover, scope: key, cooldown: until_reload, revoke: until_rotation }]";
     let yaml = keyed_config(&a, &b, &redis, &key, Some("100ms"), rules);
     let (one, two) = (gateway(&yaml).await, gateway(&yaml).await);
