@@ -98,7 +98,7 @@ pub enum GatewayError {
     Unauthorized,
     /// The answer broke the request's tool call contract, and the one retry on
     /// another candidate did not produce a valid one. 502.
-    #[error("degraded answer broke the tool call contract: {0}")]
+    #[error("degraded answer broke the request's contract: {0}")]
     ContractViolation(String),
     /// `total_timeout` passed before an answer. 504.
     #[error("the task's total_timeout of {0:?} was exhausted")]

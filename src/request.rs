@@ -135,6 +135,8 @@ pub struct ChatRequest<'a> {
     pub function_call: Option<&'a RawValue>,
     /// `response_format` asks for JSON (`json_object` or `json_schema`).
     pub json_mode: bool,
+    /// `response_format` as sent (the contract reads its schema).
+    pub response_format: Option<&'a RawValue>,
     /// `max_completion_tokens`, else `max_tokens`.
     pub max_tokens: Option<u64>,
     /// Some message has an image part.
@@ -179,6 +181,7 @@ impl<'a> ChatRequest<'a> {
             tool_choice: wire.tool_choice,
             function_call: wire.function_call,
             json_mode: wire.response_format.is_some_and(asks_for_json),
+            response_format: wire.response_format,
             max_tokens: max_completion_tokens.or(max_tokens),
             prompt_tokens: 0,
         };

@@ -141,10 +141,66 @@ pub struct Contract {
     /// A call the request required: `Some(None)` any tool, `Some(Some(name))` that one.
     required: Option<Option<String>>,
     overrides: Arc<Overrides>,
+    /// The JSON an answer's text must be (`response_format`), if any.
+    format: Option<Format>,
+}
+
+/// What `response_format` asks of an answer's text.
+#[derive(Debug)]
+enum Format {
+    /// `json_object`: a JSON object.
+    Object,
+    /// `json_schema`: JSON that validates against its `schema`.
+    Schema(Value),
+}
+
+impl Format {
+    /// The format a request's `response_format` asks for, if JSON.
+    fn of(raw: Option<&RawValue>) -> Option<Self> {
+        let v: Value = serde_json::from_str(raw?.get()).ok()?;
+        match v.get("type").and_then(Value::as_str)? {
+            "json_object" => Some(Format::Object),
+            "json_schema" => Some(match v.pointer("/json_schema/schema") {
+                Some(schema) if schema.is_object() => Format::Schema(schema.clone()),
+                // No schema to hold it to: JSON is what can be checked.
+                _ => Format::Object,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Checks an answer's text.
+    fn check(&self, text: &str) -> Result<(), Violation> {
+        let value: Value = serde_json::from_str(text).map_err(|e| {
+            violation(
+                None,
+                format!("the answer's text is not the JSON `response_format` asks for: {e}"),
+            )
+        })?;
+        match self {
+            Format::Object if value.is_object() => Ok(()),
+            Format::Object => Err(violation(
+                None,
+                "the answer's JSON is not an object, as `json_object` asks",
+            )),
+            Format::Schema(schema) => match jsonschema::validator_for(schema) {
+                Ok(validator) => validator.validate(&value).map_err(|e| Violation {
+                    tool: None,
+                    detail: format!(
+                        "the answer's JSON does not match the `response_format` schema: {e}"
+                    ),
+                    schema_path: Some(e.schema_path.to_string()),
+                }),
+                // The caller's own schema does not compile: nothing to hold it to.
+                Err(_) => Ok(()),
+            },
+        }
+    }
 }
 
 impl Contract {
-    /// Reads the contract from a chat request; `None` when it offers no tools.
+    /// Reads the contract from a chat request: its tools, and the JSON its
+    /// `response_format` asks for; `None` when it has neither.
     #[must_use]
     pub fn from_request(request: &ChatRequest<'_>, overrides: &Arc<Overrides>) -> Option<Self> {
         let parse = |raw: Option<&RawValue>| -> Value {
@@ -163,7 +219,8 @@ impl Contract {
                 offered.insert(name.to_owned(), f.get("parameters").cloned());
             }
         }
-        if offered.is_empty() {
+        let format = Format::of(request.response_format);
+        if offered.is_empty() && format.is_none() {
             return None;
         }
         let choice = match request.tool_choice {
@@ -188,6 +245,7 @@ impl Contract {
             offered,
             required,
             overrides: Arc::clone(overrides),
+            format,
         })
     }
 
@@ -210,6 +268,10 @@ impl Contract {
             }
             let calls: Vec<(String, String)> = functions(message).map(name_and_arguments).collect();
             self.check_calls(&calls)?;
+            if let (Some(format), true) = (&self.format, calls.is_empty()) {
+                let text = message.get("content").and_then(Value::as_str).unwrap_or("");
+                format.check(text)?;
+            }
         }
         if choices.is_empty() {
             self.check_calls(&[])?;
@@ -276,6 +338,12 @@ impl Contract {
 }
 
 impl Contract {
+    /// Whether the request offers tools (their deltas are held in streams).
+    #[must_use]
+    pub fn offers_tools(&self) -> bool {
+        !self.offered.is_empty()
+    }
+
     /// The call the request required, if it required one: `Some(None)` any
     /// offered tool, `Some(Some(name))` that one.
     #[must_use]
@@ -348,6 +416,12 @@ impl Contract {
                         }
                     }
                     ("function_call", f) => changed |= repair_function(f),
+                    ("content", Value::String(text)) if self.format.is_some() => {
+                        if let Some(fixed) = repair_json_text(text) {
+                            *text = fixed;
+                            changed = true;
+                        }
+                    }
                     _ => {}
                 }
             }
@@ -436,6 +510,19 @@ pub fn quoted(text: &str, calls: &[(String, String)]) -> String {
         out.push_str(&format!("Called `{name}` with arguments: {arguments}"));
     }
     out
+}
+
+/// An answer's text that is not JSON, repaired into JSON; `None` when it
+/// is JSON already or no repair makes it so.
+fn repair_json_text(text: &str) -> Option<String> {
+    if text.trim().is_empty() || serde_json::from_str::<Value>(text).is_ok() {
+        return None;
+    }
+    let repaired = jsonrepair_rs::jsonrepair(text).ok()?;
+    // Prose is not made into a JSON string.
+    serde_json::from_str::<Value>(&repaired)
+        .is_ok_and(|v| v.is_object() || v.is_array())
+        .then_some(repaired)
 }
 
 /// Arguments that are not a JSON object, repaired into one; `None` when

@@ -72,12 +72,13 @@ async fn three(a: Reply, b: Reply, c: Reply, task_extra: &str) -> (Fake, Fake, F
     (a, b, c, gw)
 }
 
-/// Gives every target the `tools` capability (requests with tools need it).
+/// Gives every target the `tools` and `json_mode` capabilities (requests
+/// with tools, or asking for JSON, need them).
 fn with_tools(cfg: String) -> String {
     ["a", "b", "c"].iter().fold(cfg, |cfg, n| {
         cfg.replace(
             &format!("model: upstream-{n} }}"),
-            &format!("model: upstream-{n}, capabilities: [tools] }}"),
+            &format!("model: upstream-{n}, capabilities: [tools, json_mode] }}"),
         )
     })
 }
@@ -902,4 +903,93 @@ async fn streamed_calls_are_kept_apart_by_choice_and_a_repair_keeps_the_usage() 
 
 fn raw_event(v: &serde_json::Value) -> String {
     format!("data: {v}\n\n")
+}
+
+fn json_request(format: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "weather in Oslo as JSON"}],
+        "response_format": format})
+}
+
+fn weather_schema() -> serde_json::Value {
+    serde_json::json!({"type": "json_schema", "json_schema": {"name": "weather", "schema": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})
+}
+
+/// A degraded answer to a request for JSON (`json_object`, `json_schema`)
+/// is held to it: text that is not that JSON fails over (never a 200), and
+/// the repairs fix what they can.
+#[tokio::test]
+async fn a_json_response_format_is_part_of_the_contract() {
+    let cases = [
+        (
+            serde_json::json!({"type": "json_object"}),
+            "Sure! Here it is: sunny.",
+        ),
+        (serde_json::json!({"type": "json_object"}), "[1, 2]"),
+        (weather_schema(), r#"{"town": "Oslo"}"#),
+    ];
+    for (format, answer) in cases {
+        let (_a, b, c, gw) = three(
+            fake::error(503, "down"),
+            fake::completion("model-b", answer),
+            fake::completion("model-c", r#"{"city": "Oslo"}"#),
+            "",
+        )
+        .await;
+        let ans = chat(gw.addr, json_request(format.clone())).await;
+        assert_eq!(
+            ans.header("x-switchyard-target"),
+            "c",
+            "{format} / {answer}: {}",
+            ans.text()
+        );
+        assert_eq!((b.calls(), c.calls()), (1, 1));
+    }
+    // Fenced JSON with a trailing comma: syntax repair, no second call.
+    let (_a, _b, c, gw) = three(
+        fake::error(503, "down"),
+        fake::completion("model-b", "```json\n{\"city\": \"Oslo\",}\n```"),
+        fake::completion("model-c", r#"{"city": "Bergen"}"#),
+        REPAIR,
+    )
+    .await;
+    let ans = chat(gw.addr, json_request(weather_schema())).await;
+    assert_eq!(
+        ans.header("x-switchyard-repaired"),
+        "syntax",
+        "{}",
+        ans.text()
+    );
+    let text = ans.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+        serde_json::json!({"city": "Oslo"})
+    );
+    assert_eq!(c.calls(), 0);
+    // A schema mismatch gets the re-ask, which asks for the JSON again.
+    let b = Fake::start(first_then(
+        fake::completion("model-b", r#"{"town": "Oslo"}"#),
+        fake::completion("model-b", r#"{"city": "Oslo"}"#),
+    ))
+    .await;
+    let (b, c, gw) = reask_chain(b, REASK).await;
+    let ans = chat(gw.addr, json_request(weather_schema())).await;
+    assert_eq!(
+        ans.header("x-switchyard-repaired"),
+        "reask",
+        "{}",
+        ans.text()
+    );
+    assert_eq!((b.calls(), c.calls()), (2, 0));
+    let asked = b.seen()[1].body["messages"][2]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        asked.contains("response_format") && asked.contains("city"),
+        "{asked}"
+    );
 }

@@ -258,14 +258,16 @@ async fn audio_json_or_logprobs_skip_an_anthropic_target_for_an_openai_one() {
         include_str!("fixtures/anthropic/text_response.anthropic.json"),
     ))
     .await;
-    let b = Fake::always(fake::completion("model-b", "from b")).await;
+    // JSON, so that it keeps a `response_format` contract too.
+    let from_b = r#"{"text": "from b"}"#;
+    let b = Fake::always(fake::completion("model-b", from_b)).await;
     let (gw, _keys) = mixed(&[("a", &a), ("b", &b)], &["a"]).await;
     let cases = unanswerable_by_anthropic();
     for (what, body) in &cases {
         let ans = chat(gw.addr, body.clone()).await;
         assert_eq!(ans.status, 200, "{what}: {}", ans.text());
         assert_eq!(ans.header("x-switchyard-target"), "b", "{what}");
-        assert_eq!(ans.json()["choices"][0]["message"]["content"], "from b");
+        assert_eq!(ans.json()["choices"][0]["message"]["content"], from_b);
     }
     assert_eq!((a.calls(), b.calls()), (0, cases.len()));
     let page = get(gw.addr, "/metrics").await.text();

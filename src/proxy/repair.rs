@@ -262,11 +262,15 @@ fn reask_body(client_body: &[u8], target: &Target, broken: &Broken<'_>) -> Optio
         broken.answered
     };
     messages.push(serde_json::json!({"role": "assistant", "content": answered}));
+    let ask = if broken.violation.tool.is_some() {
+        "Answer again, with a tool call whose arguments are a JSON object that satisfies the tool's JSON Schema."
+    } else {
+        "Answer again, with only the JSON the requested response format asks for."
+    };
     messages.push(serde_json::json!({
         "role": "user",
         "content": format!(
-            "Your previous answer broke this request's tool contract: {}. \
-             Answer again, with a tool call whose arguments are a JSON object that satisfies the tool's JSON Schema.",
+            "Your previous answer broke this request's contract: {}. {ask}",
             broken.violation
         ),
     }));

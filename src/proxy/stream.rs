@@ -373,7 +373,12 @@ impl Relay {
         let StreamVerdict::Interrupted(why) = classify::end_of_stream(end) else {
             return Continued::No;
         };
-        let under_validation = self.state.contract.is_some();
+        // Held tool calls cannot be continued; JSON text streams as any text.
+        let under_validation = self
+            .state
+            .contract
+            .as_ref()
+            .is_some_and(|c| c.offers_tools());
         match &self.recovery {
             Some(r) if r.can_continue(why, under_validation) => {}
             Some(_) | None => return Continued::No,
