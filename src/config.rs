@@ -233,6 +233,9 @@ pub struct RawProvider {
     /// How this provider is told to continue an assistant prefix (for targets
     /// with the `prefill` capability, when a task continues broken streams).
     pub prefill: Option<RawPrefill>,
+    /// After a 429 from this provider, how long only `critical` tasks may
+    /// call it (the others go on down their chains), e.g. `30s`.
+    pub shed_after_429: Option<String>,
 }
 
 /// One key of a provider's pool.
@@ -401,6 +404,9 @@ pub struct RawProviderLimit {
     /// Requests allowed at once (default: `rpm`).
     #[schemars(range(min = 1))]
     pub burst: Option<u32>,
+    /// The share (0 to 1) of each bucket only `critical` tasks may spend.
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub reserve: Option<f64>,
 }
 
 /// Spend cap on fallback targets.
@@ -455,6 +461,10 @@ pub struct RawTask {
     /// What is tried on an answer that breaks the tool call contract before
     /// the failover.
     pub contract: Option<RawContract>,
+    /// `critical`, `normal` (default) or `batch`: only `critical` tasks spend
+    /// a bucket's `reserve` or a provider shedding after a 429.
+    #[schemars(with = "Option<schema_parts::Names<schema_parts::Priorities>>")]
+    pub priority: Option<String>,
     /// What happens when a stream breaks after its commit point.
     pub stream_recovery: Option<RawStreamRecovery>,
     /// Hedged requests: when a slow first attempt gets a parallel one.
@@ -705,6 +715,40 @@ impl<'de> Deserialize<'de> for Capability {
                 Capability::listed()
             ))
         })
+    }
+}
+
+/// Which work a task is (`priority`): only `critical` tasks spend what
+/// providers keep back (a bucket's `reserve`, a provider shedding after a 429).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Priority {
+    /// The core path: gets every bucket whole.
+    Critical,
+    /// Ordinary work (the default).
+    #[default]
+    Normal,
+    /// Work that may wait or go elsewhere.
+    Batch,
+}
+
+impl Priority {
+    /// Every priority, for parsing, messages and the JSON Schema.
+    pub const ALL: [Priority; 3] = [Priority::Critical, Priority::Normal, Priority::Batch];
+
+    /// Parses a `routes.yaml` name.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+
+    /// The `routes.yaml` name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Critical => "critical",
+            Priority::Normal => "normal",
+            Priority::Batch => "batch",
+        }
     }
 }
 
@@ -1087,6 +1131,8 @@ health:
             "chain: [t]",
             "chain: [t]\n    contract: { repairs: [syntax] }",
         ),
+        ("chain: [t]", "chain: [t]\n    priority: urgent"),
+        ("timeout: 2s", "rate_limit: { rpm: 10, reserve: 1.5 }"),
     ];
 
     #[test]

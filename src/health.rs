@@ -903,9 +903,24 @@ impl KeyHealth {
 pub struct ProviderHealth {
     /// (until, a rate limit's), the latest end.
     cooldown: Mutex<Option<(Instant, bool)>>,
+    /// When the account last answered a rate limit (429), for `shed_after_429`.
+    last_limited: Mutex<Option<Instant>>,
 }
 
 impl ProviderHealth {
+    /// The account answered a rate limit now.
+    pub fn rate_limited(&self, now: Instant) {
+        *self.last_limited.lock() = Some(now);
+    }
+
+    /// Until when non-critical work keeps off the account, `window` after
+    /// its last rate limit; `None` when that has passed.
+    #[must_use]
+    pub fn shedding(&self, now: Instant, window: Duration) -> Option<Instant> {
+        let until = (*self.last_limited.lock())? + window;
+        (now < until).then_some(until)
+    }
+
     /// Holds every target of the account back for `cooldown`.
     pub fn cool_down(&self, now: Instant, cooldown: Duration, rate_limited: bool) {
         let until = now + cooldown;

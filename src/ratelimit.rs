@@ -175,6 +175,17 @@ impl ProviderLimits {
     /// # Errors
     /// How long until the buckets could admit the request.
     pub fn check(&self, tokens: u64) -> Result<(), Duration> {
+        self.check_keeping(tokens, 0.0)
+    }
+
+    /// As [`check`](Self::check), keeping `reserve` (a share of each local
+    /// bucket, rounded up) for critical work: a call that would leave less
+    /// than that does not fit. The shared allowance keeps no reserve (it is
+    /// this replica's lease, not the bucket).
+    ///
+    /// # Errors
+    /// How long until the buckets could admit the request and keep the reserve.
+    pub fn check_keeping(&self, tokens: u64, reserve: f64) -> Result<(), Duration> {
         {
             let mut shared = self.shared.lock();
             if shared.on {
@@ -183,8 +194,19 @@ impl ProviderLimits {
         }
         let local = self.local.lock();
         let now = Instant::now();
-        let requests = local.requests.map_or(Ok(()), |b| b.fits(now, 1));
-        let tokens = local.tokens.map_or(Ok(()), |b| b.fits(now, tokens.max(1)));
+        let keep = |b: &Gcra| {
+            #[allow(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                clippy::cast_precision_loss
+            )]
+            let kept = (b.capacity as f64 * reserve.clamp(0.0, 1.0)).ceil() as u64;
+            kept
+        };
+        let requests = local.requests.map_or(Ok(()), |b| b.fits(now, 1 + keep(&b)));
+        let tokens = local
+            .tokens
+            .map_or(Ok(()), |b| b.fits(now, tokens.max(1) + keep(&b)));
         match (requests, tokens) {
             (Ok(()), Ok(())) => Ok(()),
             (Err(a), Err(b)) => Err(a.max(b)),

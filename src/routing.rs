@@ -125,6 +125,9 @@ pub enum Exclusion {
     KeysUnreadable,
     /// The task's fallback spend this hour reached `usd_per_hour`.
     FallbackBudget,
+    /// What is left of a bucket (its `reserve`), or of a provider that keeps
+    /// rate limiting (`shed_after_429`), is kept for critical tasks.
+    Reserved,
     /// Its context window is not larger than one that already said "too long".
     SmallerContext,
     /// Its protocol cannot express the request (e.g. `n > 1` for Anthropic).
@@ -146,6 +149,7 @@ impl Exclusion {
             Exclusion::KeysRevoked => "keys_revoked",
             Exclusion::KeysUnreadable => "keys_unreadable",
             Exclusion::FallbackBudget => "fallback_budget",
+            Exclusion::Reserved => "reserved",
             Exclusion::Unsupported(_) => "protocol",
         }
     }
@@ -179,6 +183,7 @@ impl Exclusion {
                 "no key of its provider could be read (it is never called without one)".to_owned()
             }
             Exclusion::FallbackBudget => "fallback_budget usd_per_hour reached".to_owned(),
+            Exclusion::Reserved => "kept for critical tasks (reserve or shed_after_429)".to_owned(),
             Exclusion::SmallerContext => {
                 "context window not larger than one that was too small".to_owned()
             }
@@ -202,6 +207,7 @@ impl Exclusion {
             | Exclusion::KeysRevoked
             | Exclusion::KeysUnreadable
             | Exclusion::FallbackBudget
+            | Exclusion::Reserved
             | Exclusion::SmallerContext
             | Exclusion::Unsupported(_) => false,
         }
@@ -614,10 +620,10 @@ impl<'a> Admission<'a> {
     /// ([`crate::snapshot::Provider::charge`]).
     pub fn recheck(&mut self, target: &Target, key: Option<usize>) -> bool {
         let tokens = self.needs.total_tokens(target);
-        let limits = key
-            .and_then(|i| target.provider.keys.get(i))
-            .and_then(|k| k.limits.as_ref());
-        if let Some(Err(wait)) = limits.map(|l| l.check(tokens)) {
+        let key = key.and_then(|i| target.provider.keys.get(i));
+        let reserve = key.filter(|_| !self.critical()).map_or(0.0, |k| k.reserve);
+        let limits = key.and_then(|k| k.limits.as_ref());
+        if let Some(Err(wait)) = limits.map(|l| l.check_keeping(tokens, reserve)) {
             self.snapshot.rate_limited.increment("key", 1);
             self.holdbacks.limited(Instant::now() + wait);
             return false;
@@ -628,17 +634,31 @@ impl<'a> Admission<'a> {
     /// Whether a call of `target` fits its provider's buckets (all of them,
     /// checked before any is charged); a refusal is counted and held back.
     fn provider_fits(&mut self, target: &Target) -> bool {
-        let Some(limits) = &target.provider.limits else {
-            return true;
+        self.provider_refusal(target).is_none()
+    }
+
+    /// Why the provider's buckets refuse a call of `target` now, if they do:
+    /// a rate limit, or only the reserve kept for critical tasks.
+    fn provider_refusal(&mut self, target: &Target) -> Option<Exclusion> {
+        let limits = target.provider.limits.as_ref()?;
+        let tokens = self.needs.total_tokens(target);
+        let reserve = if self.critical() {
+            0.0
+        } else {
+            target.provider.reserve
         };
-        match limits.check(self.needs.total_tokens(target)) {
-            Ok(()) => true,
-            Err(wait) => {
-                self.snapshot.rate_limited.increment("provider", 1);
-                self.holdbacks.limited(Instant::now() + wait);
-                false
-            }
+        let wait = limits.check_keeping(tokens, reserve).err()?;
+        self.holdbacks.limited(Instant::now() + wait);
+        if reserve > 0.0 && limits.check(tokens).is_ok() {
+            return Some(Exclusion::Reserved);
         }
+        self.snapshot.rate_limited.increment("provider", 1);
+        Some(Exclusion::ProviderRateLimited)
+    }
+
+    /// Whether the task is critical: it spends what providers keep back.
+    fn critical(&self) -> bool {
+        self.task.priority == crate::config::Priority::Critical
     }
 
     /// After a context-length error at `target`: only larger windows from now on.
@@ -695,9 +715,20 @@ impl<'a> Admission<'a> {
 
     /// A target's provider cooldown and breaker: its permit, if they let it be called.
     fn gate(&mut self, target: &Arc<Target>) -> Option<Permit> {
-        if let Some(why) = target.provider.health.unavailable(Instant::now()) {
+        let now = Instant::now();
+        if let Some(why) = target.provider.health.unavailable(now) {
             self.holdbacks.held(why);
             skip(self.task, target, &Exclusion::ProviderCoolingDown);
+            return None;
+        }
+        let shed = target.provider.shed_after_429;
+        if let Some(until) = shed
+            .filter(|_| !self.critical())
+            .and_then(|w| target.provider.health.shedding(now, w))
+        {
+            // The account keeps rate limiting: what is left is the critical path's.
+            self.holdbacks.limited(until);
+            skip(self.task, target, &Exclusion::Reserved);
             return None;
         }
         match target.health.admit(Instant::now()) {
@@ -720,8 +751,8 @@ impl<'a> Admission<'a> {
     /// The key and the provider's bucket: the admitted call.
     fn finish(&mut self, target: Arc<Target>, permit: Permit, body: Bytes) -> Option<Admitted> {
         let key = self.key(&target)?;
-        if !self.provider_fits(&target) {
-            skip(self.task, &target, &Exclusion::ProviderRateLimited);
+        if let Some(why) = self.provider_refusal(&target) {
+            skip(self.task, &target, &why);
             return None;
         }
         Some(Admitted {
@@ -736,7 +767,10 @@ impl<'a> Admission<'a> {
     /// of `tried`), if one can serve now: the cheapest recovery, same model.
     pub fn next_key(&mut self, target: &Target, tried: KeySet) -> Option<usize> {
         let tokens = self.needs.total_tokens(target);
-        match target.provider.pick_key(Instant::now(), tokens, tried) {
+        match target
+            .provider
+            .pick_key(Instant::now(), tokens, tried, self.critical())
+        {
             Ok(Some(key)) => Some(key),
             Ok(None) | Err(NoKey::Revoked | NoKey::Exhausted | NoKey::Unreadable) => None,
             Err(NoKey::Limited(until)) => {
@@ -751,10 +785,12 @@ impl<'a> Admission<'a> {
     /// target (no key can serve); `Some(None)` sends without a key.
     fn key(&mut self, target: &Target) -> Option<Option<usize>> {
         let tokens = self.needs.total_tokens(target);
-        let why = match target
-            .provider
-            .pick_key(Instant::now(), tokens, KeySet::default())
-        {
+        let why = match target.provider.pick_key(
+            Instant::now(),
+            tokens,
+            KeySet::default(),
+            self.critical(),
+        ) {
             Ok(key) => return Some(key),
             Err(NoKey::Limited(until)) => {
                 self.holdbacks.limited(until);

@@ -77,6 +77,10 @@ pub struct Provider {
     pub probe_interval: Option<Duration>,
     /// The account's rpm/tpm buckets, if limited.
     pub limits: Option<Arc<ProviderLimits>>,
+    /// The share of those buckets only critical tasks may spend.
+    pub reserve: f64,
+    /// After a 429, how long only critical tasks may call it.
+    pub shed_after_429: Option<Duration>,
     /// How it continues an assistant prefix (for `prefill` targets).
     pub prefill: Prefill,
 }
@@ -237,6 +241,8 @@ pub struct ApiKey {
     pub identity: live::KeyId,
     /// Its own rpm/tpm buckets, if limited.
     pub limits: Option<Arc<ProviderLimits>>,
+    /// The share of those buckets only critical tasks may spend.
+    pub reserve: f64,
     /// `switchyard_key_state{provider, key}`.
     pub gauge: Gauge,
 }
@@ -355,6 +361,7 @@ impl Provider {
         now: Instant,
         tokens: u64,
         tried: KeySet,
+        critical: bool,
     ) -> Result<Option<usize>, NoKey> {
         let n = self.keys.len();
         let readable = |i: usize| self.keys[i].credential.is_some();
@@ -408,7 +415,13 @@ impl Provider {
                 }
             }
             let Some(i) = best else { break };
-            match self.keys[i].limits.as_ref().map(|l| l.check(tokens)) {
+            let key = &self.keys[i];
+            let reserve = if critical { 0.0 } else { key.reserve };
+            match key
+                .limits
+                .as_ref()
+                .map(|l| l.check_keeping(tokens, reserve))
+            {
                 Some(Err(wait)) => {
                     note_limited(now + wait);
                     passed.insert(i);
@@ -525,6 +538,8 @@ pub struct Task {
     pub validate_tool_calls: crate::schema::Mode,
     /// Repairs tried on an answer that breaks the contract, in order.
     pub repairs: Vec<crate::schema::Repair>,
+    /// Which work it is: only critical tasks spend what providers keep back.
+    pub priority: crate::config::Priority,
     /// For the `to_tool` repair: the targets that may turn prose into the
     /// required call, in order.
     pub repair_targets: Vec<Arc<Target>>,

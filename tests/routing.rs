@@ -265,3 +265,96 @@ async fn a_rotating_strategys_own_picks_spend_no_fallback_budget() {
     let page = metrics_page(&gw).await;
     assert!(!page.contains(r#"reason="fallback_budget""#), "{page}");
 }
+
+/// Provider `pa` (at `a`, with `pa_extra`) and `pb` (at `b`); task `normal`
+/// = [a, b] and task `core` = [a] (critical).
+fn prioritized(a: &Fake, b: &Fake, pa_extra: &str) -> String {
+    format!(
+        "version: 1
+providers:
+  pa: {{ base_url: '{}', retry: {{ max: 0 }}{pa_extra} }}
+  pb: {{ base_url: '{}' }}
+targets:
+  a: {{ provider: pa, model: upstream-a }}
+  b: {{ provider: pb, model: upstream-b }}
+tasks:
+  normal: {{ aliases: [gpt-4o], chain: [a, b] }}
+  core: {{ chain: [a], priority: critical }}
+",
+        a.url(),
+        b.url()
+    )
+}
+
+/// A bucket's `reserve` is spent by critical tasks only: normal requests
+/// skip the target once what is left is the reserve (reason `reserved`) and
+/// go on down their chain, while a critical one still gets it (issue 24
+/// part 2).
+#[tokio::test]
+async fn a_buckets_reserve_is_kept_for_critical_tasks() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    // 5 at once, 2 of them (40 %) kept; a refill every 10 s.
+    let gw = gateway(&prioritized(
+        &a,
+        &b,
+        ", rate_limit: { rpm: 6, burst: 5, reserve: 0.4 }",
+    ))
+    .await;
+    let served = |body: serde_json::Value| {
+        let addr = gw.addr;
+        async move { chat(addr, body).await.header("x-switchyard-target") }
+    };
+    for _ in 0..3 {
+        assert_eq!(served(hello("gpt-4o")).await, "a");
+    }
+    assert_eq!(
+        served(hello("gpt-4o")).await,
+        "b",
+        "the rest is the reserve"
+    );
+    assert_eq!(
+        served(hello("core")).await,
+        "a",
+        "a critical task spends it"
+    );
+    assert_eq!(served(hello("core")).await, "a");
+    let ans = chat(gw.addr, hello("core")).await;
+    assert_eq!(
+        ans.status,
+        429,
+        "the bucket itself is empty now: {}",
+        ans.text()
+    );
+    assert_eq!(a.calls(), 5);
+    let m = metrics_page(&gw).await;
+    let reserved =
+        r#"switchyard_route_exclusions_total{task="normal",target="a",reason="reserved"}"#;
+    assert_eq!(series_value(&m, reserved), Some(1.0), "{m}");
+}
+
+/// After a 429 from a provider with `shed_after_429`, only critical tasks
+/// call it for that window (issue 24 part 2).
+#[tokio::test]
+async fn a_provider_that_rate_limits_sheds_non_critical_work() {
+    let a = Fake::start(|n, _| match n {
+        0 => fake::error(429, "slow down"),
+        _ => fake::completion("model-a", "a"),
+    })
+    .await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let gw = gateway(&prioritized(&a, &b, ", shed_after_429: 30s")).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
+    // Past the 429's own 1 s cooldown: only the shedding holds a back.
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    let ans = chat(gw.addr, hello("core")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "a", "{}", ans.text());
+    assert_eq!(a.calls(), 2);
+    let m = metrics_page(&gw).await;
+    let reserved =
+        r#"switchyard_route_exclusions_total{task="normal",target="a",reason="reserved"}"#;
+    assert_eq!(series_value(&m, reserved), Some(1.0), "{m}");
+}

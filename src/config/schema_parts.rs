@@ -137,6 +137,19 @@ impl NameSet for Modes {
     }
 }
 
+/// `tasks.*.priority`.
+pub struct Priorities;
+
+impl NameSet for Priorities {
+    const NAME: &'static str = "Priority";
+    fn names() -> Vec<&'static str> {
+        crate::config::Priority::ALL
+            .iter()
+            .map(|p| p.as_str())
+            .collect()
+    }
+}
+
 /// `tasks.*.contract.repair[*]`.
 pub struct Repairs;
 

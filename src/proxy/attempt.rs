@@ -242,6 +242,10 @@ pub fn record(
 ) {
     let now = Instant::now();
     let provider = &target.provider;
+    if decision.rate_limited {
+        // For `shed_after_429`: the account is rate limiting.
+        provider.health.rate_limited(now);
+    }
     let used = key.and_then(|i| provider.keys.get(i));
     let (counted, cooldown) = match (decision.scope, used) {
         (Scope::Key, Some(api_key)) => {

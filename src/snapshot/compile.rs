@@ -758,6 +758,18 @@ fn provider(
         errors: ErrorTable::new(rules),
         probe_interval,
         limits,
+        reserve: reserve(
+            p.rate_limit.as_ref(),
+            &format!("{path}.rate_limit.reserve"),
+            c,
+        ),
+        shed_after_429: p.shed_after_429.as_deref().map(|text| {
+            c.duration(
+                &format!("{path}.shed_after_429"),
+                Some(text),
+                Duration::ZERO,
+            )
+        }),
         prefill: p
             .prefill
             .as_ref()
@@ -1062,7 +1074,9 @@ fn keys(
                 ("key", name.clone().into()),
             ],
         );
+        let reserve = reserve(rate_limit.as_ref(), &format!("{at}.rate_limit.reserve"), c);
         out.push(ApiKey {
+            reserve,
             gauge,
             health,
             identity: id,
@@ -1185,6 +1199,19 @@ fn provider_limit_sizes(
         c.error(at, "rpm and tpm must be at least 1");
     }
     burst_at_least_one(rl.burst, &format!("{at}.burst"), c) && !zero_rate
+}
+
+/// The share of a bucket kept for critical tasks: 0 to 1 (excluded).
+fn reserve(rl: Option<&crate::config::RawProviderLimit>, at: &str, c: &mut Checks<'_>) -> f64 {
+    let Some(share) = rl.and_then(|rl| rl.reserve) else {
+        return 0.0;
+    };
+    if (0.0..1.0).contains(&share) {
+        share
+    } else {
+        c.error(at, "reserve is the share of the bucket kept for critical tasks: from 0 up to (not including) 1");
+        0.0
+    }
 }
 
 /// A bucket of 0 would refuse every request: `burst` is at least 1.
@@ -1512,6 +1539,16 @@ fn task(
         validate_tool_calls,
         repair_targets: repair_targets(t, path, raw, targets, &repairs, c),
         repairs,
+        priority: match t.priority.as_deref() {
+            None => crate::config::Priority::Normal,
+            Some(name) => crate::config::Priority::parse(name).unwrap_or_else(|| {
+                c.error(
+                    &format!("{path}.priority"),
+                    format!("unknown priority `{name}`, expected critical, normal or batch"),
+                );
+                crate::config::Priority::Normal
+            }),
+        },
         tool_schemas: Arc::new(tool_schemas(&t.tool_schemas, path, c)),
         routes: chain
             .iter()
