@@ -465,10 +465,24 @@ pub struct RawTask {
     /// a bucket's `reserve` or a provider shedding after a 429.
     #[schemars(with = "Option<schema_parts::Names<schema_parts::Priorities>>")]
     pub priority: Option<String>,
+    /// A `batch` task's queue: when every target it may use is out of quota
+    /// or cooling down, a request waits for one instead of a 429.
+    pub queue: Option<RawQueue>,
     /// What happens when a stream breaks after its commit point.
     pub stream_recovery: Option<RawStreamRecovery>,
     /// Hedged requests: when a slow first attempt gets a parallel one.
     pub hedge: Option<RawHedge>,
+}
+
+/// A batch task's queue.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawQueue {
+    /// Longest wait of one request (default `60s`; the task's deadline too).
+    pub max_wait: Option<String>,
+    /// Most requests waiting at once (default 1000); more get 429 at once.
+    #[schemars(range(min = 1))]
+    pub max_depth: Option<u32>,
 }
 
 /// A task's answers that break the tool call contract.
@@ -1132,6 +1146,7 @@ health:
             "chain: [t]\n    contract: { repairs: [syntax] }",
         ),
         ("chain: [t]", "chain: [t]\n    priority: urgent"),
+        ("chain: [t]", "chain: [t]\n    queue: { max_depth: 0 }"),
         ("timeout: 2s", "rate_limit: { rpm: 10, reserve: 1.5 }"),
     ];
 

@@ -60,6 +60,10 @@ pub const KEY_STATE: &str = "switchyard_key_state";
 pub const STREAM_MALFORMED: &str = "switchyard_stream_malformed_events_total";
 /// Counter `{task, target}`: answers that broke the degraded-answer contract (tool calls).
 pub const CONTRACT_VIOLATIONS: &str = "switchyard_contract_violations_total";
+/// `switchyard_queue_depth{task}`.
+pub const QUEUE_DEPTH: &str = "switchyard_queue_depth";
+/// `switchyard_queue_wait_seconds{task}`.
+pub const QUEUE_WAIT: &str = "switchyard_queue_wait_seconds";
 /// `switchyard_contract_repairs_total{task, target, method, result}`.
 pub const CONTRACT_REPAIRS: &str = "switchyard_contract_repairs_total";
 /// Counter `{task}`: requests whose client hung up before the answer was complete.
@@ -324,6 +328,16 @@ const DESCRIPTIONS: &[(Kind, &str, &str)] = &[
         "Answers whose tool calls broke the request's contract.",
     ),
     (
+        Kind::Gauge,
+        QUEUE_DEPTH,
+        "Requests of a batch task waiting for quota or a cooldown's end.",
+    ),
+    (
+        Kind::Seconds,
+        QUEUE_WAIT,
+        "How long queued requests of a batch task waited.",
+    ),
+    (
         Kind::Counter,
         CONTRACT_REPAIRS,
         "Repairs of answers that broke the contract, by method and result.",
@@ -565,7 +579,13 @@ pub struct Named {
 }
 
 /// The gauges that describe the present state of a task, target or key.
-const LIVE_GAUGES: &[&str] = &[TASK_TARGETS_AVAILABLE, TARGET_HEALTH, KEY_STATE, COST];
+const LIVE_GAUGES: &[&str] = &[
+    TASK_TARGETS_AVAILABLE,
+    TARGET_HEALTH,
+    KEY_STATE,
+    COST,
+    QUEUE_DEPTH,
+];
 
 impl Named {
     fn keeps(&self, labels: &[(String, String)]) -> bool {

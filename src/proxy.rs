@@ -208,7 +208,11 @@ async fn serve(
         Some(why) => walk.error(&GatewayError::NoEligibleTarget(why.describe())),
         None => {
             let mut admission = Admission::new(snapshot, task, plan, &needs, shape.payload);
-            walk.run(&mut admission).await
+            let first = walk.run(&mut admission).await;
+            match &task.queue {
+                Some(queue) => walk.queued(queue, first, &needs, shape.payload).await,
+                None => first,
+            }
         }
     };
     guard.disarm();
@@ -224,6 +228,20 @@ async fn serve(
         served.is_some_and(|t| walk.degraded(t)),
     );
     response
+}
+
+/// How long an answer says to wait before a target may serve: a 429, or a
+/// 503 `no_target_available`, with `Retry-After`.
+fn worth_waiting(resp: &Response<Body>) -> Option<Duration> {
+    let waits = matches!(resp.status().as_u16(), 429 | 503);
+    let seconds = resp
+        .headers()
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .parse::<u64>()
+        .ok()?;
+    waits.then(|| Duration::from_secs(seconds))
 }
 
 /// Step 2: the task a request selects: by `x-task-type`, else `model`.
@@ -344,6 +362,51 @@ impl Drop for Walk<'_> {
 }
 
 impl Walk<'_> {
+    /// A batch task's answer that says a wait would help (429, or 503 with a
+    /// `Retry-After`): the request waits in the task's queue, in arrival
+    /// order, until then (within `max_wait` and the deadline) and walks
+    /// again, as often as that holds. A full queue keeps the answer as it is.
+    async fn queued(
+        &mut self,
+        queue: &crate::ratelimit::Queue,
+        first: Response<Body>,
+        needs: &Needs,
+        payload: Payload<'_>,
+    ) -> Response<Body> {
+        let mut resp = first;
+        let Some(wait) = worth_waiting(&resp) else {
+            return resp;
+        };
+        let Some(place) = queue.enter() else {
+            return resp;
+        };
+        let give_up = self.deadline.min(Instant::now() + queue.max_wait);
+        let mut wait = Some(wait);
+        while let Some(w) = wait {
+            let until = (Instant::now() + w).min(give_up);
+            if until >= give_up && Instant::now() + w > give_up {
+                break;
+            }
+            queue.wait_until(&place, until).await;
+            self.again();
+            let plan = routing::plan(self.task, needs, Instant::now());
+            let mut admission = Admission::new(self.snapshot, self.task, plan, needs, payload);
+            resp = self.run(&mut admission).await;
+            wait = worth_waiting(&resp);
+        }
+        resp
+    }
+
+    /// Ready for another walk after a wait: what held the last one back is
+    /// judged anew.
+    fn again(&mut self) {
+        self.holdbacks = Holdbacks::default();
+        self.last_status = None;
+        self.deadline_hit = false;
+        self.local_failure = None;
+        self.served = None;
+    }
+
     /// Step 5: the outer (failover) loop.
     async fn run(&mut self, admission: &mut Admission<'_>) -> Response<Body> {
         let mut previous: Option<(Arc<Target>, &'static str)> = None;

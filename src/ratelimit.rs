@@ -580,6 +580,84 @@ impl TaskLimiter {
     }
 }
 
+/// A batch task's queue: requests that found every target out of quota or
+/// cooling down wait, in arrival order, for the earliest time one may serve
+/// (no polling: each sleeps until then), at most `max_wait`.
+#[derive(Debug)]
+pub struct Queue {
+    /// Longest wait of one request.
+    pub max_wait: Duration,
+    max_depth: usize,
+    depth: std::sync::atomic::AtomicUsize,
+    /// Whose turn it is: tokio's mutex hands itself over in arrival order.
+    turn: tokio::sync::Mutex<()>,
+    gauge: metrics::Gauge,
+    waited: metrics::Histogram,
+}
+
+/// A place in a [`Queue`]; leaving it (drop) frees it.
+#[derive(Debug)]
+pub struct Place<'a>(&'a Queue);
+
+impl Queue {
+    /// An empty queue of at most `max_depth` waiting requests.
+    #[must_use]
+    pub fn new(
+        max_wait: Duration,
+        max_depth: u32,
+        gauge: metrics::Gauge,
+        waited: metrics::Histogram,
+    ) -> Self {
+        gauge.set(0.0);
+        Self {
+            max_wait,
+            max_depth: usize::try_from(max_depth).unwrap_or(usize::MAX),
+            depth: std::sync::atomic::AtomicUsize::new(0),
+            turn: tokio::sync::Mutex::new(()),
+            gauge,
+            waited,
+        }
+    }
+
+    /// A place in the queue; `None` when it is full.
+    pub fn enter(&self) -> Option<Place<'_>> {
+        use std::sync::atomic::Ordering;
+        let taken = self
+            .depth
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| {
+                (d < self.max_depth).then_some(d + 1)
+            })
+            .is_ok();
+        if !taken {
+            return None;
+        }
+        #[allow(clippy::cast_precision_loss)]
+        self.gauge.set(self.depth.load(Ordering::Acquire) as f64);
+        Some(Place(self))
+    }
+
+    /// Waits for this place's turn, then until `until`.
+    pub async fn wait_until(&self, _place: &Place<'_>, until: tokio::time::Instant) {
+        let started = tokio::time::Instant::now();
+        let _turn = self.turn.lock().await;
+        tokio::time::sleep_until(until).await;
+        self.waited.record(started.elapsed().as_secs_f64());
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        let left = self
+            .0
+            .depth
+            .fetch_sub(1, Ordering::AcqRel)
+            .saturating_sub(1);
+        #[allow(clippy::cast_precision_loss)]
+        self.0.gauge.set(left as f64);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

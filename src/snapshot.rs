@@ -540,6 +540,8 @@ pub struct Task {
     pub repairs: Vec<crate::schema::Repair>,
     /// Which work it is: only critical tasks spend what providers keep back.
     pub priority: crate::config::Priority,
+    /// A batch task's queue, if it waits for quota instead of a 429.
+    pub queue: Option<crate::ratelimit::Queue>,
     /// For the `to_tool` repair: the targets that may turn prose into the
     /// required call, in order.
     pub repair_targets: Vec<Arc<Target>>,

@@ -927,3 +927,22 @@ tasks:
         "{all:#?}"
     );
 }
+
+/// Only a batch task queues.
+#[test]
+fn a_queue_needs_a_batch_task() {
+    let text = "version: 1
+providers:
+  a: { base_url: 'http://127.0.0.1:9/v1' }
+targets:
+  t: { provider: a, model: m }
+tasks:
+  chat: { chain: [t], queue: { max_wait: 5s } }
+";
+    let all = rendered(&compile_errors(text));
+    assert!(
+        all.iter()
+            .any(|d| d.contains("only a `priority: batch` task waits in a queue")),
+        "{all:#?}"
+    );
+}

@@ -358,3 +358,58 @@ async fn a_provider_that_rate_limits_sheds_non_critical_work() {
         r#"switchyard_route_exclusions_total{task="normal",target="a",reason="reserved"}"#;
     assert_eq!(series_value(&m, reserved), Some(1.0), "{m}");
 }
+
+/// A batch task with a queue waits for its provider's quota instead of a
+/// 429, in arrival order, up to `max_depth` waiting: one more gets its 429 at
+/// once (issue 24 part 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_task_waits_in_its_queue_for_quota_instead_of_a_429() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let yaml = format!(
+        "version: 1
+providers:
+  pa: {{ base_url: '{}', rate_limit: {{ rpm: 60, burst: 1 }} }}
+targets:
+  a: {{ provider: pa, model: upstream-a }}
+tasks:
+  nightly:
+    aliases: [gpt-4o]
+    chain: [a]
+    priority: batch
+    queue: {{ max_wait: 5s, max_depth: 1 }}
+",
+        a.url()
+    );
+    let gw = gateway(&yaml).await;
+    assert_eq!(chat(gw.addr, hello("gpt-4o")).await.status, 200);
+    let started = tokio::time::Instant::now();
+    let (one, two) = tokio::join!(
+        chat(gw.addr, hello("gpt-4o")),
+        chat(gw.addr, hello("gpt-4o"))
+    );
+    let mut statuses = [one.status.as_u16(), two.status.as_u16()];
+    statuses.sort_unstable();
+    assert_eq!(
+        statuses,
+        [200, 429],
+        "one waited, the queue was full for the other"
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_millis(500),
+        "{waited:?}"
+    );
+    assert!(waited < std::time::Duration::from_secs(4), "{waited:?}");
+    assert_eq!(a.calls(), 2);
+    let m = metrics_page(&gw).await;
+    assert_eq!(
+        series_value(&m, r#"switchyard_queue_wait_seconds_count{task="nightly"}"#),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        series_value(&m, r#"switchyard_queue_depth{task="nightly"}"#),
+        Some(0.0),
+        "{m}"
+    );
+}

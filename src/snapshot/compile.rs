@@ -1549,6 +1549,7 @@ fn task(
                 crate::config::Priority::Normal
             }),
         },
+        queue: queue(name, t, path, &live.metrics, c),
         tool_schemas: Arc::new(tool_schemas(&t.tool_schemas, path, c)),
         routes: chain
             .iter()
@@ -1562,6 +1563,36 @@ fn task(
         embedding,
         chain,
     }
+}
+
+/// A batch task's queue.
+fn queue(
+    name: &str,
+    t: &RawTask,
+    path: &str,
+    metrics: &crate::metrics::Metrics,
+    c: &mut Checks<'_>,
+) -> Option<crate::ratelimit::Queue> {
+    let raw = t.queue.as_ref()?;
+    if t.priority.as_deref() != Some("batch") {
+        c.error(
+            &format!("{path}.queue"),
+            "only a `priority: batch` task waits in a queue",
+        );
+        return None;
+    }
+    let max_wait = c.duration(
+        &format!("{path}.queue.max_wait"),
+        raw.max_wait.as_deref(),
+        Duration::from_secs(60),
+    );
+    let label = [("task", name.to_owned().into())];
+    Some(crate::ratelimit::Queue::new(
+        max_wait,
+        raw.max_depth.unwrap_or(1000).max(1),
+        metrics.gauge(m::QUEUE_DEPTH, &label),
+        metrics.histogram(m::QUEUE_WAIT, &label),
+    ))
 }
 
 /// A task's repairs of answers that break the contract, in order.
