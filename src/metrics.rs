@@ -64,6 +64,8 @@ pub const CONTRACT_VIOLATIONS: &str = "switchyard_contract_violations_total";
 pub const QUEUE_DEPTH: &str = "switchyard_queue_depth";
 /// `switchyard_queue_wait_seconds{task}`.
 pub const QUEUE_WAIT: &str = "switchyard_queue_wait_seconds";
+/// `switchyard_queue_full_total{task}`.
+pub const QUEUE_FULL: &str = "switchyard_queue_full_total";
 /// `switchyard_contract_repairs_total{task, target, method, result}`.
 pub const CONTRACT_REPAIRS: &str = "switchyard_contract_repairs_total";
 /// Counter `{task}`: requests whose client hung up before the answer was complete.
@@ -336,6 +338,11 @@ const DESCRIPTIONS: &[(Kind, &str, &str)] = &[
         Kind::Seconds,
         QUEUE_WAIT,
         "How long queued requests of a batch task waited.",
+    ),
+    (
+        Kind::Counter,
+        QUEUE_FULL,
+        "Requests of a batch task answered 429 because its queue was full.",
     ),
     (
         Kind::Counter,

@@ -593,6 +593,7 @@ pub struct Queue {
     turn: tokio::sync::Mutex<()>,
     gauge: metrics::Gauge,
     waited: metrics::Histogram,
+    full: metrics::Counter,
 }
 
 /// A place in a [`Queue`]; leaving it (drop) frees it.
@@ -606,7 +607,7 @@ impl Queue {
         max_wait: Duration,
         max_depth: u32,
         gauge: metrics::Gauge,
-        waited: metrics::Histogram,
+        (waited, full): (metrics::Histogram, metrics::Counter),
     ) -> Self {
         gauge.set(0.0);
         Self {
@@ -616,6 +617,7 @@ impl Queue {
             turn: tokio::sync::Mutex::new(()),
             gauge,
             waited,
+            full,
         }
     }
 
@@ -629,6 +631,7 @@ impl Queue {
             })
             .is_ok();
         if !taken {
+            self.full.increment(1);
             return None;
         }
         #[allow(clippy::cast_precision_loss)]

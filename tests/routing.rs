@@ -412,4 +412,6 @@ tasks:
         Some(0.0),
         "{m}"
     );
+    let full = r#"switchyard_queue_full_total{task="nightly"}"#;
+    assert_eq!(series_value(&m, full), Some(1.0), "{m}");
 }

@@ -1591,7 +1591,10 @@ fn queue(
         max_wait,
         raw.max_depth.unwrap_or(1000).max(1),
         metrics.gauge(m::QUEUE_DEPTH, &label),
-        metrics.histogram(m::QUEUE_WAIT, &label),
+        (
+            metrics.histogram(m::QUEUE_WAIT, &label),
+            metrics.counter(m::QUEUE_FULL, &label),
+        ),
     ))
 }
 
