@@ -946,3 +946,34 @@ tasks:
         "{all:#?}"
     );
 }
+
+/// A reserve that, rounded up, keeps a small bucket whole is said so.
+#[test]
+fn a_reserve_that_keeps_the_whole_bucket_is_a_warning() {
+    let text = "version: 1
+providers:
+  a: { base_url: 'http://127.0.0.1:9/v1', rate_limit: { rpm: 60, burst: 2, reserve: 0.6 } }
+targets:
+  t: { provider: a, model: m }
+tasks:
+  chat: { chain: [t] }
+";
+    let parsed = switchyard::config::parse(text).unwrap();
+    let compiled = switchyard::snapshot::compile::compile(
+        &parsed,
+        text,
+        &switchyard::snapshot::LiveState::default(),
+        switchyard::snapshot::CompileOptions::default(),
+    );
+    let Ok(compiled) = compiled else {
+        panic!("a warning, not an error")
+    };
+    assert!(
+        compiled
+            .warnings
+            .iter()
+            .any(|w| w.message.contains("keeps all 2 of the bucket")),
+        "{:?}",
+        compiled.warnings
+    );
+}

@@ -1207,6 +1207,13 @@ fn reserve(rl: Option<&crate::config::RawProviderLimit>, at: &str, c: &mut Check
         return 0.0;
     };
     if (0.0..1.0).contains(&share) {
+        // Rounded up, a reserve can keep a small bucket whole.
+        let capacity = rl.and_then(|rl| rl.burst.or(rl.rpm)).unwrap_or(0);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let kept = (f64::from(capacity) * share).ceil() as u32;
+        if share > 0.0 && capacity > 0 && kept >= capacity {
+            c.warn(at, format!("a reserve of {share} keeps all {capacity} of the bucket: normal and batch tasks never get this target"));
+        }
         share
     } else {
         c.error(at, "reserve is the share of the bucket kept for critical tasks: from 0 up to (not including) 1");
