@@ -12,6 +12,10 @@
 
 #[path = "support/fake.rs"]
 mod fake;
+#[path = "support/gateway.rs"]
+mod gateway;
+
+use gateway::start;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,8 +27,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Frame;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use switchyard::server::Gateway;
-use switchyard::snapshot::CompileOptions;
 use tokio::time::Instant;
 
 const SLOW_EVERY: usize = 10;
@@ -47,21 +49,6 @@ tasks:
 {hedge}
 "
     )
-}
-
-async fn start(yaml: &str, dir: &std::path::Path) -> std::net::SocketAddr {
-    let config = dir.join("routes.yaml");
-    std::fs::write(&config, yaml).unwrap();
-    let gw = Gateway::bind(
-        &config,
-        Some("127.0.0.1:0".parse().unwrap()),
-        CompileOptions::default(),
-    )
-    .await
-    .unwrap();
-    let addr = gw.local_addr().unwrap();
-    tokio::spawn(gw.run(std::future::pending()));
-    addr
 }
 
 /// Time to the first content byte of a streamed answer.

@@ -15,6 +15,10 @@
 
 #[path = "support/fake.rs"]
 mod fake;
+#[path = "support/gateway.rs"]
+mod gateway;
+
+use gateway::start;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,8 +34,6 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use switchyard::server::Gateway;
-use switchyard::snapshot::CompileOptions;
 use tokio::time::Instant;
 
 /// The provider's requests per minute.
@@ -65,21 +67,6 @@ tasks:
   nightly: {{ chain: [a], budget: {{ total_timeout: 90s }}{nightly} }}
 "
     )
-}
-
-async fn start(yaml: &str, dir: &std::path::Path) -> std::net::SocketAddr {
-    let config = dir.join("routes.yaml");
-    std::fs::write(&config, yaml).unwrap();
-    let gw = Gateway::bind(
-        &config,
-        Some("127.0.0.1:0".parse().unwrap()),
-        CompileOptions::default(),
-    )
-    .await
-    .unwrap();
-    let addr = gw.local_addr().unwrap();
-    tokio::spawn(gw.run(std::future::pending()));
-    addr
 }
 
 /// What one class of traffic got.

@@ -667,15 +667,7 @@ async fn a_fixed_rejected_reload_says_the_good_config_is_loaded_again() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("routes.yaml");
     std::fs::write(&path, &good).unwrap();
-    // Bound, not run: no watcher races the reloads made here.
-    let gw = switchyard::server::Gateway::bind(
-        &path,
-        Some("127.0.0.1:0".parse().unwrap()),
-        switchyard::snapshot::CompileOptions::default(),
-    )
-    .await
-    .unwrap();
-    let app = gw.app();
+    let app = bound(&path).await;
     std::fs::write(&path, good.replace("chain: [a]", "chain: [nope]")).unwrap();
     let log = logged(|| assert!(!switchyard::reload::reload_now(&app)));
     assert!(log.contains("config rejected"), "{log}");
@@ -712,14 +704,7 @@ async fn a_key_that_can_no_longer_be_read_is_refused_at_its_setting() {
         key.display()
     );
     std::fs::write(&path, &text).unwrap();
-    let gw = switchyard::server::Gateway::bind(
-        &path,
-        Some("127.0.0.1:0".parse().unwrap()),
-        switchyard::snapshot::CompileOptions::default(),
-    )
-    .await
-    .unwrap();
-    let app = gw.app();
+    let app = bound(&path).await;
     std::fs::remove_file(&key).unwrap();
     let Err(diags) = switchyard::reload::prepare(&app) else {
         panic!("the reload was not refused")
@@ -729,4 +714,17 @@ async fn a_key_that_can_no_longer_be_read_is_refused_at_its_setting() {
         .find(|d| d.message.contains("was read and now cannot be"))
         .unwrap_or_else(|| panic!("{diags:?}"));
     assert_eq!((refusal.line, refusal.column), (5, 19), "{refusal:?}");
+}
+
+/// A gateway bound to `path`, not run: no watcher races the reloads a test
+/// makes by hand.
+async fn bound(path: &std::path::Path) -> std::sync::Arc<switchyard::state::App> {
+    let gw = switchyard::server::Gateway::bind(
+        path,
+        Some("127.0.0.1:0".parse().unwrap()),
+        switchyard::snapshot::CompileOptions::default(),
+    )
+    .await
+    .unwrap();
+    gw.app()
 }
