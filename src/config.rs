@@ -746,6 +746,12 @@ pub enum Priority {
 }
 
 impl Priority {
+    /// Whether it spends what providers keep back.
+    #[must_use]
+    pub fn is_critical(self) -> bool {
+        self == Priority::Critical
+    }
+
     /// Every priority, for parsing, messages and the JSON Schema.
     pub const ALL: [Priority; 3] = [Priority::Critical, Priority::Normal, Priority::Batch];
 

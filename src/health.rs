@@ -903,22 +903,26 @@ impl KeyHealth {
 pub struct ProviderHealth {
     /// (until, a rate limit's), the latest end.
     cooldown: Mutex<Option<(Instant, bool)>>,
-    /// When the account last answered a rate limit (429), for `shed_after_429`.
-    last_limited: Mutex<Option<Instant>>,
+    /// Until when non-critical work keeps off the account after its last
+    /// rate limit (`shed_after_429`), here or on another replica.
+    shed_until: Mutex<Option<Instant>>,
 }
 
 impl ProviderHealth {
-    /// The account answered a rate limit now.
-    pub fn rate_limited(&self, now: Instant) {
-        *self.last_limited.lock() = Some(now);
+    /// The account answered a rate limit: non-critical work keeps off it
+    /// until `until` (the later end wins).
+    pub fn shed_until(&self, until: Instant) {
+        let mut s = self.shed_until.lock();
+        if s.is_none_or(|t| t < until) {
+            *s = Some(until);
+        }
     }
 
-    /// Until when non-critical work keeps off the account, `window` after
-    /// its last rate limit; `None` when that has passed.
+    /// Until when non-critical work keeps off the account; `None` when
+    /// that has passed.
     #[must_use]
-    pub fn shedding(&self, now: Instant, window: Duration) -> Option<Instant> {
-        let until = (*self.last_limited.lock())? + window;
-        (now < until).then_some(until)
+    pub fn shedding(&self, now: Instant) -> Option<Instant> {
+        (*self.shed_until.lock()).filter(|&until| now < until)
     }
 
     /// Holds every target of the account back for `cooldown`.

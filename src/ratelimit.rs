@@ -12,6 +12,7 @@
 
 use std::net::IpAddr;
 use std::num::NonZeroU32;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota};
@@ -62,14 +63,93 @@ pub struct Pair {
     pub tokens: u64,
 }
 
-/// What the keeper asks of the shared buckets: blocks to lease, and what an
-/// idle replica gives back.
+impl Pair {
+    fn covers(self, need: Pair) -> bool {
+        self.requests >= need.requests && self.tokens >= need.tokens
+    }
+}
+
+/// Why the buckets refused a call, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    /// Until the buckets could admit it.
+    pub wait: Duration,
+    /// Only the reserve kept for critical work is left: a critical call
+    /// would fit.
+    pub reserved: bool,
+}
+
+impl Refusal {
+    fn limited(wait: Duration) -> Self {
+        Self {
+            wait,
+            reserved: false,
+        }
+    }
+}
+
+/// One pool's part of a keeper tick: what to take from the shared
+/// buckets, and what an idle replica gives back.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Lease {
+pub struct Block {
     /// To take from the shared buckets.
     pub take: Pair,
     /// To put back (already taken out of the allowance).
     pub give_back: Pair,
+}
+
+/// What the keeper asks of the shared buckets: a block for any work (never
+/// leased below the buckets' reserve) and one for critical work only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Lease {
+    /// For any work, above the reserve.
+    pub any: Block,
+    /// For critical work, from the reserve too.
+    pub critical: Block,
+    /// The reserve: what leases for any work leave in each bucket.
+    pub kept: Pair,
+}
+
+impl Lease {
+    /// Nothing to take or give back.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.any == Block::default() && self.critical == Block::default()
+    }
+}
+
+/// Who asks the buckets for a call: critical work may spend the reserve
+/// (and its own lease of it); other work leaves `reserve` of each bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spender {
+    /// The share of each bucket kept for critical work (the config's `reserve`).
+    pub reserve: f64,
+    /// The task is `critical`.
+    pub critical: bool,
+}
+
+impl Spender {
+    /// Work that keeps no reserve (or a bucket without one).
+    pub const ANY: Spender = Spender {
+        reserve: 0.0,
+        critical: false,
+    };
+}
+
+/// What the shared buckets granted of a [`Lease`], and their word on when
+/// they have tokens again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Grant {
+    /// Of the block for any work.
+    pub any: Pair,
+    /// Of the block for critical work.
+    pub critical: Pair,
+    /// Until the emptier bucket has a token above its reserve.
+    pub wait: Duration,
+    /// Until the emptier bucket has a token at all.
+    pub critical_wait: Duration,
+    /// The reserve cut what was asked for any work.
+    pub reserved: bool,
 }
 
 /// How long an allowance must sit unused before its surplus goes back.
@@ -87,14 +167,11 @@ const MIN_SHARED_WAIT: Duration = Duration::from_millis(50);
 struct Allowance {
     /// The store is connected: admit from here, not from governor.
     on: bool,
-    /// Leased and not yet spent.
-    held: Pair,
-    /// Asked for since the keeper last looked (admitted or not).
-    demand: Pair,
-    /// The demand of the keeper's last [`PEAK_TICKS`] ticks (a ring), whose
-    /// busiest tick sizes the lease: one quiet tick must not shrink it.
-    recent: [Pair; PEAK_TICKS],
-    /// The ring's next slot.
+    /// Leased above the reserve: any work spends it.
+    any: Pool,
+    /// Leased for critical work (from the reserve too): only it spends it.
+    critical: Pool,
+    /// The next slot of the pools' demand rings.
     slot: usize,
     /// The largest token ask seen (one request must fit the allowance).
     largest: u64,
@@ -103,10 +180,54 @@ struct Allowance {
     debt: u64,
     /// Requests spent beyond the allowance, still to charge.
     owed: u64,
-    /// The shared buckets' last word on when they have tokens again.
+    /// The shared buckets' last word on when they have tokens again, above
+    /// the reserve and at all.
     wait: Duration,
+    critical_wait: Duration,
+    /// The last lease for any work was cut by the reserve.
+    reserved: bool,
+}
+
+/// Leased tokens of one kind, and the demand that sizes the lease.
+#[derive(Debug, Default)]
+struct Pool {
+    /// Leased and not yet spent.
+    held: Pair,
+    /// Asked for since the keeper last looked (admitted or not).
+    demand: Pair,
+    /// The demand of the keeper's last [`PEAK_TICKS`] ticks (a ring), whose
+    /// busiest tick sizes the lease: one quiet tick must not shrink it.
+    recent: [Pair; PEAK_TICKS],
     /// Since when nothing was asked.
     idle_since: Option<Instant>,
+}
+
+impl Pool {
+    /// Closes the tick into ring slot `slot`: the busiest recent tick, and
+    /// whether the pool sat unused long enough to give its surplus back.
+    fn tick(&mut self, slot: usize, now: Instant) -> (Pair, bool) {
+        let tick = std::mem::take(&mut self.demand);
+        self.recent[slot] = tick;
+        if tick == Pair::default() {
+            self.idle_since.get_or_insert(now);
+        } else {
+            self.idle_since = None;
+        }
+        let peak = Pair {
+            requests: self.recent.iter().map(|p| p.requests).max().unwrap_or(0),
+            tokens: self.recent.iter().map(|p| p.tokens).max().unwrap_or(0),
+        };
+        let idle = self
+            .idle_since
+            .is_some_and(|t| now.saturating_duration_since(t) >= IDLE_BEFORE_GIVING_BACK);
+        (peak, idle)
+    }
+
+    /// Takes `give_back` out of what is held: it goes back to the store.
+    fn give(&mut self, block: &Block) {
+        self.held.requests -= block.give_back.requests;
+        self.held.tokens -= block.give_back.tokens;
+    }
 }
 
 impl ProviderLimits {
@@ -142,6 +263,27 @@ impl ProviderLimits {
         self
     }
 
+    /// What each bucket keeps for critical work when `share` of it is
+    /// reserved: rounded up.
+    #[must_use]
+    pub fn kept(&self, share: f64) -> Pair {
+        let share = if share.is_finite() {
+            share.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let of = |b: Option<Bucket>| b.map_or(0, |b| (b.capacity as f64 * share).ceil() as u64);
+        Pair {
+            requests: of(self.spec.requests),
+            tokens: of(self.spec.tokens),
+        }
+    }
+
     /// Who these buckets are in the shared store.
     #[must_use]
     pub fn identity(&self) -> u64 {
@@ -154,74 +296,72 @@ impl ProviderLimits {
         self.spec
     }
 
-    /// Takes one request and `tokens` tokens from the buckets, unless either
-    /// cannot admit them now: [`check`](Self::check) then
-    /// [`charge`](Self::charge).
-    ///
-    /// # Errors
-    /// How long until the buckets could admit the request.
-    pub fn admit(&self, tokens: u64) -> Result<(), Duration> {
-        self.check(tokens)?;
-        self.charge(tokens);
-        Ok(())
-    }
-
     /// Whether one request of `tokens` tokens fits every bucket now, taking
     /// nothing: a target is checked against all its buckets (provider and
     /// key, requests and tokens) first, and charged only when the call is
-    /// sent ([`charge`](Self::charge)). With the shared store connected,
-    /// against this replica's allowance (and counted as its demand).
+    /// sent ([`charge`](Self::charge)). Only critical work may take a
+    /// bucket below its reserve. With the shared store connected, against
+    /// this replica's allowance (and counted as its demand).
     ///
     /// # Errors
-    /// How long until the buckets could admit the request.
-    pub fn check(&self, tokens: u64) -> Result<(), Duration> {
-        self.check_keeping(tokens, 0.0)
+    /// How long until the buckets could admit the request, and whether
+    /// only the reserve held it back.
+    pub fn check(&self, tokens: u64, who: Spender) -> Result<(), Refusal> {
+        self.ask(tokens, who, true)
     }
 
-    /// As [`check`](Self::check), keeping `reserve` (a share of each local
-    /// bucket, rounded up) for critical work: a call that would leave less
-    /// than that does not fit. The shared allowance keeps no reserve (it is
-    /// this replica's lease, not the bucket).
+    /// As [`check`](Self::check), counting no demand: for `explain`.
     ///
     /// # Errors
-    /// How long until the buckets could admit the request and keep the reserve.
-    pub fn check_keeping(&self, tokens: u64, reserve: f64) -> Result<(), Duration> {
+    /// As [`check`](Self::check).
+    pub fn peek(&self, tokens: u64, who: Spender) -> Result<(), Refusal> {
+        self.ask(tokens, who, false)
+    }
+
+    fn ask(&self, tokens: u64, who: Spender, count: bool) -> Result<(), Refusal> {
+        let kept = self.kept(who.reserve);
+        let critical = who.critical && kept != Pair::default();
         {
             let mut shared = self.shared.lock();
             if shared.on {
-                return shared.check(&self.spec, tokens);
+                return shared.check(&self.spec, tokens, critical, count);
             }
         }
+        self.check_local(tokens, if who.critical { Pair::default() } else { kept })
+    }
+
+    /// The local buckets' answer, keeping `kept` in each.
+    fn check_local(&self, tokens: u64, kept: Pair) -> Result<(), Refusal> {
         let local = self.local.lock();
         let now = Instant::now();
-        let keep = |b: &Gcra| {
-            #[allow(
-                clippy::cast_possible_truncation,
-                clippy::cast_sign_loss,
-                clippy::cast_precision_loss
-            )]
-            let kept = (b.capacity as f64 * reserve.clamp(0.0, 1.0)).ceil() as u64;
-            kept
+        let fits = |keep: Pair| {
+            let requests = local
+                .requests
+                .map_or(Ok(()), |b| b.fits(now, 1 + keep.requests));
+            let tokens = local
+                .tokens
+                .map_or(Ok(()), |b| b.fits(now, tokens.max(1) + keep.tokens));
+            match (requests, tokens) {
+                (Ok(()), Ok(())) => Ok(()),
+                (Err(a), Err(b)) => Err(a.max(b)),
+                (Err(wait), Ok(())) | (Ok(()), Err(wait)) => Err(wait),
+            }
         };
-        let requests = local.requests.map_or(Ok(()), |b| b.fits(now, 1 + keep(&b)));
-        let tokens = local
-            .tokens
-            .map_or(Ok(()), |b| b.fits(now, tokens.max(1) + keep(&b)));
-        match (requests, tokens) {
-            (Ok(()), Ok(())) => Ok(()),
-            (Err(a), Err(b)) => Err(a.max(b)),
-            (Err(wait), Ok(())) | (Ok(()), Err(wait)) => Err(wait),
-        }
+        fits(kept).map_err(|wait| Refusal {
+            wait,
+            reserved: kept != Pair::default() && fits(Pair::default()).is_ok(),
+        })
     }
 
     /// Spends one request and `tokens` tokens: a call is being sent. Never
     /// refuses (a call checked a moment ago by a concurrent request may
     /// overdraw a bucket a little; the overdraft delays the next ones).
-    pub fn charge(&self, tokens: u64) {
+    /// Critical work spends its own lease first.
+    pub fn charge(&self, tokens: u64, critical: bool) {
         {
             let mut shared = self.shared.lock();
             if shared.on {
-                shared.spend(&self.spec, tokens);
+                shared.spend(&self.spec, tokens, critical);
                 return;
             }
         }
@@ -242,8 +382,8 @@ impl ProviderLimits {
             let mut shared = self.shared.lock();
             if shared.on {
                 if self.spec.tokens.is_some() {
-                    let paid = shared.held.tokens.min(extra_tokens);
-                    shared.held.tokens -= paid;
+                    let paid = shared.any.held.tokens.min(extra_tokens);
+                    shared.any.held.tokens -= paid;
                     shared.debt = shared.debt.saturating_add(extra_tokens - paid);
                 }
                 return;
@@ -333,62 +473,77 @@ impl ProviderLimits {
         self.shared.lock().on
     }
 
-    /// The keeper's next lease, from this replica's demand: keep twice its
-    /// busiest tick of the last second, at least two ticks of the bucket's
-    /// refill and one request of the largest size seen, at most a tenth of
-    /// the bucket (so idle replicas hoard little); take what is missing (and
-    /// any token debt), and give back a surplus that sat unused for a second.
-    pub fn plan_lease(&self, now: Instant) -> Lease {
+    /// The keeper's next lease, from this replica's demand: for each pool,
+    /// keep twice its busiest tick of the last second, at least two ticks
+    /// of the bucket's refill and one request of the largest size seen, at
+    /// most a tenth of the bucket (so idle replicas hoard little); take
+    /// what is missing (and any debt, with the block for any work), and
+    /// give back a surplus that sat unused for a second. `reserve` is the
+    /// share of each bucket leases for any work leave; the critical pool is
+    /// leased only where there is one and `critical_work` (a critical task
+    /// may call these buckets) keeps a standing share of it, so the first
+    /// critical request waits for no tick; else it holds nothing.
+    pub fn plan_lease(&self, now: Instant, reserve: f64, critical_work: bool) -> Lease {
+        let kept = self.kept(reserve);
         let mut a = self.shared.lock();
         if !a.on {
             return Lease::default();
         }
-        let tick = std::mem::take(&mut a.demand);
         let slot = a.slot;
-        a.recent[slot] = tick;
         a.slot = (slot + 1) % PEAK_TICKS;
-        let demand = Pair {
-            requests: a.recent.iter().map(|p| p.requests).max().unwrap_or(0),
-            tokens: a.recent.iter().map(|p| p.tokens).max().unwrap_or(0),
+        let (peak, idle) = a.any.tick(slot, now);
+        let (critical_peak, critical_idle) = a.critical.tick(slot, now);
+        let when = (critical_work, critical_idle);
+        let mut lease = Lease {
+            kept,
+            ..Lease::default()
         };
-        if tick == Pair::default() {
-            a.idle_since.get_or_insert(now);
-        } else {
-            a.idle_since = None;
-        }
-        let idle = a
-            .idle_since
-            .is_some_and(|t| now.saturating_duration_since(t) >= IDLE_BEFORE_GIVING_BACK);
-        let mut lease = Lease::default();
         if let Some(b) = self.spec.requests {
-            let (take, back) = block(b, 1, demand.requests, a.held.requests, idle);
-            lease.take.requests = take.saturating_add(a.owed);
-            lease.give_back.requests = back;
+            let (take, back) = block(b, 1, peak.requests, a.any.held.requests, idle);
+            lease.any.take.requests = take.saturating_add(a.owed);
+            lease.any.give_back.requests = back;
+            if kept.requests > 0 {
+                let held = a.critical.held.requests;
+                let (take, back) = critical_block(b, 1, critical_peak.requests, held, when);
+                lease.critical.take.requests = take;
+                lease.critical.give_back.requests = back;
+            }
         }
         if let Some(b) = self.spec.tokens {
-            let (take, back) = block(b, a.largest.max(1), demand.tokens, a.held.tokens, idle);
-            lease.take.tokens = take.saturating_add(a.debt);
-            lease.give_back.tokens = back;
+            let floor = a.largest.max(1);
+            let (take, back) = block(b, floor, peak.tokens, a.any.held.tokens, idle);
+            lease.any.take.tokens = take.saturating_add(a.debt);
+            lease.any.give_back.tokens = back;
+            if kept.tokens > 0 {
+                let held = a.critical.held.tokens;
+                let (take, back) = critical_block(b, floor, critical_peak.tokens, held, when);
+                lease.critical.take.tokens = take;
+                lease.critical.give_back.tokens = back;
+            }
         }
-        a.held.requests -= lease.give_back.requests;
-        a.held.tokens -= lease.give_back.tokens;
+        a.any.give(&lease.any);
+        a.critical.give(&lease.critical);
         lease
     }
 
     /// Adds what the shared buckets granted of a lease (perhaps less than
     /// asked), and their word on when they have tokens again.
-    pub fn granted(&self, granted: Pair, wait: Duration) {
+    pub fn granted(&self, g: Grant) {
         let mut a = self.shared.lock();
         if !a.on {
             return;
         }
-        let paid = a.debt.min(granted.tokens);
+        let paid = a.debt.min(g.any.tokens);
         a.debt -= paid;
-        let owed = a.owed.min(granted.requests);
+        let owed = a.owed.min(g.any.requests);
         a.owed -= owed;
-        a.held.requests = a.held.requests.saturating_add(granted.requests - owed);
-        a.held.tokens = a.held.tokens.saturating_add(granted.tokens - paid);
-        a.wait = wait;
+        a.any.held.requests = a.any.held.requests.saturating_add(g.any.requests - owed);
+        a.any.held.tokens = a.any.held.tokens.saturating_add(g.any.tokens - paid);
+        a.critical.held.requests = a.critical.held.requests.saturating_add(g.critical.requests);
+        a.critical.held.tokens = a.critical.held.tokens.saturating_add(g.critical.tokens);
+        a.wait = g.wait;
+        a.critical_wait = g.critical_wait;
+        a.reserved = g.reserved;
     }
 }
 
@@ -411,6 +566,22 @@ fn block(b: Bucket, floor: u64, demand: u64, held: u64, idle: bool) -> (u64, u64
     }
 }
 
+/// The critical pool's block: as [`block`] while critical work is
+/// `standing` (`idle`: its pool sat unused), else everything held goes back.
+fn critical_block(
+    b: Bucket,
+    floor: u64,
+    demand: u64,
+    held: u64,
+    (standing, idle): (bool, bool),
+) -> (u64, u64) {
+    if standing {
+        block(b, floor, demand, held, idle)
+    } else {
+        (0, held)
+    }
+}
+
 impl Allowance {
     /// What one request of `tokens` tokens takes of the allowance.
     fn need(spec: &LimitSpec, tokens: u64) -> Pair {
@@ -424,32 +595,74 @@ impl Allowance {
         }
     }
 
-    /// Whether the allowance holds one request and `tokens` tokens (counted
-    /// as demand either way); spends nothing.
-    fn check(&mut self, spec: &LimitSpec, tokens: u64) -> Result<(), Duration> {
+    /// Whether the allowance holds one request and `tokens` tokens for
+    /// this kind of work (counted as its pool's demand when `count`);
+    /// spends nothing.
+    fn check(
+        &mut self,
+        spec: &LimitSpec,
+        tokens: u64,
+        critical: bool,
+        count: bool,
+    ) -> Result<(), Refusal> {
         let need = Self::need(spec, tokens);
         if spec.tokens.is_some_and(|b| need.tokens > b.capacity) {
             // More tokens than a minute's worth: it never fits.
-            return Err(Duration::from_secs(60));
+            return Err(Refusal::limited(Duration::from_secs(60)));
         }
-        self.demand.requests += need.requests;
-        self.demand.tokens = self.demand.tokens.saturating_add(need.tokens);
-        self.largest = self.largest.max(need.tokens);
-        if self.held.requests >= need.requests && self.held.tokens >= need.tokens {
+        if count {
+            let pool = if critical {
+                &mut self.critical
+            } else {
+                &mut self.any
+            };
+            pool.demand.requests += need.requests;
+            pool.demand.tokens = pool.demand.tokens.saturating_add(need.tokens);
+            self.largest = self.largest.max(need.tokens);
+        }
+        if !critical {
+            return if self.any.held.covers(need) {
+                Ok(())
+            } else {
+                Err(Refusal {
+                    wait: self.wait.max(MIN_SHARED_WAIT),
+                    reserved: self.reserved,
+                })
+            };
+        }
+        let both = Pair {
+            requests: self.any.held.requests + self.critical.held.requests,
+            tokens: self
+                .any
+                .held
+                .tokens
+                .saturating_add(self.critical.held.tokens),
+        };
+        if both.covers(need) {
             return Ok(());
         }
-        Err(self.wait.max(MIN_SHARED_WAIT))
+        Err(Refusal::limited(self.critical_wait.max(MIN_SHARED_WAIT)))
     }
 
-    /// Spends one request and `tokens` tokens of the allowance; what it
-    /// does not hold is owed, taken from the next grants.
-    fn spend(&mut self, spec: &LimitSpec, tokens: u64) {
-        let need = Self::need(spec, tokens);
-        let requests = self.held.requests.min(need.requests);
-        self.held.requests -= requests;
+    /// Spends one request and `tokens` tokens of the allowance (critical
+    /// work its own pool first); what it does not hold is owed, taken from
+    /// the next grants.
+    fn spend(&mut self, spec: &LimitSpec, tokens: u64, critical: bool) {
+        let mut need = Self::need(spec, tokens);
+        if critical {
+            let pool = &mut self.critical.held;
+            let requests = pool.requests.min(need.requests);
+            let paid = pool.tokens.min(need.tokens);
+            pool.requests -= requests;
+            pool.tokens -= paid;
+            need.requests -= requests;
+            need.tokens -= paid;
+        }
+        let requests = self.any.held.requests.min(need.requests);
+        self.any.held.requests -= requests;
         self.owed = self.owed.saturating_add(need.requests - requests);
-        let paid = self.held.tokens.min(need.tokens);
-        self.held.tokens -= paid;
+        let paid = self.any.held.tokens.min(need.tokens);
+        self.any.held.tokens -= paid;
         self.debt = self.debt.saturating_add(need.tokens - paid);
     }
 }
@@ -623,7 +836,6 @@ impl Queue {
 
     /// A place in the queue; `None` when it is full.
     pub fn enter(&self) -> Option<Place<'_>> {
-        use std::sync::atomic::Ordering;
         let taken = self
             .depth
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| {
@@ -650,7 +862,6 @@ impl Queue {
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
-        use std::sync::atomic::Ordering;
         let left = self
             .0
             .depth
@@ -665,113 +876,132 @@ impl Drop for Place<'_> {
 mod tests {
     use super::*;
 
+    /// Checks, then charges: what admission and the call do.
+    fn admit(l: &ProviderLimits, tokens: u64) -> Result<(), Duration> {
+        l.check(tokens, Spender::ANY).map_err(|r| r.wait)?;
+        l.charge(tokens, false);
+        Ok(())
+    }
+
     #[test]
     fn provider_buckets_admit_then_refuse() {
         let l = ProviderLimits::new(Some(60), None, Some(2));
-        assert!(l.admit(10).is_ok() && l.admit(10).is_ok());
-        let wait = l.admit(10).unwrap_err();
+        assert!(admit(&l, 10).is_ok() && admit(&l, 10).is_ok());
+        let wait = admit(&l, 10).unwrap_err();
         assert!(wait <= Duration::from_secs(1), "burst of 2 spent: {wait:?}");
         let l = ProviderLimits::new(None, Some(1000), None);
-        assert!(l.admit(900).is_ok());
-        assert!(l.admit(200).is_err(), "tpm bucket has ~100 left");
+        assert!(admit(&l, 900).is_ok());
+        assert!(admit(&l, 200).is_err(), "tpm bucket has ~100 left");
     }
 
     #[tokio::test(start_paused = true)]
     async fn checking_takes_nothing_and_a_refused_bucket_charges_none() {
         let l = ProviderLimits::new(Some(60), Some(1000), Some(1));
         for _ in 0..5 {
-            assert!(l.check(10).is_ok(), "checks spend nothing");
+            assert!(l.check(10, Spender::ANY).is_ok(), "checks spend nothing");
         }
         // The tpm bucket refuses: the rpm bucket is not charged either.
-        assert!(l.check(2000).is_err());
-        l.charge(10);
-        let wait = l.check(10).unwrap_err();
+        assert!(l.check(2000, Spender::ANY).is_err());
+        l.charge(10, false);
+        let wait = l.check(10, Spender::ANY).unwrap_err().wait;
         assert_eq!(wait, Duration::from_secs(1), "one request a second");
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(l.check(10).is_ok());
+        assert!(l.check(10, Spender::ANY).is_ok());
         // A charge never refuses; an overdraft delays the next call.
-        l.charge(10);
-        l.charge(10);
-        assert_eq!(l.check(10).unwrap_err(), Duration::from_secs(2));
+        l.charge(10, false);
+        l.charge(10, false);
+        assert_eq!(
+            l.check(10, Spender::ANY).unwrap_err().wait,
+            Duration::from_secs(2)
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_shared_allowance_is_spent_only_by_charges() {
         let l = ProviderLimits::new(Some(600), None, Some(20));
         l.set_shared(true);
-        l.granted(
-            Pair {
+        l.granted(Grant {
+            any: Pair {
                 requests: 1,
                 tokens: 0,
             },
-            Duration::ZERO,
-        );
+            ..Grant::default()
+        });
         assert!(
-            l.check(1).is_ok() && l.check(1).is_ok(),
+            l.check(1, Spender::ANY).is_ok() && l.check(1, Spender::ANY).is_ok(),
             "checks spend nothing"
         );
-        l.charge(1);
-        assert!(l.check(1).is_err(), "the one leased request is spent");
+        l.charge(1, false);
+        assert!(
+            l.check(1, Spender::ANY).is_err(),
+            "the one leased request is spent"
+        );
         // Spent beyond the allowance: owed, taken from the next grant.
-        l.charge(1);
-        l.granted(
-            Pair {
+        l.charge(1, false);
+        l.granted(Grant {
+            any: Pair {
                 requests: 1,
                 tokens: 0,
             },
-            Duration::ZERO,
+            ..Grant::default()
+        });
+        assert!(
+            l.check(1, Spender::ANY).is_err(),
+            "the grant paid what was owed"
         );
-        assert!(l.check(1).is_err(), "the grant paid what was owed");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_shared_allowance_admits_only_what_was_leased() {
         let l = ProviderLimits::new(Some(600), Some(10_000), Some(100));
         l.set_shared(true);
-        assert!(l.admit(10).is_err(), "nothing leased yet");
-        let lease = l.plan_lease(Instant::now());
-        assert_eq!(lease.take.requests, 2, "two ticks of a demand of 1");
-        assert_eq!(lease.take.tokens, 20);
-        l.granted(
-            Pair {
+        assert!(admit(&l, 10).is_err(), "nothing leased yet");
+        let lease = l.plan_lease(Instant::now(), 0.0, false);
+        assert_eq!(lease.any.take.requests, 2, "two ticks of a demand of 1");
+        assert_eq!(lease.any.take.tokens, 20);
+        l.granted(Grant {
+            any: Pair {
                 requests: 1,
                 tokens: 20,
             },
-            Duration::ZERO,
-        );
-        assert!(l.admit(10).is_ok());
+            ..Grant::default()
+        });
+        assert!(admit(&l, 10).is_ok());
         assert_eq!(
-            l.admit(10).unwrap_err(),
+            admit(&l, 10).unwrap_err(),
             MIN_SHARED_WAIT,
             "the one request leased is spent"
         );
         // A reported overshoot is charged: from what is held, then as debt.
         l.correct(500);
-        let lease = l.plan_lease(Instant::now());
-        assert!(lease.take.tokens >= 490, "{lease:?}");
+        let lease = l.plan_lease(Instant::now(), 0.0, false);
+        assert!(lease.any.take.tokens >= 490, "{lease:?}");
         // An idle replica gives back all but one request's worth.
-        l.granted(
-            Pair {
+        l.granted(Grant {
+            any: Pair {
                 requests: 9,
                 tokens: 1000,
             },
-            Duration::ZERO,
-        );
-        let _ = l.plan_lease(Instant::now());
+            ..Grant::default()
+        });
+        let _ = l.plan_lease(Instant::now(), 0.0, false);
         tokio::time::advance(IDLE_BEFORE_GIVING_BACK).await;
-        let lease = l.plan_lease(Instant::now());
-        assert_eq!(lease.give_back.requests, 8);
-        assert!(lease.give_back.tokens > 0);
+        let lease = l.plan_lease(Instant::now(), 0.0, false);
+        assert_eq!(lease.any.give_back.requests, 8);
+        assert!(lease.any.give_back.tokens > 0);
         // Off the store: the local buckets again, and nothing held.
         l.set_shared(false);
-        assert!(l.admit(10).is_ok());
-        assert_eq!(l.plan_lease(Instant::now()), Lease::default());
+        assert!(admit(&l, 10).is_ok());
+        assert_eq!(l.plan_lease(Instant::now(), 0.0, false), Lease::default());
     }
 
     /// The keeper's tick against a bucket with room: what it asks is granted.
     fn tick(l: &ProviderLimits) {
-        let lease = l.plan_lease(Instant::now());
-        l.granted(lease.take, Duration::ZERO);
+        let lease = l.plan_lease(Instant::now(), 0.0, false);
+        l.granted(Grant {
+            any: lease.any.take,
+            ..Grant::default()
+        });
     }
 
     #[tokio::test(start_paused = true)]
@@ -780,12 +1010,12 @@ mod tests {
         // 20 a second, unevenly: 0 to 3 requests a tick.
         let l = ProviderLimits::new(Some(6000), None, Some(100));
         l.set_shared(true);
-        assert!(l.admit(0).is_err(), "nothing leased yet");
+        assert!(admit(&l, 0).is_err(), "nothing leased yet");
         tick(&l);
         let mut refused = 0;
         for n in [1, 0, 0, 3, 1, 0, 2, 0, 0, 0, 3, 1, 2, 0, 3] {
             for _ in 0..n {
-                refused += usize::from(l.admit(0).is_err());
+                refused += usize::from(admit(&l, 0).is_err());
             }
             tick(&l);
         }
@@ -794,8 +1024,80 @@ mod tests {
             "a replica far under the limit is refused nothing"
         );
         // The standing allowance stays small: a tenth of the bucket at most.
-        let held = l.shared.lock().held.requests;
+        let held = l.shared.lock().any.held.requests;
         assert!(held <= 10, "{held}");
+    }
+
+    const NORMAL: Spender = Spender {
+        reserve: 0.4,
+        critical: false,
+    };
+    const CRITICAL: Spender = Spender {
+        reserve: 0.4,
+        critical: true,
+    };
+
+    #[tokio::test(start_paused = true)]
+    async fn the_reserve_is_kept_for_critical_work_and_a_refusal_says_so() {
+        // 5 at once, 40 % (2) kept.
+        let l = ProviderLimits::new(Some(60), None, Some(5));
+        for _ in 0..3 {
+            assert!(l.check(1, NORMAL).is_ok());
+            l.charge(1, false);
+        }
+        let refused = l.check(1, NORMAL).unwrap_err();
+        assert!(refused.reserved, "only the reserve is left");
+        for _ in 0..2 {
+            assert!(l.check(1, CRITICAL).is_ok());
+            l.charge(1, true);
+        }
+        let refused = l.check(1, CRITICAL).unwrap_err();
+        assert!(!refused.reserved, "the bucket itself is empty");
+        assert_eq!(refused.wait, Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shared_reserve_is_leased_for_critical_work_only() {
+        let l = ProviderLimits::new(Some(600), None, Some(100));
+        l.set_shared(true);
+        assert!(l.check(1, NORMAL).is_err() && l.check(1, CRITICAL).is_err());
+        let lease = l.plan_lease(Instant::now(), 0.4, true);
+        assert_eq!(lease.kept.requests, 40, "what leases for any work leave");
+        assert_eq!(lease.any.take.requests, 2, "two ticks of a demand of 1");
+        assert_eq!(lease.critical.take.requests, 2);
+        // The store held the ask for any work back at the reserve.
+        l.granted(Grant {
+            critical: lease.critical.take,
+            wait: Duration::from_secs(5),
+            reserved: true,
+            ..Grant::default()
+        });
+        let refused = l.check(1, NORMAL).unwrap_err();
+        assert!(refused.reserved);
+        assert_eq!(refused.wait, Duration::from_secs(5));
+        assert!(l.check(1, CRITICAL).is_ok());
+        l.charge(1, true);
+        assert_eq!(
+            l.shared.lock().critical.held.requests,
+            1,
+            "spent from its own lease"
+        );
+        // No critical task calls it any more (a reload): its lease goes back.
+        let lease = l.plan_lease(Instant::now(), 0.4, false);
+        assert_eq!(lease.critical.give_back.requests, 1);
+        let lease = l.plan_lease(Instant::now(), 0.4, false);
+        assert_eq!(lease.critical, Block::default());
+        // A bucket without a reserve leases one pool: critical work asks from it.
+        let l = ProviderLimits::new(Some(600), None, Some(100));
+        l.set_shared(true);
+        let unreserved = Spender {
+            reserve: 0.0,
+            critical: true,
+        };
+        assert!(l.check(1, unreserved).is_err());
+        let lease = l.plan_lease(Instant::now(), 0.0, true);
+        assert_eq!(lease.critical, Block::default());
+        assert_eq!(lease.any.take.requests, 2);
     }
 
     const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);

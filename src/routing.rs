@@ -32,6 +32,7 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::health::{Permit, State, Unavailable};
+use crate::ratelimit::Spender;
 use crate::request::{ChatRequest, EmbeddingsRequest};
 use crate::snapshot::{Capability, KeySet, NoKey, Snapshot, Strategy, Target, Task};
 use crate::upstream::{Operation, TargetModel};
@@ -621,12 +622,12 @@ impl<'a> Admission<'a> {
     pub fn recheck(&mut self, target: &Target, key: Option<usize>) -> bool {
         let tokens = self.needs.total_tokens(target);
         let key = key.and_then(|i| target.provider.keys.get(i));
-        let reserve = key.filter(|_| !self.critical()).map_or(0.0, |k| k.reserve);
-        let limits = key.and_then(|k| k.limits.as_ref());
-        if let Some(Err(wait)) = limits.map(|l| l.check_keeping(tokens, reserve)) {
-            self.snapshot.rate_limited.increment("key", 1);
-            self.holdbacks.limited(Instant::now() + wait);
-            return false;
+        if let Some((limits, reserve)) = key.and_then(|k| Some((k.limits.as_ref()?, k.reserve))) {
+            if let Err(refused) = limits.check(tokens, self.spender(reserve)) {
+                self.snapshot.rate_limited.increment("key", 1);
+                self.holdbacks.limited(Instant::now() + refused.wait);
+                return false;
+            }
         }
         self.provider_fits(target)
     }
@@ -642,14 +643,10 @@ impl<'a> Admission<'a> {
     fn provider_refusal(&mut self, target: &Target) -> Option<Exclusion> {
         let limits = target.provider.limits.as_ref()?;
         let tokens = self.needs.total_tokens(target);
-        let reserve = if self.critical() {
-            0.0
-        } else {
-            target.provider.reserve
-        };
-        let wait = limits.check_keeping(tokens, reserve).err()?;
-        self.holdbacks.limited(Instant::now() + wait);
-        if reserve > 0.0 && limits.check(tokens).is_ok() {
+        let who = self.spender(target.provider.reserve);
+        let refused = limits.check(tokens, who).err()?;
+        self.holdbacks.limited(Instant::now() + refused.wait);
+        if refused.reserved {
             return Some(Exclusion::Reserved);
         }
         self.snapshot.rate_limited.increment("provider", 1);
@@ -658,7 +655,15 @@ impl<'a> Admission<'a> {
 
     /// Whether the task is critical: it spends what providers keep back.
     fn critical(&self) -> bool {
-        self.task.priority == crate::config::Priority::Critical
+        self.task.priority.is_critical()
+    }
+
+    /// This task as a spender of a bucket that keeps `reserve`.
+    fn spender(&self, reserve: f64) -> Spender {
+        Spender {
+            reserve,
+            critical: self.critical(),
+        }
     }
 
     /// After a context-length error at `target`: only larger windows from now on.
@@ -721,11 +726,8 @@ impl<'a> Admission<'a> {
             skip(self.task, target, &Exclusion::ProviderCoolingDown);
             return None;
         }
-        let shed = target.provider.shed_after_429;
-        if let Some(until) = shed
-            .filter(|_| !self.critical())
-            .and_then(|w| target.provider.health.shedding(now, w))
-        {
+        let shed = target.provider.shed_after_429.is_some() && !self.critical();
+        if let Some(until) = shed.then(|| target.provider.health.shedding(now)).flatten() {
             // The account keeps rate limiting: what is left is the critical path's.
             self.holdbacks.limited(until);
             skip(self.task, target, &Exclusion::Reserved);

@@ -188,10 +188,10 @@ async fn tick(
             LeaseAction::Release { id, keep } => store.release(&id, &replica.id, keep).await?,
         }
     }
-    for (limits, spec, ask) in replica.limit_work(now) {
+    for (limits, lease) in replica.limit_work(now) {
         sent = true;
-        let (granted, wait) = store.lease_tokens(limits.identity(), spec, ask).await?;
-        limits.granted(granted, wait);
+        let grant = store.lease_tokens(&limits, &lease).await?;
+        limits.granted(grant);
     }
     if sent {
         *last_sent = now;

@@ -24,7 +24,7 @@ use crate::config::diagnostic::Diagnostic;
 pub use crate::config::{Capability, Strategy};
 use crate::health::{HealthConfig, KeyHealth, KeyState, ProviderHealth, TargetHealth, Transition};
 use crate::metrics::{Family, Metrics, RouteMetrics, TargetMetrics};
-use crate::ratelimit::{ProviderLimits, TaskLimiter};
+use crate::ratelimit::{ProviderLimits, Spender, TaskLimiter};
 use crate::secret::Secret;
 use crate::upstream::{Credential, Endpoint};
 pub use compile::CompileOptions;
@@ -416,14 +416,13 @@ impl Provider {
             }
             let Some(i) = best else { break };
             let key = &self.keys[i];
-            let reserve = if critical { 0.0 } else { key.reserve };
-            match key
-                .limits
-                .as_ref()
-                .map(|l| l.check_keeping(tokens, reserve))
-            {
-                Some(Err(wait)) => {
-                    note_limited(now + wait);
+            let who = Spender {
+                reserve: key.reserve,
+                critical,
+            };
+            match key.limits.as_ref().map(|l| l.check(tokens, who)) {
+                Some(Err(refused)) => {
+                    note_limited(now + refused.wait);
                     passed.insert(i);
                 }
                 Some(Ok(())) | None => return Ok(Some(i)),
@@ -436,15 +435,15 @@ impl Provider {
 impl Provider {
     /// Charges one call of `tokens` tokens to the provider's buckets and
     /// to `key`'s: the call is being sent (admission only checked them).
-    pub fn charge(&self, key: Option<usize>, tokens: u64) {
+    pub fn charge(&self, key: Option<usize>, tokens: u64, critical: bool) {
         if let Some(limits) = &self.limits {
-            limits.charge(tokens);
+            limits.charge(tokens, critical);
         }
         if let Some(limits) = key
             .and_then(|i| self.keys.get(i))
             .and_then(|k| k.limits.as_ref())
         {
-            limits.charge(tokens);
+            limits.charge(tokens, critical);
         }
     }
 }

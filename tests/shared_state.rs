@@ -587,3 +587,87 @@ async fn a_revocation_until_rotation_is_kept_by_every_replica() {
         "a replica re-probed a key revoked until rotation"
     );
 }
+
+/// Task `chat` (normal) and `core` (critical), both [a, b], with `pa`'s
+/// `provider_extra` (say a `rate_limit` or `shed_after_429`).
+fn prioritized(a: &Fake, b: &Fake, redis: &RedisServer, provider_extra: &str) -> String {
+    let more = "targets:\n  a: { provider: pa, model: ma }\n  b: { provider: pb, model: mb }\n\
+                tasks:\n  chat: { aliases: [gpt-4o], chain: [a, b] }\n  \
+                core: { chain: [a, b], priority: critical }\n";
+    config(&a.url(), &b.url(), redis, more, "open_for: 60s").replacen(
+        "retry: { max: 0 } }",
+        &format!("retry: {{ max: 0 }}, {provider_extra} }}"),
+        1,
+    )
+}
+
+/// A bucket's reserve holds for the deployment, not per replica: normal
+/// work on three replicas together leaves it, and critical work on any of
+/// them spends it (issue 24).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reserve_is_kept_for_critical_work_across_the_replicas() {
+    let redis = RedisServer::start();
+    let a = Fake::always(fake::completion("ma", "from a")).await;
+    let b = Fake::always(fake::completion("mb", "from b")).await;
+    // 20 at once, half of it kept; one more every 10 s.
+    let yaml = prioritized(
+        &a,
+        &b,
+        &redis,
+        "rate_limit: { rpm: 6, burst: 20, reserve: 0.5 }",
+    );
+    let gws = replicas(&yaml).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut normal_on_a = 0;
+    for i in 0..30 {
+        let ans = chat(gws[i % 3].addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        normal_on_a += usize::from(ans.header("x-switchyard-target") == "a");
+        // Now and then a keeper tick, so each replica leases again.
+        if i % 5 == 4 {
+            tokio::time::sleep(Duration::from_millis(120)).await;
+        }
+    }
+    assert!(
+        (1..=10).contains(&normal_on_a),
+        "normal work got {normal_on_a} of a's 20: the 10 kept are not its"
+    );
+    for i in 0..9 {
+        let ans = chat(gws[i % 3].addr, hello("core")).await;
+        assert_eq!(
+            ans.header("x-switchyard-target"),
+            "a",
+            "critical request {i} on replica {}: {}",
+            i % 3,
+            ans.text()
+        );
+        tokio::time::sleep(Duration::from_millis(120)).await;
+    }
+    assert!(a.calls() <= 21, "a was called {} times", a.calls());
+}
+
+/// After a 429 on one replica, every replica sheds non-critical work from
+/// that provider for `shed_after_429` (issue 24).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_on_one_replica_sheds_normal_work_on_all_of_them() {
+    let redis = RedisServer::start();
+    let a = Fake::start(|n, _| match n {
+        0 => fake::error(429, "slow down"),
+        _ => fake::completion("ma", "from a"),
+    })
+    .await;
+    let b = Fake::always(fake::completion("mb", "from b")).await;
+    let yaml = prioritized(&a, &b, &redis, "shed_after_429: 30s");
+    let gws = replicas(&yaml).await;
+    let ans = chat(gws[0].addr, hello("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
+    // Past the 429's own 1 s cooldown: only the shedding holds a back.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for gw in &gws[1..] {
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
+    }
+    let ans = chat(gws[2].addr, hello("core")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "a", "{}", ans.text());
+    assert_eq!(a.calls(), 2);
+}

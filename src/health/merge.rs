@@ -207,28 +207,40 @@ impl KeyHealth {
 }
 
 /// What a replica shares of a provider account: its cooldown's end and
-/// whether only a rate limit's.
-pub type ProviderView = Option<(Instant, bool)>;
+/// whether only a rate limit's, and until when it sheds non-critical work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProviderView {
+    /// The cooldown's end, and whether only a rate limit's.
+    pub cooldown: Option<(Instant, bool)>,
+    /// `shed_after_429`'s end.
+    pub shed_until: Option<Instant>,
+}
 
 impl ProviderHealth {
     /// What this replica would share of the account now.
     #[must_use]
     pub fn shared_view(&self) -> ProviderView {
-        *self.cooldown.lock()
+        ProviderView {
+            cooldown: *self.cooldown.lock(),
+            shed_until: *self.shed_until.lock(),
+        }
     }
 
-    /// Merges another replica's cooldown: the later end wins.
+    /// Merges another replica's view: the later ends win.
     pub fn merge(&self, remote: ProviderView) -> Merged<ProviderView> {
-        let mut c = self.cooldown.lock();
-        let before = *c;
-        if let Some((until, limited)) = remote {
+        let before = self.shared_view();
+        if let Some((until, limited)) = remote.cooldown {
+            let mut c = self.cooldown.lock();
             if c.is_none_or(|(t, _)| until > t) {
                 *c = Some((until, limited));
             }
         }
+        if let Some(until) = remote.shed_until {
+            self.shed_until(until);
+        }
         Merged {
             before,
-            after: *c,
+            after: self.shared_view(),
             transition: None,
         }
     }
@@ -382,9 +394,20 @@ mod tests {
         );
         let p = ProviderHealth::default();
         let until = Instant::now() + Duration::from_secs(9);
-        p.merge(Some((until, true)));
-        assert_eq!(p.shared_view(), Some((until, true)));
-        p.merge(Some((until - Duration::from_secs(1), false)));
-        assert_eq!(p.shared_view(), Some((until, true)));
+        let view = |cooldown, shed_until| ProviderView {
+            cooldown,
+            shed_until,
+        };
+        p.merge(view(Some((until, true)), None));
+        assert_eq!(p.shared_view(), view(Some((until, true)), None));
+        let earlier = until - Duration::from_secs(1);
+        p.merge(view(Some((earlier, false)), Some(earlier)));
+        assert_eq!(p.shared_view(), view(Some((until, true)), Some(earlier)));
+        p.merge(view(None, Some(until)));
+        assert_eq!(
+            p.shedding(Instant::now()),
+            Some(until),
+            "the later shedding wins"
+        );
     }
 }

@@ -242,9 +242,9 @@ pub fn record(
 ) {
     let now = Instant::now();
     let provider = &target.provider;
-    if decision.rate_limited {
-        // For `shed_after_429`: the account is rate limiting.
-        provider.health.rate_limited(now);
+    if let Some(window) = provider.shed_after_429.filter(|_| decision.rate_limited) {
+        // The account keeps rate limiting: what is left is the critical path's.
+        provider.health.shed_until(now + window);
     }
     let used = key.and_then(|i| provider.keys.get(i));
     let (counted, cooldown) = match (decision.scope, used) {
@@ -378,6 +378,7 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
         call.key,
         call.target
             .call_tokens(call.account.prompt_estimate, call.account.max_tokens),
+        call.task.priority.is_critical(),
     );
     let sent = provider.endpoint.send(Outgoing {
         op: call.op,

@@ -120,6 +120,10 @@ pub enum Record {
         until: Option<u64>,
         /// Only a rate limit's.
         rate_limited: bool,
+        /// Non-critical work keeps off it until then (`shed_after_429`;
+        /// absent in older records).
+        #[serde(default)]
+        shed_until: Option<u64>,
     },
 }
 
@@ -163,8 +167,9 @@ impl Record {
     pub fn provider(id: String, v: ProviderView, c: &Clock) -> Self {
         Record::Provider {
             id,
-            until: v.map(|(t, _)| c.to_ms(t)),
-            rate_limited: v.is_some_and(|(_, limited)| limited),
+            until: v.cooldown.map(|(t, _)| c.to_ms(t)),
+            rate_limited: v.cooldown.is_some_and(|(_, limited)| limited),
+            shed_until: v.shed_until.map(|t| c.to_ms(t)),
         }
     }
 
@@ -181,7 +186,9 @@ impl Record {
             } => vec![*reopen_at, *limited_until, *paused_until],
             Record::Key { dead: true, .. } => return DEAD_KEY_TTL,
             Record::Key { cooldown_until, .. } => vec![*cooldown_until],
-            Record::Provider { until, .. } => vec![*until],
+            Record::Provider {
+                until, shed_until, ..
+            } => vec![*until, *shed_until],
         };
         let latest = ends.into_iter().flatten().max().unwrap_or(0);
         c.until(latest) + RECORD_GRACE
@@ -230,8 +237,16 @@ pub fn key_view(
 
 /// A provider record as a local view.
 #[must_use]
-pub fn provider_view(c: &Clock, until: Option<u64>, rate_limited: bool) -> ProviderView {
-    at(c, until).map(|t| (t, rate_limited))
+pub fn provider_view(
+    c: &Clock,
+    until: Option<u64>,
+    rate_limited: bool,
+    shed_until: Option<u64>,
+) -> ProviderView {
+    ProviderView {
+        cooldown: at(c, until).map(|t| (t, rate_limited)),
+        shed_until: at(c, shed_until),
+    }
 }
 
 /// The names of one deployment's keys, under its `key_prefix`.

@@ -19,7 +19,7 @@ use super::record::{self, Clock, Message, Names, Record};
 use crate::health::merge::{KeyView, ProviderView, TargetView};
 use crate::health::{KeyHealth, ProviderHealth, TargetHealth, TargetId};
 use crate::metrics::{self as m, Metrics};
-use crate::ratelimit::{LimitSpec, ProviderLimits};
+use crate::ratelimit::{Lease, ProviderLimits};
 use crate::snapshot::{Snapshot, Target};
 
 /// How long the lease holder's grant lets a request take the trial.
@@ -47,7 +47,9 @@ struct Index {
     targets: BTreeMap<String, TargetEntry>,
     keys: HashMap<String, KeyEntry>,
     providers: HashMap<String, Arc<ProviderHealth>>,
-    limits: Vec<Arc<ProviderLimits>>,
+    /// Each limiter with the reserve its buckets keep, and whether a
+    /// critical task may call them.
+    limits: Vec<(Arc<ProviderLimits>, f64, bool)>,
 }
 
 impl Index {
@@ -69,18 +71,32 @@ impl Index {
                 .targets
                 .push(Arc::clone(target));
         }
+        let critical: std::collections::HashSet<&str> = snapshot
+            .tasks
+            .values()
+            .filter(|t| t.priority.is_critical())
+            .flat_map(|t| t.chain.iter().chain(&t.repair_targets))
+            .map(|t| t.provider.name.as_str())
+            .collect();
         for provider in snapshot.providers.values() {
+            let critical = critical.contains(provider.name.as_str());
             index.providers.insert(
                 Names::provider_id(&provider.base_url),
                 Arc::clone(&provider.health),
             );
-            let limits = provider
-                .limits
-                .iter()
-                .chain(provider.keys.iter().filter_map(|k| k.limits.as_ref()));
-            for l in limits {
-                if !index.limits.iter().any(|o| o.identity() == l.identity()) {
-                    index.limits.push(Arc::clone(l));
+            let limits = provider.limits.iter().map(|l| (l, provider.reserve)).chain(
+                provider
+                    .keys
+                    .iter()
+                    .filter_map(|k| k.limits.as_ref().map(|l| (l, k.reserve))),
+            );
+            for (l, reserve) in limits {
+                if !index
+                    .limits
+                    .iter()
+                    .any(|(o, ..)| o.identity() == l.identity())
+                {
+                    index.limits.push((Arc::clone(l), reserve, critical));
                 }
             }
             for key in &provider.keys {
@@ -202,7 +218,7 @@ impl Replica {
         for e in self.index.targets.values() {
             e.health.set_trial_leases(on);
         }
-        for l in &self.index.limits {
+        for (l, ..) in &self.index.limits {
             l.set_shared(on);
         }
     }
@@ -278,7 +294,11 @@ impl Replica {
                 id,
                 until,
                 rate_limited,
-            } => self.apply_provider(&id, record::provider_view(c, until, rate_limited)),
+                shed_until,
+            } => self.apply_provider(
+                &id,
+                record::provider_view(c, until, rate_limited, shed_until),
+            ),
         };
         if applied {
             self.counters.applied.increment(1);
@@ -387,22 +407,14 @@ impl Replica {
         }
     }
 
-    /// The token blocks to lease (or give back) now: (limiter, its buckets,
-    /// (requests, tokens) asked, negative to give back).
-    pub fn limit_work(&self, now: Instant) -> Vec<(Arc<ProviderLimits>, LimitSpec, (i64, i64))> {
-        let signed = |take: u64, back: u64| {
-            i64::try_from(take).unwrap_or(i64::MAX) - i64::try_from(back).unwrap_or(i64::MAX)
-        };
+    /// The token blocks to lease (or give back) now, per limiter.
+    pub fn limit_work(&self, now: Instant) -> Vec<(Arc<ProviderLimits>, Lease)> {
         self.index
             .limits
             .iter()
-            .filter_map(|l| {
-                let lease = l.plan_lease(now);
-                let ask = (
-                    signed(lease.take.requests, lease.give_back.requests),
-                    signed(lease.take.tokens, lease.give_back.tokens),
-                );
-                (ask != (0, 0)).then(|| (Arc::clone(l), l.spec(), ask))
+            .filter_map(|(l, reserve, critical)| {
+                let lease = l.plan_lease(now, *reserve, *critical);
+                (!lease.is_empty()).then(|| (Arc::clone(l), lease))
             })
             .collect()
     }
@@ -503,7 +515,10 @@ mod tests {
         // The limiter is on its shared allowance: a standing block is asked for.
         let work = r2.limit_work(Instant::now());
         assert_eq!(work.len(), 1);
-        assert_eq!(work[0].2 .0, 1, "one request's standing allowance");
+        assert_eq!(
+            work[0].1.any.take.requests, 1,
+            "one request's standing allowance"
+        );
         r2.set_connected(false);
         assert!(!s2.providers["p"].limits.as_ref().unwrap().shared_on());
     }

@@ -11,7 +11,7 @@ use redis::{AsyncConnectionConfig, Client, RedisError, Script};
 use tokio::time::timeout;
 
 use super::record::{Message, Names};
-use crate::ratelimit::{LimitSpec, Pair};
+use crate::ratelimit::{Grant, Lease, ProviderLimits};
 
 /// Why the store cannot be used now.
 #[derive(Debug, thiserror::Error)]
@@ -70,19 +70,25 @@ return 0
 ";
 
 /// Token buckets on the server's clock: for each KEYS[i], ARGV holds
-/// (capacity, refill per millisecond, ask) from 3i-2; then the key TTL in
-/// ms. A positive ask takes up to that many whole tokens, a negative one
-/// puts them back (never above capacity). Returns (granted, ms until the
-/// next token) per bucket.
+/// (capacity, refill per millisecond, ask, reserve, critical ask) from
+/// 5i-4; then the key TTL in ms. A positive ask takes up to that many whole
+/// tokens without going below the reserve, a positive critical ask up to
+/// that many from what is left; a negative one puts them back (never above
+/// capacity). Returns, per bucket: granted, ms until a token above the
+/// reserve, critically granted, ms until any token, and 1 when the reserve
+/// cut the ask.
 const BUCKETS: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = ARGV[#KEYS * 3 + 1]
+local ttl = ARGV[#KEYS * 5 + 1]
 local out = {}
 for i = 1, #KEYS do
-  local cap = tonumber(ARGV[i * 3 - 2])
-  local rate = tonumber(ARGV[i * 3 - 1])
-  local ask = tonumber(ARGV[i * 3])
+  local at = (i - 1) * 5
+  local cap = tonumber(ARGV[at + 1])
+  local rate = tonumber(ARGV[at + 2])
+  local ask = tonumber(ARGV[at + 3])
+  local keep = tonumber(ARGV[at + 4])
+  local critical = tonumber(ARGV[at + 5])
   local b = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
   local tokens = tonumber(b[1])
   local ts = tonumber(b[2])
@@ -92,20 +98,38 @@ for i = 1, #KEYS do
   end
   tokens = math.min(cap, tokens + math.max(0, now - ts) * rate)
   local grant = 0
+  local reserved = 0
   if ask > 0 then
-    grant = math.min(ask, math.floor(tokens))
+    grant = math.max(0, math.min(ask, math.floor(tokens - keep)))
     tokens = tokens - grant
+    if grant < ask and keep > 0 and tokens >= 1 then
+      reserved = 1
+    end
   elseif ask < 0 then
     tokens = math.min(cap, tokens - ask)
+  end
+  local kept = 0
+  if critical > 0 then
+    kept = math.min(critical, math.floor(tokens))
+    tokens = tokens - kept
+  elseif critical < 0 then
+    tokens = math.min(cap, tokens - critical)
   end
   redis.call('HSET', KEYS[i], 'tokens', tostring(tokens), 'ts', tostring(now))
   redis.call('PEXPIRE', KEYS[i], ttl)
   local wait = 0
+  if tokens < keep + 1 then
+    wait = math.ceil((keep + 1 - tokens) / rate)
+  end
+  local any = 0
   if tokens < 1 then
-    wait = math.ceil((1 - tokens) / rate)
+    any = math.ceil((1 - tokens) / rate)
   end
   out[#out + 1] = grant
   out[#out + 1] = wait
+  out[#out + 1] = kept
+  out[#out + 1] = any
+  out[#out + 1] = reserved
 end
 return out
 ";
@@ -282,53 +306,81 @@ impl Store {
             .map(|_| ())
     }
 
-    /// Takes `ask` from (or gives it back to) the shared buckets of the
-    /// limiter `identity`: what was granted, and the wait until the emptier
-    /// bucket has a token again.
+    /// Takes `lease` from (or gives it back to) the shared buckets of
+    /// `limits`: what was granted, and when the buckets have tokens again.
     ///
     /// # Errors
     /// As [`Store::connect`].
     pub async fn lease_tokens(
         &mut self,
-        identity: u64,
-        spec: LimitSpec,
-        ask: (i64, i64),
-    ) -> Result<(Pair, Duration), StoreError> {
+        limits: &ProviderLimits,
+        lease: &Lease,
+    ) -> Result<Grant, StoreError> {
+        let signed = |take: u64, back: u64| {
+            i64::try_from(take).unwrap_or(i64::MAX) - i64::try_from(back).unwrap_or(i64::MAX)
+        };
+        let (spec, kept) = (limits.spec(), lease.kept);
+        let dims = [
+            (
+                spec.requests,
+                kept.requests,
+                signed(lease.any.take.requests, lease.any.give_back.requests),
+                signed(
+                    lease.critical.take.requests,
+                    lease.critical.give_back.requests,
+                ),
+            ),
+            (
+                spec.tokens,
+                kept.tokens,
+                signed(lease.any.take.tokens, lease.any.give_back.tokens),
+                signed(lease.critical.take.tokens, lease.critical.give_back.tokens),
+            ),
+        ];
         let mut call = self.buckets.prepare_invoke();
         let mut ttl_ms = 0u64;
-        let dims = [
-            ("requests", spec.requests, ask.0),
-            ("tokens", spec.tokens, ask.1),
-        ];
-        let present: Vec<_> = dims
-            .iter()
-            .filter_map(|(name, b, ask)| b.map(|b| (*name, b, *ask)))
-            .collect();
-        for (name, b, ask) in &present {
-            call.key(self.names.limit(identity, name));
+        for (name, (bucket, keep, ask, critical)) in ["requests", "tokens"].iter().zip(dims) {
+            let Some(b) = bucket else { continue };
+            call.key(self.names.limit(limits.identity(), name));
             #[allow(clippy::cast_precision_loss)]
             let per_ms = b.per_minute as f64 / 60_000.0;
-            call.arg(b.capacity).arg(per_ms).arg(*ask);
+            call.arg(b.capacity)
+                .arg(per_ms)
+                .arg(ask)
+                .arg(keep)
+                .arg(critical);
             // A full refill, and a grace: then nothing is left behind.
             let refill = b.capacity.saturating_mul(60_000) / b.per_minute.max(1);
             ttl_ms = ttl_ms.max(refill.saturating_add(60_000));
         }
         call.arg(ttl_ms.max(1));
         let out = bounded(self.timeout, call.invoke_async::<Vec<i64>>(&mut self.conn)).await?;
-        let mut granted = Pair::default();
-        let mut wait = 0i64;
-        for (i, (name, _, _)) in present.iter().enumerate() {
-            let g = u64::try_from(out.get(2 * i).copied().unwrap_or(0)).unwrap_or(0);
-            wait = wait.max(out.get(2 * i + 1).copied().unwrap_or(0));
-            match *name {
-                "requests" => granted.requests = g,
-                _ => granted.tokens = g,
+        let mut grant = Grant::default();
+        let mut at = out.chunks(5);
+        let ms = |v: i64| Duration::from_millis(u64::try_from(v).unwrap_or(0));
+        for (i, (bucket, ..)) in dims.iter().enumerate() {
+            if bucket.is_none() {
+                continue;
             }
+            let Some(&[any, wait, critical, critical_wait, reserved]) = at.next() else {
+                break;
+            };
+            let (any, critical) = (
+                u64::try_from(any).unwrap_or(0),
+                u64::try_from(critical).unwrap_or(0),
+            );
+            if i == 0 {
+                grant.any.requests = any;
+                grant.critical.requests = critical;
+            } else {
+                grant.any.tokens = any;
+                grant.critical.tokens = critical;
+            }
+            grant.wait = grant.wait.max(ms(wait));
+            grant.critical_wait = grant.critical_wait.max(ms(critical_wait));
+            grant.reserved |= reserved == 1;
         }
-        Ok((
-            granted,
-            Duration::from_millis(u64::try_from(wait).unwrap_or(0)),
-        ))
+        Ok(grant)
     }
 }
 
