@@ -408,7 +408,14 @@ impl Walk<'_> {
     }
 
     /// Step 5: the outer (failover) loop.
+    /// Walks `admission`'s candidates; what it left out goes to the access log.
     async fn run(&mut self, admission: &mut Admission<'_>) -> Response<Body> {
+        let resp = self.walk_chain(admission).await;
+        self.account.trace.skipped(admission.skipped());
+        resp
+    }
+
+    async fn walk_chain(&mut self, admission: &mut Admission<'_>) -> Response<Body> {
         let mut previous: Option<(Arc<Target>, &'static str)> = None;
         let mut tries_after_violation = 0;
         loop {

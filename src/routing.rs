@@ -27,6 +27,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use compact_str::CompactString;
 use serde_json::Value;
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -277,7 +278,15 @@ impl Plan {
                 "prompt_tokens_estimate": needs.prompt_tokens,
                 "max_tokens": needs.max_tokens,
             },
-            "candidates": self.candidates.iter().map(|t| target(t)).collect::<Vec<_>>(),
+            "candidates": self.candidates.iter().map(|t| {
+                let mut v = target(t);
+                if let Some(why) = held_back(task, t, needs, Instant::now()) {
+                    v["held_back"] = serde_json::json!({
+                        "reason": why.reason(), "detail": why.describe(),
+                    });
+                }
+                v
+            }).collect::<Vec<_>>(),
             "excluded": self.excluded.iter().map(|(t, why)| {
                 let mut v = target(t);
                 v["reason"] = why.reason().into();
@@ -330,9 +339,12 @@ impl Plan {
             out.push_str("  (none)\n");
         }
         for (i, t) in self.candidates.iter().enumerate() {
+            let held = held_back(task, t, needs, Instant::now())
+                .map(|why| format!(": held back now, {} [{}]", why.describe(), why.reason()))
+                .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "  {}. {} ({} / {})",
+                "  {}. {} ({} / {}){held}",
                 i + 1,
                 t.name,
                 t.provider.name,
@@ -347,6 +359,35 @@ impl Plan {
         }
         out.push_str("(provider rate limits are checked when a request is sent)\n");
         out
+    }
+}
+
+/// Why admission would pass over `target`, a candidate of the plan, now
+/// without calling it: its provider cooling down or shedding after a 429,
+/// or its provider's buckets (only the reserve left, or empty). Reads,
+/// takes and counts nothing (for `explain`; keys are not looked at).
+#[must_use]
+pub fn held_back(task: &Task, target: &Target, needs: &Needs, now: Instant) -> Option<Exclusion> {
+    let provider = &target.provider;
+    if provider.health.unavailable(now).is_some() {
+        return Some(Exclusion::ProviderCoolingDown);
+    }
+    let critical = task.priority.is_critical();
+    if !critical && provider.shed_after_429.is_some() && provider.health.shedding(now).is_some() {
+        return Some(Exclusion::Reserved);
+    }
+    let who = Spender {
+        reserve: provider.reserve,
+        critical,
+    };
+    match provider
+        .limits
+        .as_ref()?
+        .peek(needs.total_tokens(target), who)
+    {
+        Ok(()) => None,
+        Err(refused) if refused.reserved => Some(Exclusion::Reserved),
+        Err(_) => Some(Exclusion::ProviderRateLimited),
     }
 }
 
@@ -559,6 +600,8 @@ pub struct Admission<'a> {
     trial_offered: bool,
     /// What held skipped targets back.
     holdbacks: Holdbacks,
+    /// Targets left out without a call, and why: for the access log.
+    skipped: Vec<(CompactString, &'static str)>,
 }
 
 impl<'a> Admission<'a> {
@@ -574,8 +617,10 @@ impl<'a> Admission<'a> {
         let mut down = Vec::new();
         let mut holdbacks = Holdbacks::default();
         let now = Instant::now();
+        let mut skipped = Vec::new();
         for (target, why) in &plan.excluded {
             skip(task, target, why);
+            skipped.push((CompactString::from(target.name.as_str()), why.reason()));
             if matches!(why, Exclusion::Down | Exclusion::CoolingDown) {
                 if let Some(held) = target.health.unavailable(now) {
                     holdbacks.held(held);
@@ -599,6 +644,7 @@ impl<'a> Admission<'a> {
             unsupported: None,
             trial_offered: false,
             holdbacks,
+            skipped,
         }
     }
 
@@ -702,7 +748,7 @@ impl<'a> Admission<'a> {
             .context_floor
             .is_some_and(|floor| target.max_context.unwrap_or(0) <= floor)
         {
-            skip(self.task, &target, &Exclusion::SmallerContext);
+            self.skip(&target, &Exclusion::SmallerContext);
             return None;
         }
         let permit = self.gate(&target)?;
@@ -723,14 +769,14 @@ impl<'a> Admission<'a> {
         let now = Instant::now();
         if let Some(why) = target.provider.health.unavailable(now) {
             self.holdbacks.held(why);
-            skip(self.task, target, &Exclusion::ProviderCoolingDown);
+            self.skip(target, &Exclusion::ProviderCoolingDown);
             return None;
         }
         let shed = target.provider.shed_after_429.is_some() && !self.critical();
         if let Some(until) = shed.then(|| target.provider.health.shedding(now)).flatten() {
             // The account keeps rate limiting: what is left is the critical path's.
             self.holdbacks.limited(until);
-            skip(self.task, target, &Exclusion::Reserved);
+            self.skip(target, &Exclusion::Reserved);
             return None;
         }
         match target.health.admit(Instant::now()) {
@@ -741,7 +787,7 @@ impl<'a> Admission<'a> {
                     Unavailable::Down { .. } => Exclusion::Down,
                     Unavailable::CoolingDown { .. } => Exclusion::CoolingDown,
                 };
-                skip(self.task, target, &exclusion);
+                self.skip(target, &exclusion);
                 if exclusion == Exclusion::Down {
                     self.down.push(Arc::clone(target));
                 }
@@ -754,7 +800,7 @@ impl<'a> Admission<'a> {
     fn finish(&mut self, target: Arc<Target>, permit: Permit, body: Bytes) -> Option<Admitted> {
         let key = self.key(&target)?;
         if let Some(why) = self.provider_refusal(&target) {
-            skip(self.task, &target, &why);
+            self.skip(&target, &why);
             return None;
         }
         Some(Admitted {
@@ -808,7 +854,7 @@ impl<'a> Admission<'a> {
                 Exclusion::KeysUnreadable
             }
         };
-        skip(self.task, target, &why);
+        self.skip(target, &why);
         None
     }
 
@@ -826,7 +872,7 @@ impl<'a> Admission<'a> {
         match encoded {
             Ok(body) => Some(body),
             Err(why) => {
-                skip(self.task, target, &Exclusion::Unsupported(why.0.clone()));
+                self.skip(target, &Exclusion::Unsupported(why.0.clone()));
                 self.unsupported = Some(why.0);
                 None
             }
@@ -860,6 +906,21 @@ impl<'a> Admission<'a> {
 }
 
 /// Counts a target left out without a call.
+impl Admission<'_> {
+    /// Leaves `target` out without a call: counted, and kept for the access log.
+    fn skip(&mut self, target: &Target, why: &Exclusion) {
+        skip(self.task, target, why);
+        self.skipped
+            .push((CompactString::from(target.name.as_str()), why.reason()));
+    }
+
+    /// The targets left out without a call so far, and why (`reason`).
+    #[must_use]
+    pub fn skipped(&self) -> &[(CompactString, &'static str)] {
+        &self.skipped
+    }
+}
+
 fn skip(task: &Task, target: &Target, why: &Exclusion) {
     debug!(target = %target.name, reason = why.reason(), "target skipped without a call: {}", why.describe());
     crate::telemetry::skipped(&target.name, why.reason());

@@ -313,6 +313,17 @@ async fn a_buckets_reserve_is_kept_for_critical_tasks() {
         "b",
         "the rest is the reserve"
     );
+    // explain says why, for a normal request and not for a critical one.
+    let explain = |model: &str| {
+        let body = hello(model).to_string();
+        let addr = gw.addr;
+        async move {
+            let ans = post_raw(addr, "/admin/explain", body, &[]).await;
+            ans.json()["candidates"][0]["held_back"].clone()
+        }
+    };
+    assert_eq!(explain("gpt-4o").await["reason"], "reserved");
+    assert!(explain("core").await.is_null());
     assert_eq!(
         served(hello("core")).await,
         "a",

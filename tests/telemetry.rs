@@ -325,6 +325,48 @@ fn access_lines(log: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The access line names the targets left out without a call, and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_line_names_the_targets_skipped_and_why() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let yaml = routes(
+        &[
+            hop("a", &a.url()),
+            hop("b", &b.url()).target("capabilities: [tools]"),
+        ],
+        "",
+        "",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("routes.yaml");
+    std::fs::write(&config, &yaml).unwrap();
+    let served = Served::start_with(&config, dir.path(), &["--log-format", "json"], &[]);
+    let body = serde_json::json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]});
+    let ans = send(&served, "log-skip", body, &[]).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
+    let plain = send(
+        &served,
+        "log-plain",
+        serde_json::json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}),
+        &[],
+    )
+    .await;
+    assert_eq!(plain.status, 200);
+    let mut lines = Vec::new();
+    let written = wait_blocking(Duration::from_secs(5), || {
+        lines = access_lines(&served.log());
+        lines.len() >= 2
+    });
+    assert!(written, "{}", served.log());
+    assert_eq!(lines[0]["skipped"], "a:capability", "{lines:#?}");
+    assert!(
+        lines[1].get("skipped").is_none(),
+        "nothing skipped: {lines:#?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_has_one_line_per_request_and_no_text() {
     let a = Fake::start(|n, _| match n {

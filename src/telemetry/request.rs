@@ -88,6 +88,8 @@ struct Fields {
     finish_reasons: Vec<String>,
     upstream_id: Option<CompactString>,
     stream_end: Option<&'static str>,
+    /// Targets left out without a call, as `target:reason,...`.
+    skipped: String,
     /// GenAI's operation name (`chat`, `embeddings`); `chat` until routed.
     operation: Option<&'static str>,
 }
@@ -260,6 +262,23 @@ impl RequestTrace {
         f.provider = Some(provider.into());
         f.failovers += 1;
         f.degraded = true;
+    }
+
+    /// Targets the walk left out without a call, and why (each once).
+    pub fn skipped(&self, skipped: &[(CompactString, &'static str)]) {
+        if skipped.is_empty() {
+            return;
+        }
+        let mut f = self.0.fields.lock();
+        for (target, reason) in skipped {
+            let entry = format!("{target}:{reason}");
+            if !f.skipped.split(',').any(|e| e == entry) {
+                if !f.skipped.is_empty() {
+                    f.skipped.push(',');
+                }
+                f.skipped.push_str(&entry);
+            }
+        }
     }
 
     /// switchyard's own error code (`all_targets_failed`, ...): `error.type`.
@@ -562,6 +581,7 @@ fn access_line(request_id: &HeaderValue, f: &Fields, elapsed: Duration, trace_id
         model = f.model.as_deref(),
         upstream_request_id = f.upstream_id.as_deref(),
         stream_end = f.stream_end,
+        skipped = (!f.skipped.is_empty()).then_some(f.skipped.as_str()),
         error = f.error.as_deref(),
         trace_id,
         "request");
