@@ -48,7 +48,7 @@ fn routes(limited: &str, fallback: &str, with_priorities: bool) -> String {
             ", reserve: 0.4",
             ", shed_after_429: 30s",
             ", priority: critical",
-            ", priority: batch, queue: { max_wait: 60s, max_depth: 1000 }",
+            ", priority: batch, queue: { max_wait: 120s, max_depth: 1000 }",
         )
     } else {
         ("", "", "", "")
@@ -64,7 +64,7 @@ targets:
 tasks:
   core: {{ chain: [a]{core} }}
   chat: {{ chain: [a, b] }}
-  nightly: {{ chain: [a], budget: {{ total_timeout: 90s }}{nightly} }}
+  nightly: {{ chain: [a], budget: {{ total_timeout: 150s }}{nightly} }}
 "
     )
 }

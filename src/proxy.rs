@@ -585,7 +585,7 @@ impl Walk<'_> {
                 repaired,
             } => {
                 telemetry::attempt_served(span, status.as_u16());
-                (respond::completion(status, body), repaired)
+                (self.whole_answer(status, body), repaired)
             }
             Attempt::Committed(commit) => {
                 telemetry::attempt_served(span, StatusCode::OK.as_u16());
@@ -630,6 +630,21 @@ impl Walk<'_> {
             respond::repaired(&mut resp, method);
         }
         Some(resp)
+    }
+
+    /// A whole answer: as it came, or, to a client that asked for a stream
+    /// (a repaired held stream), as the stream that carries it.
+    fn whole_answer(&self, status: StatusCode, body: Bytes) -> Response<Body> {
+        let events = self
+            .stream
+            .then(|| crate::sse::events_of_completion(&body, self.include_usage))
+            .flatten();
+        let Some(events) = events else {
+            return respond::completion(status, body);
+        };
+        self.account.trace.committed();
+        self.account.trace.stream_end("complete", false);
+        respond::stream(crate::body::full(events))
     }
 
     /// The first attempt of a hedging task, raced against the next admitted

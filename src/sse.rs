@@ -426,6 +426,117 @@ pub fn drain_events() -> Bytes {
     Bytes::from(format!("data: {body}\n\ndata: [DONE]\n\n"))
 }
 
+/// The completion a stream's events make (Chat Completions chunks, raw SSE
+/// bytes): the envelope (`id`, `created`, `model`) of the first chunk, the
+/// first choice's text and finish, and the usage; for a re-ask or a repair
+/// of a held stream. `None` without a chunk.
+#[must_use]
+pub fn completion_of_events(raw: &[u8]) -> Option<Bytes> {
+    use serde_json::Value;
+    let mut parser = Parser::default();
+    parser.push(raw);
+    let chunks: Vec<Value> = std::iter::from_fn(|| parser.next_event(true))
+        .filter_map(|e| e.data)
+        .filter_map(|d| serde_json::from_str(&d).ok())
+        .collect();
+    let first = chunks.first()?;
+    let (mut text, mut finish, mut usage) = (String::new(), Value::Null, Value::Null);
+    for chunk in &chunks {
+        let choices = chunk.get("choices").and_then(Value::as_array);
+        for choice in choices.into_iter().flatten() {
+            if choice.get("index").and_then(Value::as_u64).unwrap_or(0) != 0 {
+                continue;
+            }
+            if let Some(piece) = choice.pointer("/delta/content").and_then(Value::as_str) {
+                text.push_str(piece);
+            }
+            if let Some(f) = choice.get("finish_reason").filter(|f| !f.is_null()) {
+                finish = f.clone();
+            }
+        }
+        if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
+            usage = u.clone();
+        }
+    }
+    let mut completion = serde_json::json!({
+        "id": first.get("id").cloned().unwrap_or(Value::Null),
+        "object": "chat.completion",
+        "created": first.get("created").cloned().unwrap_or(Value::Null),
+        "model": first.get("model").cloned().unwrap_or(Value::Null),
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": finish,
+        }],
+    });
+    if !usage.is_null() {
+        completion["usage"] = usage;
+    }
+    serde_json::to_vec(&completion).ok().map(Bytes::from)
+}
+
+/// A whole completion as the stream that would have carried it: per
+/// choice one chunk with its message (role, text, refusal, tool calls with
+/// their indexes) and one with its finish, then the usage chunk when the
+/// client asked for it (`include_usage`), then `[DONE]`. `None` for a body
+/// that is not a completion.
+#[must_use]
+pub fn events_of_completion(completion: &[u8], include_usage: bool) -> Option<Bytes> {
+    use serde_json::{json, Value};
+    let whole: Value = serde_json::from_slice(completion).ok()?;
+    let chunk = |choices: Value| {
+        json!({
+            "id": whole.get("id").cloned().unwrap_or(Value::Null),
+            "object": "chat.completion.chunk",
+            "created": whole.get("created").cloned().unwrap_or(Value::Null),
+            "model": whole.get("model").cloned().unwrap_or(Value::Null),
+            "choices": choices,
+        })
+    };
+    let mut out = String::new();
+    let mut push = |event: &Value| {
+        out.push_str("data: ");
+        out.push_str(&event.to_string());
+        out.push_str("\n\n");
+    };
+    for choice in whole.get("choices")?.as_array()? {
+        let index = choice.get("index").cloned().unwrap_or(Value::from(0));
+        let message = choice.get("message").unwrap_or(&Value::Null);
+        let mut delta = json!({"role": "assistant"});
+        for field in ["content", "refusal"] {
+            if let Some(v) = message.get(field).filter(|v| !v.is_null()) {
+                delta[field] = v.clone();
+            }
+        }
+        if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
+            let calls: Vec<Value> = calls
+                .iter()
+                .enumerate()
+                .map(|(i, call)| {
+                    let mut call = call.clone();
+                    call["index"] = Value::from(i);
+                    call
+                })
+                .collect();
+            delta["tool_calls"] = Value::from(calls);
+        }
+        push(&chunk(
+            json!([{"index": index, "delta": delta, "finish_reason": null}]),
+        ));
+        let finish = choice.get("finish_reason").cloned().unwrap_or(Value::Null);
+        push(&chunk(
+            json!([{"index": index, "delta": {}, "finish_reason": finish}]),
+        ));
+    }
+    if let Some(usage) = whole.get("usage").filter(|_| include_usage) {
+        let mut last = chunk(json!([]));
+        last["usage"] = usage.clone();
+        push(&last);
+    }
+    out.push_str("data: [DONE]\n\n");
+    Some(Bytes::from(out))
+}
+
 /// Largest event accepted from an upstream; a bigger one (or a line that never
 /// ends) is a broken stream, not something to buffer without bound.
 pub const MAX_EVENT_BYTES: usize = 1024 * 1024;
@@ -436,6 +547,41 @@ pub const DONE: &[u8] = b"data: [DONE]\n\n";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_completion_and_its_stream_make_each_other() {
+        let completion = br#"{"id":"c1","object":"chat.completion","created":7,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#;
+        let events = events_of_completion(completion, true).unwrap();
+        let text = std::str::from_utf8(&events).unwrap();
+        let chunks: Vec<serde_json::Value> = text
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        assert_eq!(chunks.len(), 3, "{text}");
+        let call = &chunks[0]["choices"][0]["delta"]["tool_calls"][0];
+        assert_eq!(call["index"], 0);
+        assert_eq!(call["function"]["arguments"], "{\"x\":1}");
+        assert!(chunks[0]["choices"][0]["delta"].get("content").is_none());
+        assert_eq!(chunks[1]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(chunks[2]["usage"]["total_tokens"], 5);
+        assert!(text.ends_with("data: [DONE]\n\n"));
+        assert!(!events_of_completion(completion, false)
+            .map(|e| String::from_utf8_lossy(&e).contains("total_tokens"))
+            .unwrap());
+        // And back: the stream's events make the completion's text and usage.
+        let prose = b"data: {\"id\":\"c2\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hel\"}}]}\n\n\
+data: {\"id\":\"c2\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"},\"finish_reason\":\"stop\"}]}\n\n\
+data: {\"id\":\"c2\",\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":3}}\n\ndata: [DONE]\n\n";
+        let whole: serde_json::Value =
+            serde_json::from_slice(&completion_of_events(prose).unwrap()).unwrap();
+        assert_eq!(whole["id"], "c2");
+        assert_eq!(whole["choices"][0]["message"]["content"], "Hello");
+        assert_eq!(whole["choices"][0]["finish_reason"], "stop");
+        assert_eq!(whole["usage"]["completion_tokens"], 2);
+        assert!(completion_of_events(b"").is_none());
+    }
 
     fn events(input: &[&[u8]]) -> Vec<Event> {
         let mut p = Parser::default();

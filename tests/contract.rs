@@ -691,6 +691,71 @@ async fn to_tool_turns_prose_into_the_required_call_by_the_repair_target() {
     assert_eq!(series_value(&page, series), Some(1.0), "{page}");
 }
 
+/// A stream's prose where the request required a call is held, never
+/// sent, and turned into that call by the repair target: the client gets
+/// the stream that carries the call.
+#[tokio::test]
+async fn to_tool_turns_a_streams_held_prose_into_the_required_call() {
+    let (b, c, r, gw) = to_tool_chain(
+        fake::stream("model-b", &["Call ", "get_weather ", "for ", "Oslo."]),
+        tool_answer("repairer", "get_weather", r#"{"city":"Oslo"}"#),
+        TO_TOOL,
+    )
+    .await;
+    let body = weather_request(
+        serde_json::json!({"tool_choice": "required", "stream": true,
+        "stream_options": {"include_usage": true}}),
+    );
+    let ans = chat(gw.addr, body).await;
+    let text = ans.text();
+    assert_eq!(ans.status, 200, "{text}");
+    assert_eq!(ans.header("content-type"), "text/event-stream");
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    assert_eq!(ans.header("x-switchyard-repaired"), "to_tool");
+    assert!(
+        !text.contains("Oslo."),
+        "none of the prose went out: {text}"
+    );
+    assert_eq!(streamed_call(&text).1, serde_json::json!({"city": "Oslo"}));
+    assert!(text.contains(r#""finish_reason":"tool_calls""#), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!((b.calls(), r.calls(), c.calls()), (1, 1, 0));
+    let asked = &r.seen()[0].body;
+    let user = asked["messages"][1]["content"].as_str().unwrap();
+    assert!(user.contains("Call get_weather for Oslo."), "{asked}");
+}
+
+/// Without a repair, a stream's prose where a call was required breaks the
+/// contract before anything goes out: the walk fails over.
+#[tokio::test]
+async fn a_streams_prose_where_a_call_was_required_fails_over_unsent() {
+    // Longer than the 64 events an ordinary hold keeps.
+    let mut words = vec!["It is sunny. "];
+    words.extend(std::iter::repeat_n("Still sunny. ", 100));
+    let b = Fake::always(fake::stream("model-b", &words)).await;
+    let c = Fake::always(tool_stream(
+        "model-c",
+        "get_weather",
+        &["{\"city\":\"Oslo\"}"],
+        None,
+    ))
+    .await;
+    let a = Fake::always(fake::error(503, "down")).await;
+    let gw = gateway(&with_tools(chain_config(
+        &[("a", &a.url()), ("b", &b.url()), ("c", &c.url())],
+        "",
+        "",
+    )))
+    .await;
+    let body = weather_request(serde_json::json!({"tool_choice": "required", "stream": true}));
+    let ans = chat(gw.addr, body).await;
+    let text = ans.text();
+    assert_eq!(ans.header("x-switchyard-target"), "c", "{text}");
+    assert!(!text.contains("sunny"), "{text}");
+    assert_eq!(streamed_call(&text).1, serde_json::json!({"city": "Oslo"}));
+    assert_eq!((b.calls(), c.calls()), (1, 1));
+}
+
 /// A repair target whose call breaks the contract too leaves the answer
 /// broken: the walk fails over.
 #[tokio::test]

@@ -106,8 +106,9 @@ pub struct Violated {
     pub permit: Permit,
     /// What the answer said (its text and calls), for a re-ask to quote.
     pub answered: String,
-    /// The completion itself, for a non-streamed answer (a repair that
-    /// keeps it replaces only its message).
+    /// The completion itself, for a non-streamed answer, or the one a
+    /// held stream's prose makes (a repair that keeps it replaces only its
+    /// message).
     pub completion: Option<Bytes>,
 }
 
@@ -751,6 +752,9 @@ struct Held {
     done: bool,
     /// A chunk naming the answering model was seen (for telemetry).
     meta_seen: bool,
+    /// Text is held too: the contract requires a call, so prose alone
+    /// breaks it, and must not go out before the answer is checked.
+    prose: bool,
 }
 
 /// Reads a stream up to its commit point, then hands it to a [`Relay`].
@@ -776,6 +780,10 @@ async fn hold(
         finished: false,
         done: false,
         meta_seen: false,
+        prose: call
+            .contract
+            .as_ref()
+            .is_some_and(|c| c.required().is_some()),
     };
     let mut eof = false;
     let mut last_read = started;
@@ -867,7 +875,7 @@ fn take_events(
                 // Under validation a tool call delta commits nothing: it
                 // is held until the call is complete and checked.
                 tool = tool_delta && !text;
-                commit = !tool;
+                commit = !tool && !held.prose;
             }
             // `[DONE]` before any content, tool call or finish: an empty
             // stream, no more an answer than a completion without choices.
@@ -892,8 +900,13 @@ fn take_events(
                 schema_path: None,
             });
         }
-        let non_tool = held.events.iter().filter(|(_, t)| !t).count();
-        let full = non_tool >= HOLD_MAX_EVENTS || held.bytes >= HOLD_MAX_BYTES;
+        let full = if held.prose {
+            // Held prose is bounded like held calls: by bytes, not events.
+            held.bytes >= HOLD_MAX_TOOL_BYTES
+        } else {
+            let non_tool = held.events.iter().filter(|(_, t)| !t).count();
+            non_tool >= HOLD_MAX_EVENTS || held.bytes >= HOLD_MAX_BYTES
+        };
         if commit || held.done || held.finished || (!tool && full) {
             return Hold::Commit;
         }
@@ -937,10 +950,7 @@ fn commit(
         if let Err(violation) = contract.check_calls(&held.calls.calls()) {
             match repair_held(call, contract, &mut held, &violation) {
                 Some(method) => repaired = Some(method),
-                None => {
-                    let answered = crate::schema::quoted("", &held.calls.calls());
-                    return Violated::attempt(violation, permit, answered, None);
-                }
+                None => return held_violation(violation, permit, &held),
             }
         }
     }
@@ -987,6 +997,34 @@ fn commit(
         permit,
         repaired,
     }))
+}
+
+/// A complete held stream that broke the contract, as a re-ask quotes it
+/// and, when its prose was held, as the completion a conversion of that
+/// prose into the required call keeps.
+fn held_violation(violation: Violation, permit: Permit, held: &Held) -> Attempt {
+    let completion = held
+        .prose
+        .then(|| {
+            let raw: Vec<u8> = held
+                .events
+                .iter()
+                .flat_map(|(raw, _)| raw.to_vec())
+                .collect();
+            crate::sse::completion_of_events(&raw)
+        })
+        .flatten();
+    let text = completion
+        .as_deref()
+        .and_then(|c| serde_json::from_slice::<serde_json::Value>(c).ok())
+        .and_then(|v| {
+            v.pointer("/choices/0/message/content")?
+                .as_str()
+                .map(str::to_owned)
+        })
+        .unwrap_or_default();
+    let answered = crate::schema::quoted(&text, &held.calls.calls());
+    Violated::attempt(violation, permit, answered, completion)
 }
 
 /// Repairs the held tool calls of a complete stream that broke the

@@ -152,7 +152,7 @@ impl Walk<'_> {
     /// Turns `target`'s prose, where the request required a call, into that
     /// call: the task's `repair_target`s in order, each asked to produce
     /// exactly it from the answer. The answer stays `target`'s, its message
-    /// now the call (non-streamed requests only: prose commits a stream).
+    /// now the call (a stream's held prose too: it goes out as a stream).
     async fn convert_to_tool(
         &mut self,
         target: &Arc<Target>,
@@ -162,7 +162,7 @@ impl Walk<'_> {
     ) -> Option<Response<Body>> {
         let contract = self.contract_for(target)?;
         let required = contract.required()?;
-        let wanted = self.task.repairs.contains(&Repair::ToTool) && !self.stream;
+        let wanted = self.task.repairs.contains(&Repair::ToTool);
         if !wanted || broken.answered.trim().is_empty() {
             return None;
         }
