@@ -754,6 +754,13 @@ async fn a_streams_prose_where_a_call_was_required_fails_over_unsent() {
     assert!(!text.contains("sunny"), "{text}");
     assert_eq!(streamed_call(&text).1, serde_json::json!({"city": "Oslo"}));
     assert_eq!((b.calls(), c.calls()), (1, 1));
+    // b billed its prose all the same: booked, estimated from its text.
+    let page = metrics_page(&gw).await;
+    let booked = series_value(
+        &page,
+        r#"switchyard_tokens_total{target="b",kind="completion"}"#,
+    );
+    assert!(booked.is_some_and(|n| n > 100.0), "{page}");
 }
 
 /// A repair target whose call breaks the contract too leaves the answer

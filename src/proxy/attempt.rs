@@ -950,7 +950,7 @@ fn commit(
         if let Err(violation) = contract.check_calls(&held.calls.calls()) {
             match repair_held(call, contract, &mut held, &violation) {
                 Some(method) => repaired = Some(method),
-                None => return held_violation(violation, permit, &held),
+                None => return held_violation(call, violation, permit, &held),
             }
         }
     }
@@ -1000,20 +1000,18 @@ fn commit(
 }
 
 /// A complete held stream that broke the contract, as a re-ask quotes it
-/// and, when its prose was held, as the completion a conversion of that
-/// prose into the required call keeps.
-fn held_violation(violation: Violation, permit: Permit, held: &Held) -> Attempt {
-    let completion = held
-        .prose
-        .then(|| {
-            let raw: Vec<u8> = held
-                .events
-                .iter()
-                .flat_map(|(raw, _)| raw.to_vec())
-                .collect();
-            crate::sse::completion_of_events(&raw)
-        })
-        .flatten();
+/// and as the completion a conversion of its prose into the required call
+/// keeps; its usage is booked (the provider billed it all the same).
+fn held_violation(call: &Call<'_>, violation: Violation, permit: Permit, held: &Held) -> Attempt {
+    let raw: Vec<u8> = held
+        .events
+        .iter()
+        .flat_map(|(raw, _)| raw.to_vec())
+        .collect();
+    let completion = crate::sse::completion_of_events(&raw);
+    if let Some(whole) = &completion {
+        settle_answer(call, whole);
+    }
     let text = completion
         .as_deref()
         .and_then(|c| serde_json::from_slice::<serde_json::Value>(c).ok())
