@@ -373,6 +373,30 @@ impl Contract {
             .collect()
     }
 
+    /// Whether an answer's text is held to a JSON `response_format`.
+    #[must_use]
+    pub fn checks_text(&self) -> bool {
+        self.format.is_some()
+    }
+
+    /// Checks the text of an answer without calls against `response_format`.
+    ///
+    /// # Errors
+    /// The text is not the JSON the format asks for.
+    pub fn check_text(&self, text: &str) -> Result<(), Violation> {
+        self.format.as_ref().map_or(Ok(()), |f| f.check(text))
+    }
+
+    /// The text with its JSON repaired: `None` when there is nothing to
+    /// try (no format, or the text is JSON already), `Some(None)` when the
+    /// repaired text still breaks the format.
+    #[must_use]
+    pub fn repair_text(&self, text: &str) -> Option<Option<String>> {
+        let format = self.format.as_ref()?;
+        let fixed = repair_json_text(text)?;
+        Some(format.check(&fixed).is_ok().then_some(fixed))
+    }
+
     /// The calls with the JSON of their arguments repaired: `None` when no
     /// argument needed it (nothing to try), `Some(None)` when the repaired
     /// calls still break the contract.

@@ -475,6 +475,40 @@ pub fn completion_of_events(raw: &[u8]) -> Option<Bytes> {
     serde_json::to_vec(&completion).ok().map(Bytes::from)
 }
 
+/// One raw event with the first choice's text replaced: by `text`, or
+/// taken out (`None`; an event left with nothing to say is dropped, the
+/// inner `None`). The outer `None`: the event carries no text of the
+/// first choice, and stays as it is.
+#[must_use]
+pub fn with_text(raw: &[u8], text: Option<&str>) -> Option<Option<Bytes>> {
+    use serde_json::Value;
+    let mut parser = Parser::default();
+    parser.push(raw);
+    let data = parser.next_event(true)?.data?;
+    let mut chunk: Value = serde_json::from_str(&data).ok()?;
+    let choice = chunk
+        .get_mut("choices")?
+        .as_array_mut()?
+        .iter_mut()
+        .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)?;
+    let finished = choice.get("finish_reason").is_some_and(|f| !f.is_null());
+    let delta = choice.get_mut("delta")?.as_object_mut()?;
+    delta.get("content").and_then(Value::as_str)?;
+    match text {
+        Some(t) => {
+            delta.insert("content".into(), Value::from(t));
+        }
+        None => {
+            delta.remove("content");
+            let said = !delta.is_empty() || finished;
+            if !said && chunk.get("usage").is_none_or(Value::is_null) {
+                return Some(None);
+            }
+        }
+    }
+    Some(Some(Bytes::from(format!("data: {chunk}\n\n"))))
+}
+
 /// A whole completion as the stream that would have carried it: per
 /// choice one chunk with its message (role, text, refusal, tool calls with
 /// their indexes) and one with its finish, then the usage chunk when the
@@ -547,6 +581,36 @@ pub const DONE: &[u8] = b"data: [DONE]\n\n";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_events_text_is_replaced_or_taken_out() {
+        let raw = br#"data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"},"finish_reason":null}]}
+
+"#;
+        let put = with_text(raw, Some("{}")).unwrap().unwrap();
+        assert!(std::str::from_utf8(&put)
+            .unwrap()
+            .contains(r#""content":"{}""#));
+        let out = with_text(raw, None).unwrap().unwrap();
+        assert!(
+            !std::str::from_utf8(&out).unwrap().contains("content"),
+            "the role stays"
+        );
+        let text_only =
+            br#"data: {"choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":null}]}
+
+"#;
+        assert_eq!(
+            with_text(text_only, None),
+            Some(None),
+            "nothing left to say"
+        );
+        let finish = br#"data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}
+
+"#;
+        assert_eq!(with_text(finish, None), None, "no text: kept as it is");
+        assert_eq!(with_text(b"data: [DONE]\n\n", Some("x")), None);
+    }
 
     #[test]
     fn a_completion_and_its_stream_make_each_other() {

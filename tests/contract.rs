@@ -1065,3 +1065,44 @@ async fn a_json_response_format_is_part_of_the_contract() {
         "{asked}"
     );
 }
+
+/// A streamed degraded answer to a request for JSON is held until it is
+/// complete and checked: text that is not that JSON fails over before a
+/// byte goes out, and syntax repair fixes what it can, in the stream.
+#[tokio::test]
+async fn a_streamed_json_answer_is_held_to_its_format() {
+    let streamed = |format: serde_json::Value| {
+        let mut body = json_request(format);
+        body["stream"] = true.into();
+        body
+    };
+    let (_a, b, c, gw) = three(
+        fake::error(503, "down"),
+        fake::stream("model-b", &["{\"town\": ", "\"Oslo\"}"]),
+        fake::stream("model-c", &["{\"city\": ", "\"Oslo\"}"]),
+        "",
+    )
+    .await;
+    let ans = chat(gw.addr, streamed(weather_schema())).await;
+    let text = ans.text();
+    assert_eq!(ans.header("x-switchyard-target"), "c", "{text}");
+    assert!(!text.contains("town"), "nothing of b's answer: {text}");
+    assert_eq!(sse_text(&text), r#"{"city": "Oslo"}"#);
+    assert_eq!((b.calls(), c.calls()), (1, 1));
+    // Fenced JSON with a trailing comma: repaired in the stream, no second call.
+    let (_a, _b, c, gw) = three(
+        fake::error(503, "down"),
+        fake::stream("model-b", &["```json\n{\"city\": ", "\"Oslo\",}\n```"]),
+        fake::stream("model-c", &["{\"city\": \"Bergen\"}"]),
+        REPAIR,
+    )
+    .await;
+    let ans = chat(gw.addr, streamed(weather_schema())).await;
+    let text = ans.text();
+    assert_eq!(ans.header("x-switchyard-repaired"), "syntax", "{text}");
+    let answer: serde_json::Value = serde_json::from_str(&sse_text(&text)).unwrap();
+    assert_eq!(answer, serde_json::json!({"city": "Oslo"}));
+    assert!(text.contains(r#""finish_reason":"stop""#), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!(c.calls(), 0);
+}

@@ -752,8 +752,9 @@ struct Held {
     done: bool,
     /// A chunk naming the answering model was seen (for telemetry).
     meta_seen: bool,
-    /// Text is held too: the contract requires a call, so prose alone
-    /// breaks it, and must not go out before the answer is checked.
+    /// Text is held too: the contract requires a call (prose alone breaks
+    /// it) or JSON text (`response_format`), so no text goes out before
+    /// the answer is checked.
     prose: bool,
 }
 
@@ -783,7 +784,7 @@ async fn hold(
         prose: call
             .contract
             .as_ref()
-            .is_some_and(|c| c.required().is_some()),
+            .is_some_and(|c| c.required().is_some() || c.checks_text()),
     };
     let mut eof = false;
     let mut last_read = started;
@@ -952,6 +953,11 @@ fn commit(
                 Some(method) => repaired = Some(method),
                 None => return held_violation(call, violation, permit, &held),
             }
+        } else if held.prose && contract.checks_text() && held.calls.calls().is_empty() {
+            match check_held_text(call, contract, &mut held) {
+                Ok(method) => repaired = method,
+                Err(violation) => return held_violation(call, violation, permit, &held),
+            }
         }
     }
     let mut out = BytesMut::new();
@@ -997,6 +1003,50 @@ fn commit(
         permit,
         repaired,
     }))
+}
+
+/// Holds a complete held stream's text to `response_format`: `Ok` when it
+/// keeps it, or once a repair made it (its text events then carry the
+/// repaired text), with the method; else the violation.
+fn check_held_text(
+    call: &Call<'_>,
+    contract: &Contract,
+    held: &mut Held,
+) -> Result<Option<Repair>, Violation> {
+    let raw: Vec<u8> = held
+        .events
+        .iter()
+        .flat_map(|(raw, _)| raw.to_vec())
+        .collect();
+    let text = crate::sse::completion_of_events(&raw)
+        .and_then(|c| serde_json::from_slice::<serde_json::Value>(&c).ok())
+        .and_then(|v| {
+            v.pointer("/choices/0/message/content")?
+                .as_str()
+                .map(str::to_owned)
+        })
+        .unwrap_or_default();
+    let Err(violation) = contract.check_text(&text) else {
+        return Ok(None);
+    };
+    let Some((method, fixed)) = try_repairs(call.task, call.target, &violation, |_| {
+        contract.repair_text(&text)
+    }) else {
+        return Err(violation);
+    };
+    let mut first = true;
+    held.events = std::mem::take(&mut held.events)
+        .into_iter()
+        .filter_map(|(raw, tool)| {
+            let replaced = crate::sse::with_text(&raw, first.then_some(fixed.as_str()));
+            let Some(replaced) = replaced else {
+                return Some((raw, tool));
+            };
+            first = false;
+            replaced.map(|r| (r, tool))
+        })
+        .collect();
+    Ok(Some(method))
 }
 
 /// A complete held stream that broke the contract, as a re-ask quotes it
