@@ -673,12 +673,7 @@ impl CallAssembler {
     /// in the envelope (`id`, `model`, `created`) of the first of them.
     #[must_use]
     pub fn repaired_events(&self, held: &[u8], calls: &[(String, String)]) -> Option<bytes::Bytes> {
-        let mut parser = crate::sse::Parser::default();
-        parser.push(held);
-        let parsed: Vec<Value> = std::iter::from_fn(|| parser.next_event(true))
-            .filter_map(|e| e.data)
-            .filter_map(|d| serde_json::from_str(&d).ok())
-            .collect();
+        let parsed = crate::sse::chunks_of(held);
         let template = parsed.first()?;
         let mut by_choice: BTreeMap<u64, Vec<Value>> = BTreeMap::new();
         for (((at, index), _), (name, arguments)) in self.calls.iter().zip(calls) {

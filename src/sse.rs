@@ -426,6 +426,31 @@ pub fn drain_events() -> Bytes {
     Bytes::from(format!("data: {body}\n\ndata: [DONE]\n\n"))
 }
 
+/// The JSON data of each event in `raw` (SSE bytes), in order; what is
+/// not JSON is left out.
+#[must_use]
+pub fn chunks_of(raw: &[u8]) -> Vec<serde_json::Value> {
+    let mut parser = Parser::default();
+    parser.push(raw);
+    std::iter::from_fn(|| parser.next_event(true))
+        .filter_map(|e| e.data)
+        .filter_map(|d| serde_json::from_str(&d).ok())
+        .collect()
+}
+
+/// The first choice's text of a `chat.completion` body (empty without one).
+#[must_use]
+pub fn completion_text(completion: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(completion)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/choices/0/message/content")?
+                .as_str()
+                .map(str::to_owned)
+        })
+        .unwrap_or_default()
+}
+
 /// The completion a stream's events make (Chat Completions chunks, raw SSE
 /// bytes): the envelope (`id`, `created`, `model`) of the first chunk, the
 /// first choice's text and finish, and the usage; for a re-ask or a repair
@@ -433,12 +458,7 @@ pub fn drain_events() -> Bytes {
 #[must_use]
 pub fn completion_of_events(raw: &[u8]) -> Option<Bytes> {
     use serde_json::Value;
-    let mut parser = Parser::default();
-    parser.push(raw);
-    let chunks: Vec<Value> = std::iter::from_fn(|| parser.next_event(true))
-        .filter_map(|e| e.data)
-        .filter_map(|d| serde_json::from_str(&d).ok())
-        .collect();
+    let chunks = chunks_of(raw);
     let first = chunks.first()?;
     let (mut text, mut finish, mut usage) = (String::new(), Value::Null, Value::Null);
     for chunk in &chunks {

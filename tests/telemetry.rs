@@ -316,6 +316,16 @@ async fn skipped_targets_are_events_with_their_reason() {
     assert_eq!(t.attempts[0].text("switchyard.target"), "b");
 }
 
+/// The binary serving `yaml` with `--log-format json` (and the directory
+/// that holds the file, to keep while it runs).
+fn json_logging(yaml: &str) -> (Served, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("routes.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    let served = Served::start_with(&config, dir.path(), &["--log-format", "json"], &[]);
+    (served, dir)
+}
+
 /// The JSON access-log lines in a `--log-format json` stderr.
 fn access_lines(log: &str) -> Vec<serde_json::Value> {
     log.lines()
@@ -338,10 +348,7 @@ async fn the_access_line_names_the_targets_skipped_and_why() {
         "",
         "",
     );
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("routes.yaml");
-    std::fs::write(&config, &yaml).unwrap();
-    let served = Served::start_with(&config, dir.path(), &["--log-format", "json"], &[]);
+    let (served, _dir) = json_logging(&yaml);
     let body = serde_json::json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}],
         "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]});
     let ans = send(&served, "log-skip", body, &[]).await;
@@ -379,10 +386,7 @@ async fn the_access_log_has_one_line_per_request_and_no_text() {
         "",
         "telemetry:\n  access_log: true\n",
     );
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("routes.yaml");
-    std::fs::write(&config, &yaml).unwrap();
-    let served = Served::start_with(&config, dir.path(), &["--log-format", "json"], &[]);
+    let (served, _dir) = json_logging(&yaml);
     let prompt = serde_json::json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "SECRET-PROMPT-TEXT"}]});
     let ok = send(&served, "log-ok", prompt.clone(), &[]).await;
     assert_eq!(ok.status, 200, "{}", ok.text());
@@ -482,10 +486,7 @@ async fn a_continued_streams_access_line_names_the_target_that_finished_it() {
         "stream_recovery: { mode: continue }",
         "",
     );
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("routes.yaml");
-    std::fs::write(&config, &yaml).unwrap();
-    let served = Served::start_with(&config, dir.path(), &["--log-format", "json"], &[]);
+    let (served, _dir) = json_logging(&yaml);
     let ans = send(&served, "log-continued", hello_stream("gpt-4o"), &[]).await;
     assert_eq!(ans.status, 200);
     assert_eq!(
@@ -578,10 +579,7 @@ async fn a_continued_stream_has_a_span_for_the_attempt_that_finished_it() {
 async fn a_client_gone_mid_body_is_logged_as_499_not_as_a_bad_request() {
     use tokio::io::AsyncWriteExt;
     let a = Fake::always(fake::completion("model-a", "hi")).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("routes.yaml");
-    std::fs::write(&config, chain_config(&[("a", &a.url())], "", "")).unwrap();
-    let served = Served::start_with(&config, dir.path(), &["--log-format", "json"], &[]);
+    let (served, _dir) = json_logging(&chain_config(&[("a", &a.url())], "", ""));
     let mut tcp = tokio::net::TcpStream::connect(served.addr).await.unwrap();
     tcp.write_all(
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-request-id: gone-mid-body\r\ncontent-length: 100\r\n\r\n{\"mod",
@@ -635,10 +633,7 @@ async fn a_client_gone_before_or_after_the_commit_point_is_logged_with_its_calls
         cut: false,
     })
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("routes.yaml");
-    std::fs::write(&config, chain_config(&[("a", &a.url())], "", "")).unwrap();
-    let served = Served::start_with(&config, dir.path(), &["--log-format", "json"], &[]);
+    let (served, _dir) = json_logging(&chain_config(&[("a", &a.url())], "", ""));
     hang_up_after(&served, "gone-early", Duration::from_millis(250)).await;
     hang_up_after(&served, "gone-late", Duration::from_millis(700)).await;
     let mut lines = Vec::new();
@@ -668,10 +663,7 @@ async fn a_client_gone_before_or_after_the_commit_point_is_logged_with_its_calls
 /// got, and the log. The process must exit 0.
 async fn stream_through_a_drain(yaml: &str, started: &str) -> (String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("routes.yaml");
-    std::fs::write(&config, format!("{yaml}drain_timeout: 500ms\n")).unwrap();
-    let mut served = Served::start_with(&config, dir.path(), &["--log-format", "json"], &[]);
+    let (mut served, _dir) = json_logging(&format!("{yaml}drain_timeout: 500ms\n"));
     let body = hello_stream("gpt-4o").to_string();
     let mut tcp = tokio::net::TcpStream::connect(served.addr).await.unwrap();
     let head = format!(

@@ -758,6 +758,18 @@ struct Held {
     prose: bool,
 }
 
+impl Held {
+    /// The completion the held events make (for a repair, a re-ask, the books).
+    fn completion(&self) -> Option<Bytes> {
+        let raw: Vec<u8> = self
+            .events
+            .iter()
+            .flat_map(|(raw, _)| raw.iter().copied())
+            .collect();
+        crate::sse::completion_of_events(&raw)
+    }
+}
+
 /// Reads a stream up to its commit point, then hands it to a [`Relay`].
 async fn hold(
     call: &Call<'_>,
@@ -1013,18 +1025,9 @@ fn check_held_text(
     contract: &Contract,
     held: &mut Held,
 ) -> Result<Option<Repair>, Violation> {
-    let raw: Vec<u8> = held
-        .events
-        .iter()
-        .flat_map(|(raw, _)| raw.to_vec())
-        .collect();
-    let text = crate::sse::completion_of_events(&raw)
-        .and_then(|c| serde_json::from_slice::<serde_json::Value>(&c).ok())
-        .and_then(|v| {
-            v.pointer("/choices/0/message/content")?
-                .as_str()
-                .map(str::to_owned)
-        })
+    let text = held
+        .completion()
+        .map(|c| crate::sse::completion_text(&c))
         .unwrap_or_default();
     let Err(violation) = contract.check_text(&text) else {
         return Ok(None);
@@ -1053,23 +1056,13 @@ fn check_held_text(
 /// and as the completion a conversion of its prose into the required call
 /// keeps; its usage is booked (the provider billed it all the same).
 fn held_violation(call: &Call<'_>, violation: Violation, permit: Permit, held: &Held) -> Attempt {
-    let raw: Vec<u8> = held
-        .events
-        .iter()
-        .flat_map(|(raw, _)| raw.to_vec())
-        .collect();
-    let completion = crate::sse::completion_of_events(&raw);
+    let completion = held.completion();
     if let Some(whole) = &completion {
         settle_answer(call, whole);
     }
     let text = completion
         .as_deref()
-        .and_then(|c| serde_json::from_slice::<serde_json::Value>(c).ok())
-        .and_then(|v| {
-            v.pointer("/choices/0/message/content")?
-                .as_str()
-                .map(str::to_owned)
-        })
+        .map(crate::sse::completion_text)
         .unwrap_or_default();
     let answered = crate::schema::quoted(&text, &held.calls.calls());
     Violated::attempt(violation, permit, answered, completion)
