@@ -47,7 +47,11 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            runtime.block_on(cli::serve(config, listen, admin_listen, log_format))
+            let code = runtime.block_on(cli::serve(config, listen, admin_listen, log_format));
+            // Drained: a blocking task still running (a DNS lookup, a file
+            // read) must not hold the exit.
+            runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+            code
         }
     }
 }

@@ -368,29 +368,24 @@ async fn handle(
             };
             return respond::plain_error(&e, &request_id);
         }
-    } else if kind == Listener::Admin && !matches!(path, "/healthz" | "/readyz" | "/metrics") {
-        return respond::plain_error(&not_found(), &request_id);
     }
-    if let Some(id) = model_id(path) {
-        return if req.method() == Method::GET {
-            model(&app.snapshot.load(), &id, &request_id)
-        } else {
-            respond::plain_error(&GatewayError::MethodNotAllowed, &request_id)
-        };
-    }
-    match (req.method(), path) {
-        (&Method::POST, "/v1/chat/completions" | "/chat/completions") => {
-            proxied(&app, Api::Chat, req, peer.ip(), request_id, arrival).await
+    let endpoint = match route(req.method(), path) {
+        Some(Ok(endpoint)) if kind != Listener::Admin || endpoint.on_admin_listener() => endpoint,
+        Some(Err(e)) if kind != Listener::Admin || path.starts_with("/admin/") => {
+            return respond::plain_error(&e, &request_id)
         }
-        (&Method::POST, "/v1/embeddings" | "/embeddings") => {
-            proxied(&app, Api::Embeddings, req, peer.ip(), request_id, arrival).await
-        }
-        (&Method::GET, "/v1/models" | "/models") => {
-            json(StatusCode::OK, &models(&app.snapshot.load()))
-        }
-        (&Method::GET, "/healthz") => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
-        (&Method::GET, "/readyz") => readiness(&app.snapshot.load()),
-        (&Method::GET, "/metrics") => {
+        Some(_) | None => return respond::plain_error(&not_found(), &request_id),
+    };
+    match endpoint {
+        Endpoint::Proxied(api) => proxied(&app, api, req, peer.ip(), request_id, arrival).await,
+        Endpoint::Models => json(StatusCode::OK, &models(&app.snapshot.load())),
+        Endpoint::Model => match model_id(path) {
+            Some(id) => model(&app.snapshot.load(), &id, &request_id),
+            None => respond::plain_error(&not_found(), &request_id),
+        },
+        Endpoint::Healthz => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
+        Endpoint::Readyz => readiness(&app.snapshot.load()),
+        Endpoint::Metrics => {
             crate::telemetry::publish(app.metrics());
             let snapshot = app.snapshot.load();
             publish_availability(&snapshot);
@@ -402,8 +397,8 @@ async fn handle(
             );
             resp
         }
-        (&Method::GET, "/admin/targets") => json(StatusCode::OK, &targets(&app.snapshot.load())),
-        (&Method::POST, "/admin/explain") => {
+        Endpoint::AdminTargets => json(StatusCode::OK, &targets(&app.snapshot.load())),
+        Endpoint::AdminExplain => {
             let snapshot = app.snapshot.load_full();
             let (parts, incoming) = req.into_parts();
             match json_body(&parts.headers, incoming).await {
@@ -411,24 +406,88 @@ async fn handle(
                 Err(e) => respond::plain_error(&e, &request_id),
             }
         }
-        (
-            _,
-            "/v1/chat/completions"
-            | "/chat/completions"
-            | "/v1/embeddings"
-            | "/embeddings"
-            | "/v1/models"
-            | "/models"
-            | "/healthz"
-            | "/readyz"
-            | "/metrics",
-        ) => respond::plain_error(&GatewayError::MethodNotAllowed, &request_id),
-        (_, _) => respond::plain_error(&not_found(), &request_id),
+    }
+}
+
+/// What a path serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    /// Served by the proxy, in the endpoint's protocol.
+    Proxied(Api),
+    /// `GET /v1/models`.
+    Models,
+    /// `GET /v1/models/{id}`.
+    Model,
+    /// `GET /healthz`.
+    Healthz,
+    /// `GET /readyz`.
+    Readyz,
+    /// `GET /metrics`.
+    Metrics,
+    /// `GET /admin/targets`.
+    AdminTargets,
+    /// `POST /admin/explain`.
+    AdminExplain,
+}
+
+impl Endpoint {
+    /// Whether the admin listener serves it too (health, metrics, admin).
+    fn on_admin_listener(self) -> bool {
+        match self {
+            Endpoint::Healthz
+            | Endpoint::Readyz
+            | Endpoint::Metrics
+            | Endpoint::AdminTargets
+            | Endpoint::AdminExplain => true,
+            Endpoint::Proxied(_) | Endpoint::Models | Endpoint::Model => false,
+        }
+    }
+}
+
+/// The route table: each path (the OpenAI ones also without `/v1`), the
+/// one method it answers, and its endpoint. A path ending in `/` is a
+/// prefix: what follows is an id.
+const ROUTES: [(&str, bool, Endpoint); 13] = [
+    ("/v1/chat/completions", POST, Endpoint::Proxied(Api::Chat)),
+    ("/chat/completions", POST, Endpoint::Proxied(Api::Chat)),
+    ("/v1/embeddings", POST, Endpoint::Proxied(Api::Embeddings)),
+    ("/embeddings", POST, Endpoint::Proxied(Api::Embeddings)),
+    ("/v1/models", GET, Endpoint::Models),
+    ("/models", GET, Endpoint::Models),
+    ("/v1/models/", GET, Endpoint::Model),
+    ("/models/", GET, Endpoint::Model),
+    ("/healthz", GET, Endpoint::Healthz),
+    ("/readyz", GET, Endpoint::Readyz),
+    ("/metrics", GET, Endpoint::Metrics),
+    ("/admin/targets", GET, Endpoint::AdminTargets),
+    ("/admin/explain", POST, Endpoint::AdminExplain),
+];
+const POST: bool = true;
+const GET: bool = false;
+
+/// The endpoint of `path`, or 405 when it answers another method; `None`
+/// for no such path.
+fn route(method: &Method, path: &str) -> Option<Result<Endpoint, GatewayError>> {
+    let (_, post, endpoint) = ROUTES
+        .iter()
+        .find(|(at, _, _)| match at.strip_suffix('/') {
+            Some(_) => path.len() > at.len() && path.starts_with(at),
+            None => path == *at,
+        })?;
+    Some(allowed(method, *post, *endpoint))
+}
+
+fn allowed(method: &Method, post: bool, endpoint: Endpoint) -> Result<Endpoint, GatewayError> {
+    let wanted = if post { Method::POST } else { Method::GET };
+    if *method == wanted {
+        Ok(endpoint)
+    } else {
+        Err(GatewayError::MethodNotAllowed)
     }
 }
 
 /// The endpoints served by the proxy.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Api {
     /// `POST /v1/chat/completions`.
     Chat,
