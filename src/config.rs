@@ -404,8 +404,8 @@ pub struct RawProviderLimit {
     /// Requests allowed at once (default: `rpm`).
     #[schemars(range(min = 1))]
     pub burst: Option<u32>,
-    /// The share (0 to 1) of each bucket only `critical` tasks may spend.
-    #[schemars(range(min = 0.0, max = 1.0))]
+    /// The share (0 up to, not including, 1) of each bucket only `critical` tasks may spend.
+    #[schemars(range(min = 0.0), extend("exclusiveMaximum" = 1.0))]
     pub reserve: Option<f64>,
 }
 
@@ -1154,6 +1154,7 @@ health:
         ("chain: [t]", "chain: [t]\n    priority: urgent"),
         ("chain: [t]", "chain: [t]\n    queue: { max_depth: 0 }"),
         ("timeout: 2s", "rate_limit: { rpm: 10, reserve: 1.5 }"),
+        ("timeout: 2s", "rate_limit: { rpm: 10, reserve: 1.0 }"),
     ];
 
     #[test]

@@ -400,6 +400,7 @@ impl Walk<'_> {
     /// Ready for another walk after a wait: what held the last one back is
     /// judged anew.
     fn again(&mut self) {
+        self.account.trace.walk_again();
         self.holdbacks = Holdbacks::default();
         self.last_status = None;
         self.deadline_hit = false;

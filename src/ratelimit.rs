@@ -795,12 +795,20 @@ impl TaskLimiter {
 
 /// A batch task's queue: requests that found every target out of quota or
 /// cooling down wait, in arrival order, for the earliest time one may serve
-/// (no polling: each sleeps until then), at most `max_wait`.
+/// (no polling: each sleeps until then), at most `max_wait`. The waiting
+/// line itself outlives reloads (by task name), so a reload neither loses
+/// its count nor lets a second line form beside it.
 #[derive(Debug)]
 pub struct Queue {
     /// Longest wait of one request.
     pub max_wait: Duration,
     max_depth: usize,
+    line: std::sync::Arc<Line>,
+}
+
+/// The requests waiting in a task's queue: live state, kept across reloads.
+#[derive(Debug)]
+pub struct Line {
     depth: std::sync::atomic::AtomicUsize,
     /// Whose turn it is: tokio's mutex hands itself over in arrival order.
     turn: tokio::sync::Mutex<()>,
@@ -809,23 +817,15 @@ pub struct Queue {
     full: metrics::Counter,
 }
 
-/// A place in a [`Queue`]; leaving it (drop) frees it.
-#[derive(Debug)]
-pub struct Place<'a>(&'a Queue);
-
-impl Queue {
-    /// An empty queue of at most `max_depth` waiting requests.
+impl Line {
+    /// An empty line, shown by `gauge`, its waits in `waited`, its refusals in `full`.
     #[must_use]
     pub fn new(
-        max_wait: Duration,
-        max_depth: u32,
         gauge: metrics::Gauge,
         (waited, full): (metrics::Histogram, metrics::Counter),
     ) -> Self {
         gauge.set(0.0);
         Self {
-            max_wait,
-            max_depth: usize::try_from(max_depth).unwrap_or(usize::MAX),
             depth: std::sync::atomic::AtomicUsize::new(0),
             turn: tokio::sync::Mutex::new(()),
             gauge,
@@ -833,30 +833,47 @@ impl Queue {
             full,
         }
     }
+}
+
+/// A place in a [`Queue`]; leaving it (drop) frees it.
+#[derive(Debug)]
+pub struct Place<'a>(&'a Line);
+
+impl Queue {
+    /// The queue of `line`, at most `max_depth` waiting, each at most `max_wait`.
+    #[must_use]
+    pub fn new(max_wait: Duration, max_depth: u32, line: std::sync::Arc<Line>) -> Self {
+        Self {
+            max_wait,
+            max_depth: usize::try_from(max_depth).unwrap_or(usize::MAX),
+            line,
+        }
+    }
 
     /// A place in the queue; `None` when it is full.
     pub fn enter(&self) -> Option<Place<'_>> {
-        let taken = self
+        let line = &*self.line;
+        let taken = line
             .depth
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| {
                 (d < self.max_depth).then_some(d + 1)
             })
             .is_ok();
         if !taken {
-            self.full.increment(1);
+            line.full.increment(1);
             return None;
         }
         #[allow(clippy::cast_precision_loss)]
-        self.gauge.set(self.depth.load(Ordering::Acquire) as f64);
-        Some(Place(self))
+        line.gauge.set(line.depth.load(Ordering::Acquire) as f64);
+        Some(Place(line))
     }
 
     /// Waits for this place's turn, then until `until`.
-    pub async fn wait_until(&self, _place: &Place<'_>, until: tokio::time::Instant) {
+    pub async fn wait_until(&self, place: &Place<'_>, until: tokio::time::Instant) {
         let started = tokio::time::Instant::now();
-        let _turn = self.turn.lock().await;
+        let _turn = place.0.turn.lock().await;
         tokio::time::sleep_until(until).await;
-        self.waited.record(started.elapsed().as_secs_f64());
+        place.0.waited.record(started.elapsed().as_secs_f64());
     }
 }
 

@@ -826,6 +826,10 @@ impl<'a> Admission<'a> {
                 self.snapshot.rate_limited.increment("key", 1);
                 None
             }
+            Err(NoKey::Reserved(until)) => {
+                self.holdbacks.limited(until);
+                None
+            }
         }
     }
 
@@ -844,6 +848,10 @@ impl<'a> Admission<'a> {
                 self.holdbacks.limited(until);
                 self.snapshot.rate_limited.increment("key", 1);
                 Exclusion::KeysLimited
+            }
+            Err(NoKey::Reserved(until)) => {
+                self.holdbacks.limited(until);
+                Exclusion::Reserved
             }
             Err(NoKey::Revoked | NoKey::Exhausted) => {
                 self.holdbacks.revoked = true;

@@ -265,6 +265,9 @@ impl ApiKey {
 pub enum NoKey {
     /// Rate-limited (a 429 cooldown or an empty per-key bucket) until then.
     Limited(Instant),
+    /// Every key that could serve keeps only its bucket's reserve, for
+    /// critical tasks, until then.
+    Reserved(Instant),
     /// Every readable key not yet tried is revoked.
     Revoked,
     /// Every readable key was tried for this request.
@@ -383,8 +386,12 @@ impl Provider {
         };
         let mut passed = tried;
         let mut limited: Option<Instant> = None;
-        let mut note_limited =
-            |until: Instant| limited = Some(limited.map_or(until, |t| t.min(until)));
+        // Whether every refusal so far left only a reserve.
+        let mut only_reserved = true;
+        let mut note_limited = |until: Instant, reserved: bool| {
+            limited = Some(limited.map_or(until, |t| t.min(until)));
+            only_reserved &= reserved;
+        };
         loop {
             let mut best: Option<usize> = None;
             for i in (0..n).map(|j| (start + j) % n) {
@@ -394,7 +401,7 @@ impl Provider {
                 match self.keys[i].health.state(now) {
                     KeyState::Usable => {}
                     KeyState::CoolingDown(until) => {
-                        note_limited(until);
+                        note_limited(until, false);
                         passed.insert(i);
                         continue;
                     }
@@ -422,13 +429,17 @@ impl Provider {
             };
             match key.limits.as_ref().map(|l| l.check(tokens, who)) {
                 Some(Err(refused)) => {
-                    note_limited(now + refused.wait);
+                    note_limited(now + refused.wait, refused.reserved);
                     passed.insert(i);
                 }
                 Some(Ok(())) | None => return Ok(Some(i)),
             }
         }
-        Err(limited.map_or(NoKey::Revoked, NoKey::Limited))
+        Err(match limited {
+            None => NoKey::Revoked,
+            Some(until) if only_reserved => NoKey::Reserved(until),
+            Some(until) => NoKey::Limited(until),
+        })
     }
 }
 

@@ -452,26 +452,30 @@ pub fn completion_text(completion: &[u8]) -> String {
 }
 
 /// The completion a stream's events make (Chat Completions chunks, raw SSE
-/// bytes): the envelope (`id`, `created`, `model`) of the first chunk, the
-/// first choice's text and finish, and the usage; for a re-ask or a repair
+/// bytes): the envelope (`id`, `created`, `model`) of the first chunk,
+/// each choice's text and finish, and the usage; for a re-ask or a repair
 /// of a held stream. `None` without a chunk.
 #[must_use]
 pub fn completion_of_events(raw: &[u8]) -> Option<Bytes> {
     use serde_json::Value;
     let chunks = chunks_of(raw);
     let first = chunks.first()?;
-    let (mut text, mut finish, mut usage) = (String::new(), Value::Null, Value::Null);
+    // By choice index: its text and its finish.
+    let mut by_choice: std::collections::BTreeMap<u64, (String, Value)> =
+        std::collections::BTreeMap::new();
+    let mut usage = Value::Null;
     for chunk in &chunks {
         let choices = chunk.get("choices").and_then(Value::as_array);
         for choice in choices.into_iter().flatten() {
-            if choice.get("index").and_then(Value::as_u64).unwrap_or(0) != 0 {
-                continue;
-            }
+            let index = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
+            let (text, finish) = by_choice
+                .entry(index)
+                .or_insert((String::new(), Value::Null));
             if let Some(piece) = choice.pointer("/delta/content").and_then(Value::as_str) {
                 text.push_str(piece);
             }
             if let Some(f) = choice.get("finish_reason").filter(|f| !f.is_null()) {
-                finish = f.clone();
+                *finish = f.clone();
             }
         }
         if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
@@ -483,11 +487,11 @@ pub fn completion_of_events(raw: &[u8]) -> Option<Bytes> {
         "object": "chat.completion",
         "created": first.get("created").cloned().unwrap_or(Value::Null),
         "model": first.get("model").cloned().unwrap_or(Value::Null),
-        "choices": [{
-            "index": 0,
+        "choices": by_choice.into_iter().map(|(index, (text, finish))| serde_json::json!({
+            "index": index,
             "message": {"role": "assistant", "content": text},
             "finish_reason": finish,
-        }],
+        })).collect::<Vec<_>>(),
     });
     if !usage.is_null() {
         completion["usage"] = usage;

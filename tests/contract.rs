@@ -696,8 +696,19 @@ async fn to_tool_turns_prose_into_the_required_call_by_the_repair_target() {
 /// the stream that carries the call.
 #[tokio::test]
 async fn to_tool_turns_a_streams_held_prose_into_the_required_call() {
+    // Prose, its finish, then its usage and [DONE].
+    let mut pieces = fake::sse_events("model-b", &["Call ", "get_weather ", "for ", "Oslo."]);
+    let usage = serde_json::json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+        "created": 1, "model": "model-b", "choices": [],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11}});
+    pieces.insert(pieces.len() - 1, format!("data: {usage}\n\n"));
+    let prose = Reply::Stream {
+        pieces,
+        delay: Duration::ZERO,
+        cut: false,
+    };
     let (b, c, r, gw) = to_tool_chain(
-        fake::stream("model-b", &["Call ", "get_weather ", "for ", "Oslo."]),
+        prose,
         tool_answer("repairer", "get_weather", r#"{"city":"Oslo"}"#),
         TO_TOOL,
     )
@@ -719,10 +730,61 @@ async fn to_tool_turns_a_streams_held_prose_into_the_required_call() {
     assert_eq!(streamed_call(&text).1, serde_json::json!({"city": "Oslo"}));
     assert!(text.contains(r#""finish_reason":"tool_calls""#), "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(
+        text.contains(r#""total_tokens":11"#),
+        "b's usage, as asked: {text}"
+    );
     assert_eq!((b.calls(), r.calls(), c.calls()), (1, 1, 0));
     let asked = &r.seen()[0].body;
     let user = asked["messages"][1]["content"].as_str().unwrap();
     assert!(user.contains("Call get_weather for Oslo."), "{asked}");
+}
+
+/// A held stream of several choices is repaired whole or not at all: never
+/// a 200 that lost a choice.
+#[tokio::test]
+async fn to_tool_never_drops_a_choice_of_a_held_stream() {
+    let chunk = |index: u64, delta: serde_json::Value, finish: Option<&str>| {
+        let v = serde_json::json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+            "created": 1, "model": "model-b",
+            "choices": [{"index": index, "delta": delta, "finish_reason": finish}]});
+        format!("data: {v}\n\n")
+    };
+    let pieces = vec![
+        chunk(
+            0,
+            serde_json::json!({"role": "assistant", "content": "Oslo, "}),
+            None,
+        ),
+        chunk(
+            1,
+            serde_json::json!({"role": "assistant", "content": "Bergen, "}),
+            None,
+        ),
+        chunk(0, serde_json::json!({}), Some("stop")),
+        chunk(1, serde_json::json!({}), Some("stop")),
+        "data: [DONE]\n\n".to_owned(),
+    ];
+    let two = Reply::Stream {
+        pieces,
+        delay: Duration::ZERO,
+        cut: false,
+    };
+    let (_b, _c, _r, gw) = to_tool_chain(
+        two,
+        tool_answer("repairer", "get_weather", r#"{"city":"Oslo"}"#),
+        TO_TOOL,
+    )
+    .await;
+    let body =
+        weather_request(serde_json::json!({"tool_choice": "required", "stream": true, "n": 2}));
+    let ans = chat(gw.addr, body).await;
+    let text = ans.text();
+    assert!(ans.headers.get("x-switchyard-repaired").is_none(), "{text}");
+    assert!(
+        ans.status != 200 || text.contains(r#""index":1"#),
+        "a 200 with a choice lost: {text}"
+    );
 }
 
 /// Without a repair, a stream's prose where a call was required breaks the

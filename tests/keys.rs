@@ -843,3 +843,54 @@ async fn an_out_of_quota_body_with_a_5xx_status_is_out_of_credit_not_transient()
     out_of_credit_fails_over_and_cools_the_provider(fake::json(502, quota), false).await;
     out_of_credit_fails_over_and_cools_the_provider(fake::json(200, quota), false).await;
 }
+
+/// A key whose bucket keeps only its reserve skips the target for normal
+/// tasks with reason `reserved` (not `keys_limited`), while a critical task
+/// still spends it (issue 24 part 2).
+#[tokio::test]
+async fn a_keys_reserve_is_kept_for_critical_tasks_and_said_so() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = key_files(
+        dir.path(),
+        &[("k1", "sk-one-0000000000000000")],
+        ", rate_limit: { rpm: 6, burst: 5, reserve: 0.4 }",
+    );
+    let keys = keys.replace('\n', "\n    ");
+    let yaml = format!(
+        "version: 1
+providers:
+  pa:
+    base_url: '{}'
+    {keys}
+  pb: {{ base_url: '{}' }}
+targets:
+  a: {{ provider: pa, model: upstream-a }}
+  b: {{ provider: pb, model: upstream-b }}
+tasks:
+  normal: {{ aliases: [gpt-4o], chain: [a, b] }}
+  core: {{ chain: [a], priority: critical }}
+",
+        a.url(),
+        b.url()
+    );
+    let gw = gateway(&yaml).await;
+    let target = |model: &str| {
+        let addr = gw.addr;
+        let body = hello(model);
+        async move { chat(addr, body).await.header("x-switchyard-target") }
+    };
+    for _ in 0..3 {
+        assert_eq!(target("gpt-4o").await, "a");
+    }
+    assert_eq!(target("gpt-4o").await, "b", "the rest is the key's reserve");
+    assert_eq!(target("core").await, "a", "a critical task spends it");
+    let m = metrics_page(&gw).await;
+    let reserved =
+        r#"switchyard_route_exclusions_total{task="normal",target="a",reason="reserved"}"#;
+    assert_eq!(series_value(&m, reserved), Some(1.0), "{m}");
+    let limited =
+        r#"switchyard_route_exclusions_total{task="normal",target="a",reason="keys_limited"}"#;
+    assert_eq!(series_value(&m, limited).unwrap_or(0.0), 0.0, "{m}");
+}

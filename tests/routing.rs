@@ -426,3 +426,56 @@ tasks:
     let full = r#"switchyard_queue_full_total{task="nightly"}"#;
     assert_eq!(series_value(&m, full), Some(1.0), "{m}");
 }
+
+/// A reload keeps a batch task's queue: the requests already waiting still
+/// count against `max_depth`, and the depth says so (issue 24 part 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_the_requests_waiting_in_a_queue() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let yaml = format!(
+        "version: 1
+providers:
+  pa: {{ base_url: '{}', rate_limit: {{ rpm: 30, burst: 1 }} }}
+targets:
+  a: {{ provider: pa, model: upstream-a }}
+tasks:
+  nightly:
+    aliases: [gpt-4o]
+    chain: [a]
+    priority: batch
+    queue: {{ max_wait: 5s, max_depth: 1 }}
+",
+        a.url()
+    );
+    let gw = gateway(&yaml).await;
+    assert_eq!(chat(gw.addr, hello("gpt-4o")).await.status, 200);
+    let addr = gw.addr;
+    let waiting = tokio::spawn(async move { chat(addr, hello("gpt-4o")).await });
+    let depth = || {
+        let page = gw.app.metrics().render();
+        series_value(&page, r#"switchyard_queue_depth{task="nightly"}"#)
+    };
+    assert!(
+        eventually(std::time::Duration::from_secs(2), || async {
+            depth() == Some(1.0)
+        })
+        .await
+    );
+    gw.rewrite(&format!("{yaml}# edited\n"));
+    assert!(
+        eventually(std::time::Duration::from_secs(3), || async {
+            reloads(&gw, "ok").await >= 2.0
+        })
+        .await
+    );
+    assert_eq!(depth(), Some(1.0), "the waiting request is still counted");
+    let refused = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(
+        refused.status,
+        429,
+        "the queue is still full: {}",
+        refused.text()
+    );
+    assert_eq!(waiting.await.unwrap().status, 200);
+    assert_eq!(depth(), Some(0.0));
+}

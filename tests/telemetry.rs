@@ -962,3 +962,39 @@ fn the_telemetry_section_is_checked_and_located() {
     assert_eq!(t.timeout, Some(Duration::from_secs(2)));
     assert!(compiled.snapshot.access_log, "on by default");
 }
+
+/// A batch request served after a wait in its queue is logged as served:
+/// the 429 its first walk came to is not its error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_served_after_its_queue_is_logged_without_the_first_walks_error() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let yaml = format!(
+        "version: 1
+providers:
+  pa: {{ base_url: '{}', rate_limit: {{ rpm: 60, burst: 1 }} }}
+targets:
+  a: {{ provider: pa, model: upstream-a }}
+tasks:
+  nightly: {{ aliases: [gpt-4o], chain: [a], priority: batch, queue: {{ max_wait: 5s }} }}
+",
+        a.url()
+    );
+    let (served, _dir) = json_logging(&yaml);
+    let hello =
+        serde_json::json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]});
+    assert_eq!(
+        send(&served, "q-first", hello.clone(), &[]).await.status,
+        200
+    );
+    let waited = send(&served, "q-waited", hello, &[]).await;
+    assert_eq!(waited.status, 200, "{}", waited.text());
+    let mut lines = Vec::new();
+    let written = wait_blocking(Duration::from_secs(5), || {
+        lines = access_lines(&served.log());
+        lines.len() >= 2
+    });
+    assert!(written, "{}", served.log());
+    assert_eq!(lines[1]["request_id"], "q-waited");
+    assert_eq!(lines[1]["status"], 200);
+    assert!(lines[1].get("error").is_none(), "{lines:#?}");
+}

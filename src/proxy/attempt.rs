@@ -32,6 +32,8 @@ use crate::upstream::{pool, Events, LocalResource, Operation, Outgoing, SendErro
 
 /// Events held before the commit point, at most; past this the stream commits anyway.
 const HOLD_MAX_EVENTS: usize = 64;
+/// How long held text waits after its finish for the usage and `[DONE]`.
+const AFTER_FINISH: Duration = Duration::from_secs(1);
 /// Bytes held before the commit point, at most.
 const HOLD_MAX_BYTES: usize = 256 * 1024;
 /// Largest non-streamed upstream answer read (and decoded); a larger one is a
@@ -800,8 +802,14 @@ async fn hold(
     };
     let mut eof = false;
     let mut last_read = started;
+    let mut finished_at = None;
     loop {
-        let frame = match timeout_at(first_deadline, incoming.frame()).await {
+        // Held text waits past its finish for the usage and `[DONE]`, briefly.
+        let until = finished_at.map_or(first_deadline, |t: Instant| {
+            first_deadline.min(t + AFTER_FINISH)
+        });
+        let frame = match timeout_at(until, incoming.frame()).await {
+            Err(_) | Ok(Some(Err(_))) if held.finished => break,
             Err(_) => return timed_out(call, first_deadline, permit),
             Ok(None) => {
                 eof = true;
@@ -820,7 +828,12 @@ async fn hold(
                 return network(target, NetworkKind::Protocol, permit);
             }
         }
-        match take_events(call, headers, &mut events, &mut held, eof) {
+        let hold = take_events(call, headers, &mut events, &mut held, eof);
+        if held.finished {
+            finished_at.get_or_insert_with(Instant::now);
+        }
+        match hold {
+            Hold::More if eof && held.finished => break,
             Hold::More if eof => {
                 // The stream ended before any content, finish_reason or [DONE].
                 return network(target, NetworkKind::Reset, permit);
@@ -920,7 +933,9 @@ fn take_events(
             let non_tool = held.events.iter().filter(|(_, t)| !t).count();
             non_tool >= HOLD_MAX_EVENTS || held.bytes >= HOLD_MAX_BYTES
         };
-        if commit || held.done || held.finished || (!tool && full) {
+        // Held text is complete with its usage and `[DONE]` (or the end).
+        let finished = held.finished && !held.prose;
+        if commit || held.done || finished || (!tool && full) {
             return Hold::Commit;
         }
     }
@@ -1025,15 +1040,20 @@ fn check_held_text(
     contract: &Contract,
     held: &mut Held,
 ) -> Result<Option<Repair>, Violation> {
-    let text = held
-        .completion()
-        .map(|c| crate::sse::completion_text(&c))
-        .unwrap_or_default();
-    let Err(violation) = contract.check_text(&text) else {
+    let Some(completion) = held.completion() else {
         return Ok(None);
     };
+    // Every choice is held to the format; only a single one is repaired.
+    let Err(violation) = contract.check_completion(&completion) else {
+        return Ok(None);
+    };
+    let single = serde_json::from_slice::<serde_json::Value>(&completion)
+        .ok()
+        .and_then(|v| Some(v.get("choices")?.as_array()?.len() == 1))
+        .unwrap_or(false);
+    let text = crate::sse::completion_text(&completion);
     let Some((method, fixed)) = try_repairs(call.task, call.target, &violation, |_| {
-        contract.repair_text(&text)
+        single.then(|| contract.repair_text(&text)).flatten()
     }) else {
         return Err(violation);
     };

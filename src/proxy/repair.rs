@@ -206,6 +206,8 @@ impl Walk<'_> {
             let Some(whole) = kept else {
                 continue;
             };
+            // The answer is `target`'s: its model, not the repairer's.
+            self.account.trace.answer_meta(&whole);
             let answer = Attempt::Answer {
                 status,
                 body: whole,

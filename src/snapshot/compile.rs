@@ -1206,6 +1206,12 @@ fn reserve(rl: Option<&crate::config::RawProviderLimit>, at: &str, c: &mut Check
     let Some(share) = rl.and_then(|rl| rl.reserve) else {
         return 0.0;
     };
+    if rl.is_some_and(|rl| rl.rpm.is_none() && rl.tpm.is_none()) {
+        c.warn(
+            at,
+            "a reserve without `rpm` or `tpm` keeps nothing: there is no bucket",
+        );
+    }
     if (0.0..1.0).contains(&share) {
         // Rounded up, a reserve can keep a small bucket whole.
         let capacity = rl.and_then(|rl| rl.burst.or(rl.rpm)).unwrap_or(0);
@@ -1556,7 +1562,7 @@ fn task(
                 crate::config::Priority::Normal
             }),
         },
-        queue: queue(name, t, path, &live.metrics, c),
+        queue: queue(name, t, path, live, c),
         tool_schemas: Arc::new(tool_schemas(&t.tool_schemas, path, c)),
         routes: chain
             .iter()
@@ -1577,7 +1583,7 @@ fn queue(
     name: &str,
     t: &RawTask,
     path: &str,
-    metrics: &crate::metrics::Metrics,
+    live: &LiveState,
     c: &mut Checks<'_>,
 ) -> Option<crate::ratelimit::Queue> {
     let raw = t.queue.as_ref()?;
@@ -1593,15 +1599,28 @@ fn queue(
         raw.max_wait.as_deref(),
         Duration::from_secs(60),
     );
+    let max_depth = raw.max_depth.unwrap_or(1000);
+    if max_depth == 0 {
+        c.error(
+            &format!("{path}.queue.max_depth"),
+            "a queue holds at least 1 request (no queue: leave `queue` out)",
+        );
+    }
     let label = [("task", name.to_owned().into())];
+    let metrics = &live.metrics;
+    let line = live.queues.get_or_make(name.to_owned(), || {
+        Some(crate::ratelimit::Line::new(
+            metrics.gauge(m::QUEUE_DEPTH, &label),
+            (
+                metrics.histogram(m::QUEUE_WAIT, &label),
+                metrics.counter(m::QUEUE_FULL, &label),
+            ),
+        ))
+    })?;
     Some(crate::ratelimit::Queue::new(
         max_wait,
-        raw.max_depth.unwrap_or(1000).max(1),
-        metrics.gauge(m::QUEUE_DEPTH, &label),
-        (
-            metrics.histogram(m::QUEUE_WAIT, &label),
-            metrics.counter(m::QUEUE_FULL, &label),
-        ),
+        max_depth.max(1),
+        line,
     ))
 }
 

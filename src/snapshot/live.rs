@@ -94,6 +94,8 @@ pub struct LiveState {
     pub clients: Clients,
     /// Routing state per task (round-robin cursors, weights, fallback spend).
     pub tasks: Keyed<String, TaskState>,
+    /// The waiting line of each batch task's queue, by task name.
+    pub queues: Keyed<String, crate::ratelimit::Line>,
     /// Provider buckets: kept while the account and its limits are unchanged.
     pub provider_limits: Keyed<ProviderLimitsKey, ProviderLimits>,
     /// Client-facing task buckets: kept while the task's limits are unchanged.
@@ -117,6 +119,7 @@ impl LiveState {
         self.providers.prune();
         self.key_cursors.prune();
         self.tasks.prune();
+        self.queues.prune();
         self.provider_limits.prune();
         self.task_limits.prune();
         self.clients.prune();

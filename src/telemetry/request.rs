@@ -281,6 +281,12 @@ impl RequestTrace {
         }
     }
 
+    /// The walk starts again (after a wait in a queue): the error it
+    /// answered before is not the request's any more.
+    pub fn walk_again(&self) {
+        self.0.fields.lock().error = None;
+    }
+
     /// switchyard's own error code (`all_targets_failed`, ...): `error.type`.
     pub fn error(&self, code: &'static str) {
         self.0.fields.lock().error = Some(Cow::Borrowed(code));
@@ -474,7 +480,8 @@ impl Drop for Inner {
         if f.status == 0 {
             // Nothing was answered: the client went away first (nginx's 499).
             f.status = 499;
-            f.error.get_or_insert(Cow::Borrowed("client_cancelled"));
+            // Whatever an earlier walk answered, nothing reached the client.
+            f.error = Some(Cow::Borrowed("client_cancelled"));
         }
         if f.error.is_none() && f.status >= 400 {
             f.error = Some(Cow::Owned(f.status.to_string()));
