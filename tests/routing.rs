@@ -370,16 +370,13 @@ async fn a_provider_that_rate_limits_sheds_non_critical_work() {
     assert_eq!(series_value(&m, reserved), Some(1.0), "{m}");
 }
 
-/// A batch task with a queue waits for its provider's quota instead of a
-/// 429, in arrival order, up to `max_depth` waiting: one more gets its 429 at
-/// once (issue 24 part 3).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_task_waits_in_its_queue_for_quota_instead_of_a_429() {
-    let a = Fake::always(fake::completion("model-a", "a")).await;
-    let yaml = format!(
+/// Task `nightly` (alias `gpt-4o`): batch, [a] alone, with a queue of one
+/// waiting at most 5 s; `a`'s provider allows `rpm`, one at once.
+fn batch_queue(a: &Fake, rpm: u32) -> String {
+    format!(
         "version: 1
 providers:
-  pa: {{ base_url: '{}', rate_limit: {{ rpm: 60, burst: 1 }} }}
+  pa: {{ base_url: '{}', rate_limit: {{ rpm: {rpm}, burst: 1 }} }}
 targets:
   a: {{ provider: pa, model: upstream-a }}
 tasks:
@@ -390,7 +387,16 @@ tasks:
     queue: {{ max_wait: 5s, max_depth: 1 }}
 ",
         a.url()
-    );
+    )
+}
+
+/// A batch task with a queue waits for its provider's quota instead of a
+/// 429, in arrival order, up to `max_depth` waiting: one more gets its 429 at
+/// once (issue 24 part 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_task_waits_in_its_queue_for_quota_instead_of_a_429() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let yaml = batch_queue(&a, 60);
     let gw = gateway(&yaml).await;
     assert_eq!(chat(gw.addr, hello("gpt-4o")).await.status, 200);
     let started = tokio::time::Instant::now();
@@ -432,21 +438,7 @@ tasks:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_keeps_the_requests_waiting_in_a_queue() {
     let a = Fake::always(fake::completion("model-a", "a")).await;
-    let yaml = format!(
-        "version: 1
-providers:
-  pa: {{ base_url: '{}', rate_limit: {{ rpm: 30, burst: 1 }} }}
-targets:
-  a: {{ provider: pa, model: upstream-a }}
-tasks:
-  nightly:
-    aliases: [gpt-4o]
-    chain: [a]
-    priority: batch
-    queue: {{ max_wait: 5s, max_depth: 1 }}
-",
-        a.url()
-    );
+    let yaml = batch_queue(&a, 30);
     let gw = gateway(&yaml).await;
     assert_eq!(chat(gw.addr, hello("gpt-4o")).await.status, 200);
     let addr = gw.addr;
