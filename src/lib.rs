@@ -36,6 +36,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod health;
+pub mod inbound;
 pub mod metrics;
 pub mod probe;
 pub mod proxy;

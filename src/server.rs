@@ -52,6 +52,7 @@ use tracing::{info, warn, Instrument};
 use crate::body::{self, Body};
 use crate::config::diagnostic::Diagnostic;
 use crate::error::GatewayError;
+use crate::inbound::{self, Protocol};
 use crate::proxy::{self, respond};
 use crate::reload;
 use crate::request::ChatRequest;
@@ -168,6 +169,7 @@ impl Gateway {
         let app = Arc::new(App {
             inflight: Arc::new(Semaphore::new(startup.max_concurrent_requests)),
             admin_separate: admin.is_some(),
+            responses: crate::inbound::ResponseStore::default(),
             drain: crate::body::Drain::default(),
             snapshot: ArcSwap::from_pointee(compiled.snapshot),
             live,
@@ -378,6 +380,8 @@ async fn handle(
     };
     match endpoint {
         Endpoint::Proxied(api) => proxied(&app, api, req, peer.ip(), request_id, arrival).await,
+        Endpoint::CountTokens => count_tokens(req, &request_id).await,
+        Endpoint::StoredResponse => stored_response(&app, req.method(), path, &request_id),
         Endpoint::Models => json(StatusCode::OK, &models(&app.snapshot.load())),
         Endpoint::Model => match model_id(path) {
             Some(id) => model(&app.snapshot.load(), &id, &request_id),
@@ -414,6 +418,10 @@ async fn handle(
 enum Endpoint {
     /// Served by the proxy, in the endpoint's protocol.
     Proxied(Api),
+    /// `POST /v1/messages/count_tokens`.
+    CountTokens,
+    /// `GET` / `DELETE /v1/responses/{id}`.
+    StoredResponse,
     /// `GET /v1/models`.
     Models,
     /// `GET /v1/models/{id}`.
@@ -439,17 +447,27 @@ impl Endpoint {
             | Endpoint::Metrics
             | Endpoint::AdminTargets
             | Endpoint::AdminExplain => true,
-            Endpoint::Proxied(_) | Endpoint::Models | Endpoint::Model => false,
+            Endpoint::Proxied(_)
+            | Endpoint::CountTokens
+            | Endpoint::StoredResponse
+            | Endpoint::Models
+            | Endpoint::Model => false,
         }
     }
 }
 
 /// The route table: each path (the OpenAI ones also without `/v1`), the
-/// one method it answers, and its endpoint. A path ending in `/` is a
-/// prefix: what follows is an id.
-const ROUTES: [(&str, bool, Endpoint); 13] = [
+/// methods it answers, and its endpoint. A path ending in `/` is a prefix:
+/// what follows is an id.
+const ROUTES: [(&str, Methods, Endpoint); 19] = [
     ("/v1/chat/completions", POST, Endpoint::Proxied(Api::Chat)),
     ("/chat/completions", POST, Endpoint::Proxied(Api::Chat)),
+    ("/v1/messages", POST, Endpoint::Proxied(Api::Messages)),
+    ("/v1/messages/count_tokens", POST, Endpoint::CountTokens),
+    ("/v1/responses", POST, Endpoint::Proxied(Api::Responses)),
+    ("/responses", POST, Endpoint::Proxied(Api::Responses)),
+    ("/v1/responses/", GET_DELETE, Endpoint::StoredResponse),
+    ("/responses/", GET_DELETE, Endpoint::StoredResponse),
     ("/v1/embeddings", POST, Endpoint::Proxied(Api::Embeddings)),
     ("/embeddings", POST, Endpoint::Proxied(Api::Embeddings)),
     ("/v1/models", GET, Endpoint::Models),
@@ -462,24 +480,41 @@ const ROUTES: [(&str, bool, Endpoint); 13] = [
     ("/admin/targets", GET, Endpoint::AdminTargets),
     ("/admin/explain", POST, Endpoint::AdminExplain),
 ];
-const POST: bool = true;
-const GET: bool = false;
+
+/// The methods a path answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Methods {
+    Post,
+    Get,
+    GetDelete,
+}
+const POST: Methods = Methods::Post;
+const GET: Methods = Methods::Get;
+const GET_DELETE: Methods = Methods::GetDelete;
 
 /// The endpoint of `path`, or 405 when it answers another method; `None`
 /// for no such path.
 fn route(method: &Method, path: &str) -> Option<Result<Endpoint, GatewayError>> {
-    let (_, post, endpoint) = ROUTES
+    let (_, methods, endpoint) = ROUTES
         .iter()
         .find(|(at, _, _)| match at.strip_suffix('/') {
             Some(_) => path.len() > at.len() && path.starts_with(at),
             None => path == *at,
         })?;
-    Some(allowed(method, *post, *endpoint))
+    Some(allowed(method, *methods, *endpoint))
 }
 
-fn allowed(method: &Method, post: bool, endpoint: Endpoint) -> Result<Endpoint, GatewayError> {
-    let wanted = if post { Method::POST } else { Method::GET };
-    if *method == wanted {
+fn allowed(
+    method: &Method,
+    methods: Methods,
+    endpoint: Endpoint,
+) -> Result<Endpoint, GatewayError> {
+    let ok = match methods {
+        Methods::Post => method == Method::POST,
+        Methods::Get => method == Method::GET,
+        Methods::GetDelete => method == Method::GET || method == Method::DELETE,
+    };
+    if ok {
         Ok(endpoint)
     } else {
         Err(GatewayError::MethodNotAllowed)
@@ -491,8 +526,23 @@ fn allowed(method: &Method, post: bool, endpoint: Endpoint) -> Result<Endpoint, 
 enum Api {
     /// `POST /v1/chat/completions`.
     Chat,
+    /// `POST /v1/messages` (Anthropic Messages, translated).
+    Messages,
+    /// `POST /v1/responses` (OpenAI Responses, translated).
+    Responses,
     /// `POST /v1/embeddings`.
     Embeddings,
+}
+
+impl Api {
+    /// The protocol its clients speak.
+    fn protocol(self) -> Protocol {
+        match self {
+            Api::Chat | Api::Embeddings => Protocol::Chat,
+            Api::Messages => Protocol::Messages,
+            Api::Responses => Protocol::Responses,
+        }
+    }
 }
 
 /// A proxied request: a slot of the concurrency cap, the body, then the
@@ -516,11 +566,15 @@ async fn proxied(
         snapshot.access_log,
         span,
     );
+    let protocol = api.protocol();
+    if protocol != Protocol::Chat {
+        trace.protocol(protocol.as_str());
+    }
     let rejected = |e: &GatewayError, request_id: &HeaderValue| {
         snapshot.unrouted.increment(e.status().as_u16(), 1);
         trace.status(e.status().as_u16());
         trace.error(e.code());
-        respond::plain_error(e, request_id)
+        plain_error_in(protocol, e, request_id)
     };
     let (parts, incoming) = req.into_parts();
     let bytes = match json_body(&parts.headers, incoming).await {
@@ -531,6 +585,15 @@ async fn proxied(
     // uploads cannot hold every slot (each is bounded by the body timeout).
     let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
         return rejected(&GatewayError::Overloaded, &request_id);
+    };
+    let (bytes, render) = match translated(app, api, bytes) {
+        Ok(translated) => translated,
+        Err(refusal) => {
+            snapshot.unrouted.increment(400, 1);
+            trace.status(400);
+            trace.error("invalid_request");
+            return refusal;
+        }
     };
     let (log_span, server_span) = (trace.log_span().clone(), trace.span().clone());
     let exchange = proxy::Exchange {
@@ -546,7 +609,7 @@ async fn proxied(
     // The server span innermost: routing and the attempts record into it,
     // and log lines still find the request's id further out.
     let response = match api {
-        Api::Chat => {
+        Api::Chat | Api::Messages | Api::Responses => {
             proxy::chat_completions(exchange)
                 .instrument(server_span)
                 .instrument(log_span)
@@ -560,7 +623,115 @@ async fn proxied(
         }
     };
     trace.status(response.status().as_u16());
+    let response = match render {
+        Some(render) => inbound::render(response, render).await,
+        None => response,
+    };
     response.map(|inner| body::holding(inner, permit))
+}
+
+/// The body the engine runs and how its answer goes back: a Messages or
+/// Responses request translated into chat (or its 400, in its protocol);
+/// chat and embeddings as they came.
+#[allow(clippy::result_large_err)] // the refusal is the response itself
+fn translated(
+    app: &App,
+    api: Api,
+    bytes: Bytes,
+) -> Result<(Bytes, Option<inbound::Render>), Response<Body>> {
+    let refused = |bytes: Bytes| {
+        let mut resp = json_bytes(StatusCode::BAD_REQUEST, bytes);
+        resp.headers_mut()
+            .insert(respond::H_SHOULD_RETRY, HeaderValue::from_static("false"));
+        resp
+    };
+    let t = match api {
+        Api::Chat | Api::Embeddings => return Ok((bytes, None)),
+        Api::Messages => inbound::messages::translate(&bytes)
+            .map_err(|e| refused(inbound::messages::invalid(&e)))?,
+        Api::Responses => inbound::responses::translate(&bytes, &app.responses)
+            .map_err(|e| refused(inbound::responses::invalid(&e)))?,
+    };
+    Ok((t.chat, Some(t.render)))
+}
+
+/// switchyard's own error in the client's protocol.
+fn plain_error_in(
+    protocol: Protocol,
+    e: &GatewayError,
+    request_id: &HeaderValue,
+) -> Response<Body> {
+    let mut resp = respond::plain_error(e, request_id);
+    match protocol {
+        Protocol::Messages => {
+            *resp.body_mut() = body::full(inbound::messages::error(e.status(), &e.body()));
+        }
+        Protocol::Chat | Protocol::Responses => {}
+    }
+    resp
+}
+
+/// `POST /v1/messages/count_tokens`: switchyard's estimate of the prompt
+/// (`x-switchyard-token-count: estimate`), in Anthropic's shape.
+async fn count_tokens(req: Request<Incoming>, request_id: &HeaderValue) -> Response<Body> {
+    let (parts, incoming) = req.into_parts();
+    let bytes = match json_body(&parts.headers, incoming).await {
+        Ok(bytes) => bytes,
+        Err(e) => return plain_error_in(Protocol::Messages, &e, request_id),
+    };
+    let chat = match inbound::messages::count_request(&bytes) {
+        Ok(chat) => chat,
+        Err(e) => return json_bytes(StatusCode::BAD_REQUEST, inbound::messages::invalid(&e)),
+    };
+    let tokens = match ChatRequest::parse(&chat) {
+        Ok(request) => request.prompt_tokens,
+        Err(e) => {
+            let e = inbound::Invalid {
+                param: e.param.map(|p| p.into_owned()).unwrap_or_default(),
+                message: e.message,
+                code: None,
+            };
+            return json_bytes(StatusCode::BAD_REQUEST, inbound::messages::invalid(&e));
+        }
+    };
+    let mut resp = json(StatusCode::OK, &serde_json::json!({"input_tokens": tokens}));
+    resp.headers_mut()
+        .insert(H_TOKEN_COUNT, HeaderValue::from_static("estimate"));
+    resp.headers_mut()
+        .insert(respond::H_REQUEST_ID, request_id.clone());
+    resp
+}
+
+/// Says where a `count_tokens` answer came from.
+const H_TOKEN_COUNT: &str = "x-switchyard-token-count";
+
+/// `GET` / `DELETE /v1/responses/{id}`, from the response store.
+fn stored_response(
+    app: &App,
+    method: &Method,
+    path: &str,
+    request_id: &HeaderValue,
+) -> Response<Body> {
+    let id = path.rsplit('/').next().unwrap_or_default();
+    let found = if method == Method::DELETE {
+        app.responses
+            .delete(id)
+            .then(|| serde_json::json!({"id": id, "object": "response", "deleted": true}))
+    } else {
+        app.responses.get(id).map(|stored| stored.response.clone())
+    };
+    let mut resp = match found {
+        Some(v) => json(StatusCode::OK, &v),
+        None => json(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({"error": {
+                "message": format!("No response found with id '{}'.", id.chars().take(100).collect::<String>()),
+                "type": "invalid_request_error", "param": null, "code": "not_found"}}),
+        ),
+    };
+    resp.headers_mut()
+        .insert(respond::H_REQUEST_ID, request_id.clone());
+    resp
 }
 
 /// Reads a JSON request body ([`read_body`]) after checking its media type:
@@ -672,7 +843,11 @@ fn new_request_id() -> HeaderValue {
 }
 
 fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
-    let mut resp = Response::new(body::full(Bytes::from(v.to_string())));
+    json_bytes(status, Bytes::from(v.to_string()))
+}
+
+fn json_bytes(status: StatusCode, bytes: Bytes) -> Response<Body> {
+    let mut resp = Response::new(body::full(bytes));
     *resp.status_mut() = status;
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));

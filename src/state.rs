@@ -31,6 +31,8 @@ pub struct App {
     pub inflight: Arc<Semaphore>,
     /// Whether `/admin/*` is on its own listener (and so not on the main one).
     pub admin_separate: bool,
+    /// The responses kept for Responses clients (`previous_response_id`).
+    pub responses: crate::inbound::ResponseStore,
 }
 
 impl App {

@@ -92,6 +92,9 @@ struct Fields {
     skipped: String,
     /// GenAI's operation name (`chat`, `embeddings`); `chat` until routed.
     operation: Option<&'static str>,
+    /// The client's protocol at the front door, when not Chat Completions
+    /// (`messages`, `responses`).
+    protocol: Option<&'static str>,
 }
 
 /// What the attempt spans need to know about their target.
@@ -215,6 +218,11 @@ impl RequestTrace {
             let name = format!("{operation} {}", requested_model.map_or(task, clip_str));
             self.0.span.context().span().update_name(name);
         }
+    }
+
+    /// The protocol the client speaks, when it is not Chat Completions.
+    pub fn protocol(&self, protocol: &'static str) {
+        self.0.fields.lock().protocol = Some(protocol);
     }
 
     /// The status the client got (a stream: at its commit point).
@@ -511,8 +519,10 @@ fn record_server_span(span: &Span, f: &Fields, elapsed: Duration) {
     let operation = f.operation.unwrap_or("chat");
     set("gen_ai.operation.name", operation.into());
     set("http.request.method", "POST".into());
-    let route = match operation {
-        "embeddings" => "/v1/embeddings",
+    let route = match (operation, f.protocol) {
+        (_, Some("messages")) => "/v1/messages",
+        (_, Some("responses")) => "/v1/responses",
+        ("embeddings", _) => "/v1/embeddings",
         _ => "/v1/chat/completions",
     };
     set("http.route", route.into());
@@ -580,6 +590,7 @@ fn access_line(request_id: &HeaderValue, f: &Fields, elapsed: Duration, trace_id
         failovers = f.failovers,
         degraded = f.degraded,
         stream = f.stream,
+        protocol = f.protocol,
         duration_ms = millis(elapsed),
         ttft_ms = f.ttft.map(millis),
         tokens_in,

@@ -1,0 +1,438 @@
+//! The front door's protocols: what a client that does not speak Chat
+//! Completions sends, turned into the chat request the engine runs, and the
+//! engine's answer, stream and errors rendered back in the client's protocol.
+//!
+//! Each protocol is one file ([`messages`]: Anthropic Messages; [`responses`]:
+//! OpenAI Responses) with its wire types, its request translation and its
+//! renderer. This file holds what they share: the chat shapes they read
+//! ([`Completion`], [`Chunk`], [`WireError`]), the [`Finish`] reason, and the
+//! rewriting of a response ([`render`]): a JSON answer or error read whole, a
+//! stream translated event by event as hyper pulls it (the client hanging up
+//! drops the relay beneath, as on the chat path).
+
+pub mod messages;
+pub mod responses;
+mod store;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{Response, StatusCode};
+use http_body_util::BodyExt as _;
+use serde::Deserialize;
+
+use crate::body::{self, Body};
+use crate::sse;
+pub use store::ResponseStore;
+
+/// The protocol a client speaks at the front door.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// OpenAI Chat Completions (`/v1/chat/completions`): the engine's own.
+    Chat,
+    /// Anthropic Messages (`/v1/messages`).
+    Messages,
+    /// OpenAI Responses (`/v1/responses`).
+    Responses,
+}
+
+impl Protocol {
+    /// Its name in the access log.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Chat => "chat",
+            Protocol::Messages => "messages",
+            Protocol::Responses => "responses",
+        }
+    }
+}
+
+/// A body the protocol's translation refuses: the field and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{param}: {message}")]
+pub struct Invalid {
+    /// The offending field's path (`messages[0].content[1].source`).
+    pub param: String,
+    /// What is wrong, in words.
+    pub message: String,
+    /// The error code, when the protocol has one for it.
+    pub code: Option<&'static str>,
+}
+
+impl Invalid {
+    fn field(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            param: param.into(),
+            message: message.into(),
+            code: None,
+        }
+    }
+
+    /// Reads a body as `T`, an error naming the path serde failed at (a
+    /// missing field named too).
+    fn parse<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, Self> {
+        let de = &mut serde_json::Deserializer::from_slice(body);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let message = e.inner().to_string();
+            let missing = message
+                .strip_prefix("missing field `")
+                .and_then(|rest| rest.split('`').next())
+                .map(str::to_owned);
+            let param = match (path.as_str(), missing) {
+                (".", Some(field)) => field,
+                (_, Some(field)) => format!("{path}.{field}"),
+                (".", None) => "body".to_owned(),
+                (_, None) => path,
+            };
+            // serde's position is in the body, which the caller has.
+            let message = message
+                .split(" at line ")
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            Self::field(param, message)
+        })
+    }
+}
+
+/// A request translated for the engine, and what rendering its answer needs.
+#[derive(Debug)]
+pub struct Translated {
+    /// The Chat Completions body the engine runs.
+    pub chat: Bytes,
+    /// How the answer goes back.
+    pub render: Render,
+}
+
+/// How an answer goes back to the client, per protocol.
+#[derive(Debug)]
+pub enum Render {
+    /// Anthropic Messages.
+    Messages(messages::Reply),
+    /// OpenAI Responses.
+    Responses(responses::Reply),
+}
+
+/// Renders the engine's response in the client's protocol: a committed stream
+/// event by event, an answer or an error whole. Status and headers
+/// (`Retry-After`, `x-should-retry`, `x-switchyard-*`) are kept.
+pub async fn render(response: Response<Body>, render: Render) -> Response<Body> {
+    let (mut parts, inner) = response.into_parts();
+    parts.headers.remove(CONTENT_LENGTH);
+    let is_stream = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if is_stream && parts.status == StatusCode::OK {
+        let renderer = match render {
+            Render::Messages(r) => Renderer::Messages(r.stream()),
+            Render::Responses(r) => Renderer::Responses(r.stream()),
+        };
+        return Response::from_parts(parts, translate_stream(inner, renderer));
+    }
+    let bytes = match inner.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(never) => match never {},
+    };
+    let (out, content_type) = match (&render, parts.status == StatusCode::OK) {
+        (Render::Messages(r), true) => (r.answer(&bytes), "application/json"),
+        (Render::Messages(_), false) => (messages::error(parts.status, &bytes), "application/json"),
+        (Render::Responses(r), true) => (r.answer(&bytes), "application/json"),
+        // Responses errors are OpenAI's envelope already.
+        (Render::Responses(_), false) => (bytes, "application/json"),
+    };
+    parts
+        .headers
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    Response::from_parts(parts, body::full(out))
+}
+
+/// A stream renderer of one protocol.
+enum Renderer {
+    Messages(messages::StreamReply),
+    Responses(responses::StreamReply),
+}
+
+impl Renderer {
+    /// One event of the chat stream, rendered into `out`.
+    fn event(&mut self, data: &str, out: &mut BytesMut) {
+        if data.trim() == "[DONE]" {
+            return self.done(out);
+        }
+        if let Ok(error) = serde_json::from_str::<ErrorEnvelope>(data) {
+            match self {
+                Renderer::Messages(r) => r.error(&error.error, out),
+                Renderer::Responses(r) => r.error(&error.error, out),
+            }
+            return;
+        }
+        // What is not a chunk (a keep-alive, a stray line) has nothing to say.
+        if let Ok(chunk) = serde_json::from_str::<Chunk>(data) {
+            match self {
+                Renderer::Messages(r) => r.chunk(&chunk, out),
+                Renderer::Responses(r) => r.chunk(&chunk, out),
+            }
+        }
+    }
+
+    /// `[DONE]`, or the end of the chat stream without it.
+    fn done(&mut self, out: &mut BytesMut) {
+        match self {
+            Renderer::Messages(r) => r.done(out),
+            Renderer::Responses(r) => r.done(out),
+        }
+    }
+}
+
+/// The chat stream `inner`, parsed and rendered as hyper pulls the body.
+fn translate_stream(inner: Body, renderer: Renderer) -> Body {
+    let state = Some((inner, renderer, sse::Parser::default()));
+    let stream = futures_util::stream::unfold(state, |state| async move {
+        let (mut inner, mut renderer, mut parser) = state?;
+        loop {
+            let mut out = BytesMut::new();
+            let Some(frame) = inner.frame().await else {
+                while let Some(event) = parser.next_event(true) {
+                    if let Some(data) = &event.data {
+                        renderer.event(data, &mut out);
+                    }
+                }
+                renderer.done(&mut out);
+                return (!out.is_empty()).then(|| (out.freeze(), None));
+            };
+            let Ok(data) = (match frame {
+                Ok(frame) => frame.into_data(),
+                Err(never) => match never {},
+            }) else {
+                continue;
+            };
+            parser.push(&data);
+            while let Some(event) = parser.next_event(false) {
+                if let Some(data) = &event.data {
+                    renderer.event(data, &mut out);
+                }
+            }
+            if !out.is_empty() {
+                return Some((out.freeze(), Some((inner, renderer, parser))));
+            }
+        }
+    });
+    body::streamed(stream)
+}
+
+/// One server-sent event, `event:` line and JSON data, appended to `out`.
+fn write_event(out: &mut BytesMut, name: &str, data: &serde_json::Value) {
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    out.extend_from_slice(data.to_string().as_bytes());
+    out.extend_from_slice(b"\n\n");
+}
+
+/// Why an answer ended, as the chat protocol says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Finish {
+    Stop,
+    Length,
+    ToolCalls,
+    ContentFilter,
+}
+
+impl Finish {
+    fn of(reason: Option<&str>) -> Option<Self> {
+        match reason? {
+            "length" => Some(Finish::Length),
+            "tool_calls" | "function_call" => Some(Finish::ToolCalls),
+            "content_filter" => Some(Finish::ContentFilter),
+            // `stop`, and what a server calls its own normal end (`eos`).
+            _ => Some(Finish::Stop),
+        }
+    }
+}
+
+/// A chat completion, as far as the renderers read it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Completion {
+    id: String,
+    model: String,
+    created: Option<u64>,
+    choices: Vec<Choice>,
+    usage: Option<Usage>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Choice {
+    message: AnswerMessage,
+    finish_reason: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct AnswerMessage {
+    content: Option<String>,
+    /// The reasoning text some servers add (DeepSeek, vLLM, sglang).
+    reasoning_content: Option<String>,
+    refusal: Option<String>,
+    tool_calls: Vec<ToolCall>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ToolCall {
+    id: String,
+    function: Function,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Function {
+    name: String,
+    arguments: String,
+}
+
+/// Token counts, as chat reports them.
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(default)]
+struct Usage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    prompt_tokens_details: Option<PromptDetails>,
+    completion_tokens_details: Option<CompletionDetails>,
+}
+
+impl Usage {
+    fn cached(&self) -> u64 {
+        self.prompt_tokens_details
+            .and_then(|d| d.cached_tokens)
+            .unwrap_or(0)
+    }
+
+    fn reasoning(&self) -> u64 {
+        self.completion_tokens_details
+            .and_then(|d| d.reasoning_tokens)
+            .unwrap_or(0)
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(default)]
+struct PromptDetails {
+    cached_tokens: Option<u64>,
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(default)]
+struct CompletionDetails {
+    reasoning_tokens: Option<u64>,
+}
+
+/// One `chat.completion.chunk`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Chunk {
+    id: String,
+    model: String,
+    choices: Vec<ChunkChoice>,
+    usage: Option<Usage>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ChunkChoice {
+    index: u32,
+    delta: Delta,
+    finish_reason: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Delta {
+    content: Option<String>,
+    reasoning_content: Option<String>,
+    refusal: Option<String>,
+    tool_calls: Vec<ToolCallDelta>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ToolCallDelta {
+    index: u32,
+    id: Option<String>,
+    function: FunctionDelta,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct FunctionDelta {
+    name: Option<String>,
+    arguments: Option<String>,
+}
+
+/// `{"error": {...}}`: an error body, or an error event in a stream.
+#[derive(Debug, Deserialize)]
+struct ErrorEnvelope {
+    error: WireError,
+}
+
+/// OpenAI's error object.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct WireError {
+    message: String,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    code: Option<serde_json::Value>,
+}
+
+impl WireError {
+    /// The `code`, when it is a string.
+    fn code(&self) -> Option<&str> {
+        self.code.as_ref().and_then(serde_json::Value::as_str)
+    }
+}
+
+/// A fresh id with `prefix`: 24 random hex digits, as the providers' ids look.
+fn fresh_id(prefix: &str) -> String {
+    format!("{prefix}{:024x}", rand::random::<u128>() >> 32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    struct Probe {
+        #[allow(dead_code)]
+        max_tokens: u64,
+        #[allow(dead_code)]
+        messages: Vec<ProbeMessage>,
+    }
+    #[derive(Debug, Deserialize)]
+    struct ProbeMessage {
+        #[allow(dead_code)]
+        role: String,
+    }
+
+    #[test]
+    fn a_refusal_names_the_field_even_when_it_is_missing() {
+        let e = Invalid::parse::<Probe>(br#"{"messages":[]}"#).unwrap_err();
+        assert_eq!(e.param, "max_tokens");
+        let e = Invalid::parse::<Probe>(br#"{"max_tokens":1,"messages":[{}]}"#).unwrap_err();
+        assert_eq!(e.param, "messages[0].role");
+        let e = Invalid::parse::<Probe>(br#"{"max_tokens":"x","messages":[]}"#).unwrap_err();
+        assert_eq!(e.param, "max_tokens");
+        assert!(e.message.contains("expected u64"), "{}", e.message);
+        let e = Invalid::parse::<Probe>(b"[1]").unwrap_err();
+        assert_eq!(e.param, "body");
+    }
+
+    #[test]
+    fn fresh_ids_are_distinct_and_prefixed() {
+        let (a, b) = (fresh_id("msg_"), fresh_id("msg_"));
+        assert_ne!(a, b);
+        assert!(a.starts_with("msg_") && a.len() == 28, "{a}");
+    }
+}

@@ -1,0 +1,871 @@
+//! Anthropic Messages at the front door (`POST /v1/messages`, and
+//! `/v1/messages/count_tokens`): the request read into typed wire structs
+//! and translated into a chat request; the answer, the stream
+//! (`message_start`, `content_block_*`, `message_delta`, `message_stop`,
+//! `ping`, `event: error`) and errors rendered the way Anthropic sends them.
+//!
+//! Dropped by design when translating (README lists them): `cache_control`,
+//! `top_k`, the `thinking` config and thinking blocks of earlier turns (a
+//! chat target cannot take them back). Server tools and document sources a
+//! chat request cannot carry are refused with a 400 naming the field.
+
+use bytes::{Bytes, BytesMut};
+use http::StatusCode;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::{
+    fresh_id, write_event, Chunk, Completion, Finish, Invalid, Render, Translated, Usage, WireError,
+};
+
+/// The request, as far as the translation reads it.
+#[derive(Deserialize)]
+struct Request {
+    #[serde(default)]
+    model: Option<String>,
+    max_tokens: u64,
+    messages: Vec<Message>,
+    #[serde(default)]
+    system: Option<System>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    top_p: Option<f64>,
+    #[serde(default)]
+    stop_sequences: Option<Vec<String>>,
+    #[serde(default)]
+    tools: Option<Vec<Tool>>,
+    #[serde(default)]
+    tool_choice: Option<ToolChoice>,
+    #[serde(default)]
+    metadata: Option<Metadata>,
+}
+
+/// `count_tokens` takes the request without `max_tokens`.
+#[derive(Deserialize)]
+struct CountRequest {
+    #[serde(default)]
+    model: Option<String>,
+    messages: Vec<Message>,
+    #[serde(default)]
+    system: Option<System>,
+    #[serde(default)]
+    tools: Option<Vec<Tool>>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged, expecting = "a string or an array of text blocks")]
+enum System {
+    Text(String),
+    Blocks(Vec<TextBlock>),
+}
+
+#[derive(Deserialize)]
+struct TextBlock {
+    text: String,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    role: Role,
+    content: Content,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum Role {
+    User,
+    Assistant,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged, expecting = "a string or an array of content blocks")]
+enum Content {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block {
+    Text {
+        text: String,
+    },
+    Image {
+        source: Source,
+    },
+    Document {
+        source: Source,
+        #[serde(default)]
+        title: Option<String>,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        #[serde(default)]
+        input: Value,
+    },
+    ToolResult {
+        tool_use_id: String,
+        #[serde(default)]
+        content: Option<Content>,
+        #[serde(default)]
+        is_error: bool,
+    },
+    // Their text and signatures cannot go to a chat target.
+    Thinking {},
+    RedactedThinking {},
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Source {
+    Base64 { media_type: String, data: String },
+    Url { url: String },
+    Text { data: String },
+    File {},
+}
+
+#[derive(Deserialize)]
+struct Tool {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    input_schema: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ToolChoice {
+    Auto {
+        #[serde(default)]
+        disable_parallel_tool_use: bool,
+    },
+    Any {
+        #[serde(default)]
+        disable_parallel_tool_use: bool,
+    },
+    Tool {
+        name: String,
+        #[serde(default)]
+        disable_parallel_tool_use: bool,
+    },
+    None {},
+}
+
+#[derive(Deserialize)]
+struct Metadata {
+    #[serde(default)]
+    user_id: Option<String>,
+}
+
+/// Translates a Messages request into the chat request the engine runs.
+///
+/// # Errors
+/// The first field that is missing, of the wrong type, or that no chat
+/// request can carry.
+pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
+    let request: Request = Invalid::parse(body)?;
+    if request.messages.is_empty() {
+        return Err(Invalid::field(
+            "messages",
+            "at least one message is required",
+        ));
+    }
+    let mut chat = Map::new();
+    if let Some(model) = &request.model {
+        chat.insert("model".into(), json!(model));
+    }
+    chat.insert(
+        "messages".into(),
+        Value::Array(chat_messages(request.system.as_ref(), &request.messages)?),
+    );
+    chat.insert("max_tokens".into(), json!(request.max_tokens));
+    let stream = request.stream.unwrap_or(false);
+    if stream {
+        chat.insert("stream".into(), json!(true));
+        chat.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    for (key, value) in [
+        ("temperature", request.temperature),
+        ("top_p", request.top_p),
+    ] {
+        if let Some(v) = value {
+            chat.insert(key.into(), json!(v));
+        }
+    }
+    if let Some(stop) = request.stop_sequences.filter(|s| !s.is_empty()) {
+        chat.insert("stop".into(), json!(stop));
+    }
+    if let Some(tools) = &request.tools {
+        chat.insert("tools".into(), Value::Array(chat_tools(tools)?));
+    }
+    if let Some(choice) = &request.tool_choice {
+        let (choice, parallel) = chat_tool_choice(choice);
+        chat.insert("tool_choice".into(), choice);
+        if !parallel && request.tools.is_some() {
+            chat.insert("parallel_tool_calls".into(), json!(false));
+        }
+    }
+    if let Some(user) = request.metadata.and_then(|m| m.user_id) {
+        chat.insert("user".into(), json!(user));
+    }
+    Ok(Translated {
+        chat: Bytes::from(Value::Object(chat).to_string()),
+        render: Render::Messages(Reply {
+            model: request.model.unwrap_or_default(),
+        }),
+    })
+}
+
+/// The chat request whose prompt `count_tokens` estimates.
+///
+/// # Errors
+/// As [`translate`].
+pub fn count_request(body: &[u8]) -> Result<Bytes, Invalid> {
+    let request: CountRequest = Invalid::parse(body)?;
+    let mut chat = json!({
+        "messages": chat_messages(request.system.as_ref(), &request.messages)?,
+    });
+    if let Some(model) = request.model {
+        chat["model"] = json!(model);
+    }
+    if let Some(tools) = &request.tools {
+        chat["tools"] = Value::Array(chat_tools(tools)?);
+    }
+    Ok(Bytes::from(chat.to_string()))
+}
+
+/// The system prompt and the turns, as chat messages: a user turn's tool
+/// results become `tool` messages (first, as chat wants them right after
+/// the call), an assistant turn's `tool_use` blocks its `tool_calls`.
+fn chat_messages(system: Option<&System>, messages: &[Message]) -> Result<Vec<Value>, Invalid> {
+    let mut out = Vec::with_capacity(messages.len() + 1);
+    match system {
+        Some(System::Text(text)) => out.push(json!({"role": "system", "content": text})),
+        Some(System::Blocks(blocks)) if !blocks.is_empty() => {
+            let text: Vec<&str> = blocks.iter().map(|b| b.text.as_str()).collect();
+            out.push(json!({"role": "system", "content": text.join("\n\n")}));
+        }
+        Some(System::Blocks(_)) | None => {}
+    }
+    for (i, message) in messages.iter().enumerate() {
+        let at = format!("messages[{i}].content");
+        match (&message.content, message.role) {
+            (Content::Text(text), role) => {
+                out.push(json!({"role": role_name(role), "content": text}));
+            }
+            (Content::Blocks(blocks), Role::User) => user_turn(blocks, &at, &mut out)?,
+            (Content::Blocks(blocks), Role::Assistant) => out.push(assistant_turn(blocks)),
+        }
+    }
+    Ok(out)
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::User => "user",
+        Role::Assistant => "assistant",
+    }
+}
+
+fn user_turn(blocks: &[Block], at: &str, out: &mut Vec<Value>) -> Result<(), Invalid> {
+    let mut parts = Vec::new();
+    for (j, block) in blocks.iter().enumerate() {
+        let at = format!("{at}[{j}]");
+        match block {
+            Block::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => {
+                let (text, images) = tool_result(content.as_ref(), &at)?;
+                // Chat has no error flag on a tool result: the text says it.
+                let text = if *is_error {
+                    format!("Error: {text}")
+                } else {
+                    text
+                };
+                out.push(json!({"role": "tool", "tool_call_id": tool_use_id, "content": text}));
+                parts.extend(images);
+            }
+            other => parts.extend(user_part(other, &at)?),
+        }
+    }
+    if !parts.is_empty() {
+        out.push(json!({"role": "user", "content": parts}));
+    }
+    Ok(())
+}
+
+/// A user block as a chat content part; `None` for what carries nothing a
+/// chat target reads (a thinking block).
+fn user_part(block: &Block, at: &str) -> Result<Option<Value>, Invalid> {
+    Ok(match block {
+        Block::Text { text } => Some(json!({"type": "text", "text": text})),
+        Block::Image { source } => Some(image_part(source, &format!("{at}.source"))?),
+        Block::Document { source, title } => Some(document_part(source, title.as_deref(), at)?),
+        Block::Thinking {} | Block::RedactedThinking {} => None,
+        Block::ToolUse { .. } => {
+            return Err(Invalid::field(
+                format!("{at}.type"),
+                "`tool_use` blocks belong in an assistant turn",
+            ))
+        }
+        Block::ToolResult { .. } => None,
+    })
+}
+
+fn image_part(source: &Source, at: &str) -> Result<Value, Invalid> {
+    let url = match source {
+        Source::Base64 { media_type, data } => format!("data:{media_type};base64,{data}"),
+        Source::Url { url } => url.clone(),
+        Source::Text { .. } | Source::File {} => {
+            return Err(Invalid::field(
+                format!("{at}.type"),
+                "an image source is `base64` or `url` here",
+            ))
+        }
+    };
+    Ok(json!({"type": "image_url", "image_url": {"url": url}}))
+}
+
+fn document_part(source: &Source, title: Option<&str>, at: &str) -> Result<Value, Invalid> {
+    match source {
+        Source::Base64 { media_type, data } => Ok(json!({"type": "file", "file": {
+            "filename": title.unwrap_or("document.pdf"),
+            "file_data": format!("data:{media_type};base64,{data}"),
+        }})),
+        Source::Text { data } => Ok(json!({"type": "text", "text": data})),
+        Source::Url { .. } | Source::File {} => Err(Invalid::field(
+            format!("{at}.source.type"),
+            "a document is sent as `base64` or `text` through switchyard (a chat target cannot fetch a URL or a file id)",
+        )),
+    }
+}
+
+/// A tool result's text, and its images as user parts.
+fn tool_result(content: Option<&Content>, at: &str) -> Result<(String, Vec<Value>), Invalid> {
+    let blocks = match content {
+        None => return Ok((String::new(), Vec::new())),
+        Some(Content::Text(text)) => return Ok((text.clone(), Vec::new())),
+        Some(Content::Blocks(blocks)) => blocks,
+    };
+    let (mut text, mut images) = (Vec::new(), Vec::new());
+    for (k, block) in blocks.iter().enumerate() {
+        match block {
+            Block::Text { text: t } => text.push(t.as_str()),
+            Block::Image { source } => {
+                images.push(image_part(source, &format!("{at}.content[{k}].source"))?);
+            }
+            Block::Document { .. }
+            | Block::ToolUse { .. }
+            | Block::ToolResult { .. }
+            | Block::Thinking {}
+            | Block::RedactedThinking {} => {
+                return Err(Invalid::field(
+                    format!("{at}.content[{k}].type"),
+                    "a tool result holds text and image blocks",
+                ))
+            }
+        }
+    }
+    Ok((text.join("\n"), images))
+}
+
+fn assistant_turn(blocks: &[Block]) -> Value {
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    for block in blocks {
+        match block {
+            Block::Text { text: t } => text.push_str(t),
+            Block::ToolUse { id, name, input } => calls.push(json!({
+                "id": id, "type": "function",
+                "function": {"name": name, "arguments": input.to_string()},
+            })),
+            // Earlier thinking cannot be given back to a chat target.
+            Block::Thinking {}
+            | Block::RedactedThinking {}
+            | Block::Image { .. }
+            | Block::Document { .. }
+            | Block::ToolResult { .. } => {}
+        }
+    }
+    let mut message = json!({"role": "assistant", "content": text});
+    if !calls.is_empty() {
+        message["tool_calls"] = Value::Array(calls);
+    }
+    message
+}
+
+fn chat_tools(tools: &[Tool]) -> Result<Vec<Value>, Invalid> {
+    tools
+        .iter()
+        .enumerate()
+        .map(|(i, tool)| {
+            if tool.kind.as_deref().is_some_and(|k| k != "custom") {
+                return Err(Invalid::field(
+                    format!("tools[{i}].type"),
+                    format!(
+                        "server tool `{}` cannot run through switchyard's translation: no target here runs it",
+                        tool.kind.as_deref().unwrap_or_default()
+                    ),
+                ));
+            }
+            if tool.name.is_empty() {
+                return Err(Invalid::field(format!("tools[{i}].name"), "a tool needs a name"));
+            }
+            let mut function = json!({
+                "name": tool.name,
+                "parameters": tool.input_schema.clone().unwrap_or_else(|| json!({"type": "object"})),
+            });
+            if let Some(d) = &tool.description {
+                function["description"] = json!(d);
+            }
+            Ok(json!({"type": "function", "function": function}))
+        })
+        .collect()
+}
+
+/// The chat `tool_choice`, and whether parallel calls stay allowed.
+fn chat_tool_choice(choice: &ToolChoice) -> (Value, bool) {
+    match choice {
+        ToolChoice::Auto {
+            disable_parallel_tool_use,
+        } => (json!("auto"), !disable_parallel_tool_use),
+        ToolChoice::Any {
+            disable_parallel_tool_use,
+        } => (json!("required"), !disable_parallel_tool_use),
+        ToolChoice::Tool {
+            name,
+            disable_parallel_tool_use,
+        } => (
+            json!({"type": "function", "function": {"name": name}}),
+            !disable_parallel_tool_use,
+        ),
+        ToolChoice::None {} => (json!("none"), true),
+    }
+}
+
+/// What rendering a Messages answer needs of its request.
+#[derive(Debug)]
+pub struct Reply {
+    /// The model the client asked for (when the answer names none).
+    model: String,
+}
+
+fn stop_reason(finish: Option<Finish>) -> Value {
+    match finish {
+        Some(Finish::Stop) | None => json!("end_turn"),
+        Some(Finish::Length) => json!("max_tokens"),
+        Some(Finish::ToolCalls) => json!("tool_use"),
+        Some(Finish::ContentFilter) => json!("refusal"),
+    }
+}
+
+fn usage_of(usage: Option<&Usage>) -> Value {
+    let u = usage.copied().unwrap_or_default();
+    json!({
+        "input_tokens": u.prompt_tokens.saturating_sub(u.cached()),
+        "output_tokens": u.completion_tokens,
+        "cache_read_input_tokens": u.cached(),
+        "cache_creation_input_tokens": 0,
+    })
+}
+
+fn message_id(chat_id: &str) -> String {
+    match chat_id.strip_prefix("chatcmpl-") {
+        Some(rest) if !rest.is_empty() => format!("msg_{rest}"),
+        Some(_) | None => fresh_id("msg_"),
+    }
+}
+
+impl Reply {
+    /// A chat completion as a Messages answer.
+    #[must_use]
+    pub fn answer(&self, bytes: &[u8]) -> Bytes {
+        let completion: Completion = serde_json::from_slice(bytes).unwrap_or_default();
+        let choice = completion.choices.first();
+        let mut content = Vec::new();
+        if let Some(message) = choice.map(|c| &c.message) {
+            if let Some(thinking) = message
+                .reasoning_content
+                .as_deref()
+                .filter(|t| !t.is_empty())
+            {
+                content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
+            }
+            let text = message.content.as_deref().or(message.refusal.as_deref());
+            if let Some(text) = text.filter(|t| !t.is_empty()) {
+                content.push(json!({"type": "text", "text": text}));
+            }
+            for call in &message.tool_calls {
+                content.push(json!({
+                    "type": "tool_use", "id": call.id, "name": call.function.name,
+                    "input": tool_input(&call.function.arguments),
+                }));
+            }
+        }
+        let finish = Finish::of(choice.and_then(|c| c.finish_reason.as_deref()));
+        Bytes::from(
+            json!({
+                "id": message_id(&completion.id),
+                "type": "message",
+                "role": "assistant",
+                "model": self.model_of(&completion.model),
+                "content": content,
+                "stop_reason": stop_reason(finish),
+                "stop_sequence": null,
+                "usage": usage_of(completion.usage.as_ref()),
+            })
+            .to_string(),
+        )
+    }
+
+    fn model_of(&self, answered: &str) -> String {
+        if answered.is_empty() {
+            self.model.clone()
+        } else {
+            answered.to_owned()
+        }
+    }
+
+    /// The renderer of this request's stream.
+    #[must_use]
+    pub fn stream(self) -> StreamReply {
+        StreamReply {
+            reply: self,
+            started: false,
+            open: None,
+            blocks: 0,
+            tools: Vec::new(),
+            finish: None,
+            usage: None,
+            ended: false,
+        }
+    }
+}
+
+/// Tool arguments as the `input` object; text that is not JSON is kept as a string.
+fn tool_input(arguments: &str) -> Value {
+    if arguments.trim().is_empty() {
+        return json!({});
+    }
+    serde_json::from_str(arguments).unwrap_or_else(|_| json!(arguments))
+}
+
+/// The block being streamed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Text,
+    Thinking,
+    /// A tool call, by its chat index.
+    Tool(u32),
+}
+
+/// A Messages stream rendered from the chat stream.
+#[derive(Debug)]
+pub struct StreamReply {
+    reply: Reply,
+    started: bool,
+    open: Option<Open>,
+    /// Blocks started so far (the next block's index).
+    blocks: u32,
+    /// Chat tool-call indexes seen, in order.
+    tools: Vec<u32>,
+    finish: Option<Finish>,
+    usage: Option<Usage>,
+    ended: bool,
+}
+
+impl StreamReply {
+    fn start(&mut self, chunk: &Chunk, out: &mut BytesMut) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        let message = json!({
+            "id": message_id(&chunk.id), "type": "message", "role": "assistant",
+            "model": self.reply.model_of(&chunk.model), "content": [],
+            "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        });
+        write_event(
+            out,
+            "message_start",
+            &json!({"type": "message_start", "message": message}),
+        );
+        write_event(out, "ping", &json!({"type": "ping"}));
+    }
+
+    /// Opens `block` (closing the one before) unless it is the open one.
+    fn open(&mut self, block: Open, start: Value, out: &mut BytesMut) {
+        if self.open == Some(block) {
+            return;
+        }
+        self.close(out);
+        self.open = Some(block);
+        write_event(
+            out,
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": self.blocks, "content_block": start}),
+        );
+        self.blocks += 1;
+    }
+
+    fn close(&mut self, out: &mut BytesMut) {
+        if self.open.take().is_some() {
+            let index = self.blocks - 1;
+            write_event(
+                out,
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": index}),
+            );
+        }
+    }
+
+    fn delta(&self, delta: Value, out: &mut BytesMut) {
+        let index = self.blocks - 1;
+        write_event(
+            out,
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+        );
+    }
+
+    pub(super) fn chunk(&mut self, chunk: &Chunk, out: &mut BytesMut) {
+        if self.ended {
+            return;
+        }
+        self.start(chunk, out);
+        if chunk.usage.is_some() {
+            self.usage = chunk.usage;
+        }
+        // Messages has one answer: choice 0.
+        let Some(choice) = chunk.choices.iter().find(|c| c.index == 0) else {
+            return;
+        };
+        let delta = &choice.delta;
+        if let Some(t) = delta.reasoning_content.as_deref().filter(|t| !t.is_empty()) {
+            let start = json!({"type": "thinking", "thinking": "", "signature": ""});
+            self.open(Open::Thinking, start, out);
+            self.delta(json!({"type": "thinking_delta", "thinking": t}), out);
+        }
+        let text = delta.content.as_deref().or(delta.refusal.as_deref());
+        if let Some(t) = text.filter(|t| !t.is_empty()) {
+            self.open(Open::Text, json!({"type": "text", "text": ""}), out);
+            self.delta(json!({"type": "text_delta", "text": t}), out);
+        }
+        for call in &delta.tool_calls {
+            if !self.tools.contains(&call.index) {
+                self.tools.push(call.index);
+                let start = json!({
+                    "type": "tool_use", "id": call.id.clone().unwrap_or_else(|| fresh_id("toolu_")),
+                    "name": call.function.name.clone().unwrap_or_default(), "input": {},
+                });
+                self.open(Open::Tool(call.index), start, out);
+            } else if self.open != Some(Open::Tool(call.index)) {
+                // Chat interleaves calls' fragments; a Messages block, once
+                // closed, takes no more.
+                continue;
+            }
+            if let Some(args) = call.function.arguments.as_deref().filter(|a| !a.is_empty()) {
+                self.delta(
+                    json!({"type": "input_json_delta", "partial_json": args}),
+                    out,
+                );
+            }
+        }
+        if let Some(finish) = Finish::of(choice.finish_reason.as_deref()) {
+            self.finish = Some(finish);
+        }
+    }
+
+    pub(super) fn done(&mut self, out: &mut BytesMut) {
+        if self.ended || !self.started {
+            return;
+        }
+        self.ended = true;
+        self.close(out);
+        let mut usage = usage_of(self.usage.as_ref());
+        if self.usage.is_none() {
+            usage = json!({"output_tokens": 0});
+        }
+        write_event(
+            out,
+            "message_delta",
+            &json!({"type": "message_delta",
+                "delta": {"stop_reason": stop_reason(self.finish), "stop_sequence": null},
+                "usage": usage}),
+        );
+        write_event(out, "message_stop", &json!({"type": "message_stop"}));
+    }
+
+    pub(super) fn error(&mut self, error: &WireError, out: &mut BytesMut) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        let kind = match error.code() {
+            Some("stream_interrupted") => "api_error",
+            _ => error_type(error.kind.as_deref(), StatusCode::BAD_GATEWAY),
+        };
+        write_event(
+            out,
+            "error",
+            &json!({"type": "error", "error": {"type": kind, "message": error.message}}),
+        );
+    }
+}
+
+/// Anthropic's error `type` for a status (and OpenAI's type, where it says more).
+fn error_type(openai_type: Option<&str>, status: StatusCode) -> &'static str {
+    if openai_type == Some("rate_limit_error") {
+        return "rate_limit_error";
+    }
+    match status.as_u16() {
+        400 | 405 | 415 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        402 => "billing_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        504 => "timeout_error",
+        _ => "api_error",
+    }
+}
+
+/// An error body (OpenAI's envelope, from the engine) in Anthropic's.
+#[must_use]
+pub fn error(status: StatusCode, bytes: &[u8]) -> Bytes {
+    let wire = serde_json::from_slice::<super::ErrorEnvelope>(bytes)
+        .map(|e| e.error)
+        .unwrap_or_else(|_| WireError {
+            message: String::from_utf8_lossy(bytes).chars().take(500).collect(),
+            ..WireError::default()
+        });
+    envelope(error_type(wire.kind.as_deref(), status), &wire.message)
+}
+
+/// A refused request in Anthropic's envelope.
+#[must_use]
+pub fn invalid(e: &Invalid) -> Bytes {
+    envelope("invalid_request_error", &e.to_string())
+}
+
+fn envelope(kind: &str, message: &str) -> Bytes {
+    Bytes::from(json!({"type": "error", "error": {"type": kind, "message": message}}).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat_of(body: &str) -> Value {
+        serde_json::from_slice(&translate(body.as_bytes()).unwrap().chat).unwrap()
+    }
+
+    #[test]
+    fn a_tool_round_trip_becomes_chat_calls_and_tool_messages() {
+        let chat = chat_of(
+            r#"{"model":"m","max_tokens":9,"system":[{"type":"text","text":"be brief","cache_control":{"type":"ephemeral"}}],
+            "messages":[{"role":"user","content":"weather?"},
+            {"role":"assistant","content":[{"type":"thinking","thinking":"hm","signature":"s"},{"type":"text","text":"checking"},{"type":"tool_use","id":"toolu_1","name":"get","input":{"q":1}}]},
+            {"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":[{"type":"text","text":"sunny"}],"is_error":true},{"type":"text","text":"thanks"}]}],
+            "tools":[{"name":"get","input_schema":{"type":"object"}}],
+            "tool_choice":{"type":"any","disable_parallel_tool_use":true},"stream":true,"top_k":3}"#,
+        );
+        assert_eq!(
+            chat["messages"][0],
+            json!({"role":"system","content":"be brief"})
+        );
+        assert_eq!(chat["messages"][2]["content"], "checking");
+        assert_eq!(
+            chat["messages"][2]["tool_calls"][0]["function"]["arguments"],
+            r#"{"q":1}"#
+        );
+        assert_eq!(
+            chat["messages"][3],
+            json!({"role":"tool","tool_call_id":"toolu_1","content":"Error: sunny"})
+        );
+        assert_eq!(chat["messages"][4]["content"][0]["text"], "thanks");
+        assert_eq!(chat["tool_choice"], "required");
+        assert_eq!(chat["parallel_tool_calls"], false);
+        assert_eq!(chat["stream_options"]["include_usage"], true);
+        assert!(chat.get("top_k").is_none());
+    }
+
+    #[test]
+    fn what_chat_cannot_carry_is_refused_by_field() {
+        let refuse = |body: &str| translate(body.as_bytes()).unwrap_err().param;
+        assert_eq!(refuse(r#"{"model":"m","messages":[]}"#), "max_tokens");
+        assert_eq!(refuse(r#"{"max_tokens":1}"#), "messages");
+        assert_eq!(
+            refuse(
+                r#"{"max_tokens":1,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"web_search_20250305","name":"web_search"}]}"#
+            ),
+            "tools[0].type"
+        );
+        assert_eq!(
+            refuse(
+                r#"{"max_tokens":1,"messages":[{"role":"user","content":"x"}],"tools":[{"input_schema":{}}]}"#
+            ),
+            "tools[0].name"
+        );
+        assert_eq!(
+            refuse(r#"{"max_tokens":1,"messages":[{"role":"robot","content":"x"}]}"#),
+            "messages[0].role"
+        );
+    }
+
+    fn render(events: &[&str]) -> String {
+        let mut r = Reply { model: "m".into() }.stream();
+        let mut out = BytesMut::new();
+        for e in events {
+            let chunk: Chunk = serde_json::from_str(e).unwrap();
+            r.chunk(&chunk, &mut out);
+        }
+        r.done(&mut out);
+        String::from_utf8(out.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn a_chat_stream_renders_as_anthropic_blocks() {
+        let out = render(&[
+            r#"{"id":"chatcmpl-1","model":"x","choices":[{"index":0,"delta":{"content":"Hi"}}]}"#,
+            r#"{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","function":{"name":"get","arguments":"{\"a\""}}]}}]}"#,
+            r#"{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}}]},"finish_reason":"tool_calls"}]}"#,
+            r#"{"id":"chatcmpl-1","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#,
+        ]);
+        let names: Vec<&str> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("event: "))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "ping",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert!(out.contains(r#""stop_reason":"tool_use""#), "{out}");
+        assert!(out.contains(r#""output_tokens":3"#), "{out}");
+        assert!(out.contains(r#""id":"msg_1""#), "{out}");
+    }
+}

@@ -1,0 +1,1075 @@
+//! OpenAI Responses at the front door (`POST /v1/responses`, and `GET` /
+//! `DELETE /v1/responses/{id}`): the request read into typed wire structs and
+//! translated into a chat request (with the stored conversation of
+//! `previous_response_id` before its input); the answer as a `response`
+//! object and the stream as the typed event sequence, each event with its
+//! `sequence_number`; what was produced kept in the [`ResponseStore`] unless
+//! `store: false`.
+//!
+//! Built-in tools (`web_search`, `file_search`, ...) are refused with a 400
+//! naming the field: no chat target runs them. `reasoning` input items are
+//! dropped (a chat target cannot take them back).
+
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::store::Stored;
+use super::{
+    fresh_id, write_event, Chunk, Completion, Finish, Invalid, Render, ResponseStore, Translated,
+    Usage, WireError,
+};
+
+#[derive(Deserialize)]
+struct Request {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    input: Option<Input>,
+    #[serde(default)]
+    instructions: Option<String>,
+    #[serde(default)]
+    tools: Option<Vec<Tool>>,
+    #[serde(default)]
+    tool_choice: Option<ToolChoice>,
+    #[serde(default)]
+    parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    text: Option<TextConfig>,
+    #[serde(default)]
+    max_output_tokens: Option<u64>,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    top_p: Option<f64>,
+    #[serde(default)]
+    reasoning: Option<Reasoning>,
+    #[serde(default)]
+    metadata: Option<Map<String, Value>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    store: Option<bool>,
+    #[serde(default)]
+    previous_response_id: Option<String>,
+    #[serde(default)]
+    user: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged, expecting = "a string or an array of input items")]
+enum Input {
+    Text(String),
+    Items(Vec<Item>),
+}
+
+/// One input item; which fields it needs depends on its `type`.
+#[derive(Deserialize)]
+struct Item {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    role: Option<String>,
+    #[serde(default)]
+    content: Option<ItemContent>,
+    #[serde(default)]
+    call_id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<String>,
+    #[serde(default)]
+    output: Option<ItemContent>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged, expecting = "a string or an array of content parts")]
+enum ItemContent {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Deserialize)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    refusal: Option<String>,
+    #[serde(default)]
+    image_url: Option<String>,
+    #[serde(default)]
+    detail: Option<String>,
+    #[serde(default)]
+    file_data: Option<String>,
+    #[serde(default)]
+    filename: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Tool {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    parameters: Option<Value>,
+    #[serde(default)]
+    strict: Option<bool>,
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(
+    untagged,
+    expecting = "`auto`, `none`, `required` or a function to call"
+)]
+enum ToolChoice {
+    Mode(String),
+    Function {
+        #[serde(rename = "type")]
+        kind: String,
+        name: String,
+    },
+}
+
+#[derive(Deserialize)]
+struct TextConfig {
+    #[serde(default)]
+    format: Option<Format>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Format {
+    Text {},
+    JsonObject {},
+    JsonSchema {
+        name: String,
+        schema: Value,
+        #[serde(default)]
+        strict: Option<bool>,
+        #[serde(default)]
+        description: Option<String>,
+    },
+}
+
+#[derive(Deserialize)]
+struct Reasoning {
+    #[serde(default)]
+    effort: Option<String>,
+}
+
+/// Translates a Responses request into the chat request the engine runs;
+/// the conversation of `previous_response_id` comes from `store`.
+///
+/// # Errors
+/// The first field that is missing, of the wrong type, or that no chat
+/// request can carry; an unknown or expired `previous_response_id`.
+pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Invalid> {
+    let request: Request = Invalid::parse(body)?;
+    let mut conversation = match &request.previous_response_id {
+        Some(id) => store
+            .get(id)
+            .map(|s| s.conversation.clone())
+            .ok_or_else(|| Invalid {
+                param: "previous_response_id".into(),
+                message: format!("Previous response with id '{id}' not found (switchyard keeps responses for {} s).", super::store::TTL.as_secs()),
+                code: Some("previous_response_not_found"),
+            })?,
+        None => Vec::new(),
+    };
+    match &request.input {
+        Some(Input::Text(text)) => conversation.push(json!({"role": "user", "content": text})),
+        Some(Input::Items(items)) => input_items(items, &mut conversation)?,
+        None => {}
+    }
+    if conversation.is_empty() {
+        return Err(Invalid::field("input", "an input is required"));
+    }
+    let mut messages = Vec::with_capacity(conversation.len() + 1);
+    if let Some(instructions) = &request.instructions {
+        messages.push(json!({"role": "system", "content": instructions}));
+    }
+    messages.extend(conversation.iter().cloned());
+    let chat = chat_request(&request, messages)?;
+    let echo = Echo::of(&request);
+    Ok(Translated {
+        chat: Bytes::from(Value::Object(chat).to_string()),
+        render: Render::Responses(Reply {
+            id: fresh_id("resp_"),
+            created_at: now_secs(),
+            model: request.model.unwrap_or_default(),
+            store: request.store.unwrap_or(true).then(|| store.clone()),
+            conversation,
+            echo,
+        }),
+    })
+}
+
+fn chat_request(request: &Request, messages: Vec<Value>) -> Result<Map<String, Value>, Invalid> {
+    let mut chat = Map::new();
+    if let Some(model) = &request.model {
+        chat.insert("model".into(), json!(model));
+    }
+    chat.insert("messages".into(), Value::Array(messages));
+    if request.stream == Some(true) {
+        chat.insert("stream".into(), json!(true));
+        chat.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    if let Some(n) = request.max_output_tokens {
+        chat.insert("max_tokens".into(), json!(n));
+    }
+    for (key, value) in [
+        ("temperature", request.temperature),
+        ("top_p", request.top_p),
+    ] {
+        if let Some(v) = value {
+            chat.insert(key.into(), json!(v));
+        }
+    }
+    if let Some(tools) = &request.tools {
+        chat.insert("tools".into(), Value::Array(chat_tools(tools)?));
+    }
+    if let Some(choice) = &request.tool_choice {
+        chat.insert("tool_choice".into(), chat_tool_choice(choice)?);
+    }
+    if let Some(parallel) = request
+        .parallel_tool_calls
+        .filter(|_| request.tools.is_some())
+    {
+        chat.insert("parallel_tool_calls".into(), json!(parallel));
+    }
+    if let Some(format) = request.text.as_ref().and_then(|t| t.format.as_ref()) {
+        if let Some(f) = response_format(format) {
+            chat.insert("response_format".into(), f);
+        }
+    }
+    if let Some(effort) = request.reasoning.as_ref().and_then(|r| r.effort.as_ref()) {
+        chat.insert("reasoning_effort".into(), json!(effort));
+    }
+    if let Some(user) = &request.user {
+        chat.insert("user".into(), json!(user));
+    }
+    Ok(chat)
+}
+
+/// Input items as chat messages, appended to `out`: consecutive
+/// `function_call` items become one assistant turn's calls.
+fn input_items(items: &[Item], out: &mut Vec<Value>) -> Result<(), Invalid> {
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("input[{i}]");
+        match item.kind.as_deref() {
+            None | Some("message") => out.push(message_item(item, &at)?),
+            Some("function_call") => {
+                let call = json!({
+                    "id": required(item.call_id.as_ref(), &at, "call_id")?,
+                    "type": "function",
+                    "function": {
+                        "name": required(item.name.as_ref(), &at, "name")?,
+                        "arguments": item.arguments.clone().unwrap_or_default(),
+                    },
+                });
+                match out.last_mut() {
+                    Some(last) if last["role"] == "assistant" && last["tool_calls"].is_array() => {
+                        if let Some(calls) = last["tool_calls"].as_array_mut() {
+                            calls.push(call);
+                        }
+                    }
+                    Some(_) | None => out
+                        .push(json!({"role": "assistant", "content": null, "tool_calls": [call]})),
+                }
+            }
+            Some("function_call_output") => {
+                let output = match &item.output {
+                    Some(ItemContent::Text(text)) => text.clone(),
+                    Some(ItemContent::Parts(parts)) => parts_text(parts),
+                    None => {
+                        return Err(Invalid::field(
+                            format!("{at}.output"),
+                            "missing field `output`",
+                        ))
+                    }
+                };
+                out.push(json!({"role": "tool", "tool_call_id": required(item.call_id.as_ref(), &at, "call_id")?, "content": output}));
+            }
+            // Reasoning of earlier turns cannot be given back to a chat target.
+            Some("reasoning") => {}
+            Some(other) => {
+                return Err(Invalid::field(
+                    format!("{at}.type"),
+                    format!(
+                        "input items of type `{other}` cannot go through switchyard's translation"
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn required<'a>(value: Option<&'a String>, at: &str, field: &str) -> Result<&'a String, Invalid> {
+    value.ok_or_else(|| Invalid::field(format!("{at}.{field}"), format!("missing field `{field}`")))
+}
+
+fn message_item(item: &Item, at: &str) -> Result<Value, Invalid> {
+    let role = required(item.role.as_ref(), at, "role")?;
+    if !matches!(role.as_str(), "user" | "assistant" | "system" | "developer") {
+        return Err(Invalid::field(
+            format!("{at}.role"),
+            format!("unknown role `{role}`: user, assistant, system or developer"),
+        ));
+    }
+    let content = match &item.content {
+        None => {
+            return Err(Invalid::field(
+                format!("{at}.content"),
+                "missing field `content`",
+            ))
+        }
+        Some(ItemContent::Text(text)) => json!(text),
+        // An assistant turn's content is its text.
+        Some(ItemContent::Parts(parts)) if role == "assistant" => json!(parts_text(parts)),
+        Some(ItemContent::Parts(parts)) => Value::Array(
+            parts
+                .iter()
+                .enumerate()
+                .map(|(j, p)| chat_part(p, &format!("{at}.content[{j}]")))
+                .collect::<Result<_, _>>()?,
+        ),
+    };
+    Ok(json!({"role": role, "content": content}))
+}
+
+fn parts_text(parts: &[Part]) -> String {
+    parts
+        .iter()
+        .filter_map(|p| p.text.as_deref().or(p.refusal.as_deref()))
+        .collect::<Vec<_>>()
+        .join("")
+}
+
+fn chat_part(part: &Part, at: &str) -> Result<Value, Invalid> {
+    match part.kind.as_str() {
+        "input_text" | "output_text" | "text" => {
+            Ok(json!({"type": "text", "text": part.text.clone().unwrap_or_default()}))
+        }
+        "input_image" => {
+            let url = part.image_url.as_ref().ok_or_else(|| {
+                Invalid::field(
+                    format!("{at}.image_url"),
+                    "an image is sent by `image_url` here (a chat target cannot read a file id)",
+                )
+            })?;
+            let mut image = json!({"url": url});
+            if let Some(detail) = &part.detail {
+                image["detail"] = json!(detail);
+            }
+            Ok(json!({"type": "image_url", "image_url": image}))
+        }
+        "input_file" => {
+            let data = part.file_data.as_ref().ok_or_else(|| {
+                Invalid::field(
+                    format!("{at}.file_data"),
+                    "a file is sent by `file_data` here (a chat target cannot read a file id)",
+                )
+            })?;
+            Ok(
+                json!({"type": "file", "file": {"file_data": data, "filename": part.filename.clone().unwrap_or_else(|| "file".into())}}),
+            )
+        }
+        other => Err(Invalid::field(
+            format!("{at}.type"),
+            format!("unknown content part type `{other}`"),
+        )),
+    }
+}
+
+fn chat_tools(tools: &[Tool]) -> Result<Vec<Value>, Invalid> {
+    tools
+        .iter()
+        .enumerate()
+        .map(|(i, tool)| {
+            if tool.kind != "function" {
+                return Err(Invalid::field(
+                    format!("tools[{i}].type"),
+                    format!("built-in tool `{}` cannot run through switchyard's translation: no target here runs it", tool.kind),
+                ));
+            }
+            let name = tool.name.as_ref().filter(|n| !n.is_empty()).ok_or_else(|| {
+                Invalid::field(format!("tools[{i}].name"), "a function tool needs a name")
+            })?;
+            let mut function = json!({
+                "name": name,
+                "parameters": tool.parameters.clone().unwrap_or_else(|| json!({"type": "object"})),
+            });
+            if let Some(d) = &tool.description {
+                function["description"] = json!(d);
+            }
+            if let Some(strict) = tool.strict {
+                function["strict"] = json!(strict);
+            }
+            Ok(json!({"type": "function", "function": function}))
+        })
+        .collect()
+}
+
+fn chat_tool_choice(choice: &ToolChoice) -> Result<Value, Invalid> {
+    match choice {
+        ToolChoice::Mode(mode) if matches!(mode.as_str(), "auto" | "none" | "required") => {
+            Ok(json!(mode))
+        }
+        ToolChoice::Function { kind, name } if kind == "function" => {
+            Ok(json!({"type": "function", "function": {"name": name}}))
+        }
+        ToolChoice::Mode(_) | ToolChoice::Function { .. } => Err(Invalid::field(
+            "tool_choice",
+            "`auto`, `none`, `required` or {\"type\": \"function\", \"name\": ...}",
+        )),
+    }
+}
+
+fn response_format(format: &Format) -> Option<Value> {
+    match format {
+        Format::Text {} => None,
+        Format::JsonObject {} => Some(json!({"type": "json_object"})),
+        Format::JsonSchema {
+            name,
+            schema,
+            strict,
+            description,
+        } => {
+            let mut spec = json!({"name": name, "schema": schema});
+            if let Some(s) = strict {
+                spec["strict"] = json!(s);
+            }
+            if let Some(d) = description {
+                spec["description"] = json!(d);
+            }
+            Some(json!({"type": "json_schema", "json_schema": spec}))
+        }
+    }
+}
+
+/// The request's settings, echoed in the response object as OpenAI does.
+#[derive(Debug)]
+struct Echo(Map<String, Value>);
+
+impl Echo {
+    fn of(request: &Request) -> Self {
+        let text = match request.text.as_ref().and_then(|t| t.format.as_ref()) {
+            Some(Format::JsonObject {}) => json!({"format": {"type": "json_object"}}),
+            Some(Format::JsonSchema {
+                name,
+                schema,
+                strict,
+                ..
+            }) => {
+                json!({"format": {"type": "json_schema", "name": name, "schema": schema, "strict": strict}})
+            }
+            Some(Format::Text {}) | None => json!({"format": {"type": "text"}}),
+        };
+        let tools: Vec<Value> = request
+            .tools
+            .iter()
+            .flatten()
+            .map(|t| {
+                json!({
+                    "type": t.kind, "name": t.name, "description": t.description,
+                    "parameters": t.parameters, "strict": t.strict,
+                })
+            })
+            .collect();
+        let tool_choice = match &request.tool_choice {
+            None => json!("auto"),
+            Some(ToolChoice::Mode(m)) => json!(m),
+            Some(ToolChoice::Function { kind, name }) => json!({"type": kind, "name": name}),
+        };
+        let mut echo = Map::new();
+        echo.insert("instructions".into(), json!(request.instructions));
+        echo.insert("max_output_tokens".into(), json!(request.max_output_tokens));
+        echo.insert(
+            "metadata".into(),
+            Value::Object(request.metadata.clone().unwrap_or_default()),
+        );
+        echo.insert(
+            "parallel_tool_calls".into(),
+            json!(request.parallel_tool_calls.unwrap_or(true)),
+        );
+        echo.insert(
+            "previous_response_id".into(),
+            json!(request.previous_response_id),
+        );
+        echo.insert("reasoning".into(), json!({"effort": request.reasoning.as_ref().and_then(|r| r.effort.clone()), "summary": null}));
+        echo.insert("store".into(), json!(request.store.unwrap_or(true)));
+        echo.insert(
+            "temperature".into(),
+            json!(request.temperature.unwrap_or(1.0)),
+        );
+        echo.insert("text".into(), text);
+        echo.insert("tool_choice".into(), tool_choice);
+        echo.insert("tools".into(), Value::Array(tools));
+        echo.insert("top_p".into(), json!(request.top_p.unwrap_or(1.0)));
+        echo.insert("truncation".into(), json!("disabled"));
+        echo.insert("user".into(), json!(request.user));
+        Self(echo)
+    }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// What rendering a Responses answer needs of its request.
+#[derive(Debug)]
+pub struct Reply {
+    id: String,
+    created_at: u64,
+    model: String,
+    /// Where the response is kept, unless `store: false`.
+    store: Option<ResponseStore>,
+    /// The conversation so far (the previous response's, then this input).
+    conversation: Vec<Value>,
+    echo: Echo,
+}
+
+/// How a response ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    InProgress,
+    Completed,
+    Incomplete(&'static str),
+    Failed,
+}
+
+impl Status {
+    fn of(finish: Option<Finish>) -> Self {
+        match finish {
+            Some(Finish::Length) => Status::Incomplete("max_output_tokens"),
+            Some(Finish::ContentFilter) => Status::Incomplete("content_filter"),
+            Some(Finish::Stop | Finish::ToolCalls) | None => Status::Completed,
+        }
+    }
+}
+
+fn usage_of(usage: Option<&Usage>) -> Value {
+    let Some(u) = usage else {
+        return Value::Null;
+    };
+    json!({
+        "input_tokens": u.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": u.cached()},
+        "output_tokens": u.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": u.reasoning()},
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+    })
+}
+
+fn message_item_out(id: &str, text: &str, status: &str) -> Value {
+    json!({"type": "message", "id": id, "status": status, "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]})
+}
+
+fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
+    json!({"type": "function_call", "id": id, "call_id": call_id, "name": name,
+        "arguments": arguments, "status": status})
+}
+
+fn reasoning_item(id: &str, text: &str) -> Value {
+    json!({"type": "reasoning", "id": id, "summary": [{"type": "summary_text", "text": text}]})
+}
+
+impl Reply {
+    fn object(&self, model: &str, status: Status, output: Vec<Value>, usage: Value) -> Value {
+        let (status, incomplete) = match status {
+            Status::InProgress => ("in_progress", Value::Null),
+            Status::Completed => ("completed", Value::Null),
+            Status::Incomplete(reason) => ("incomplete", json!({"reason": reason})),
+            Status::Failed => ("failed", Value::Null),
+        };
+        let mut object = json!({
+            "id": self.id, "object": "response", "created_at": self.created_at,
+            "status": status, "error": null, "incomplete_details": incomplete,
+            "model": if model.is_empty() { self.model.as_str() } else { model },
+            "output": output, "usage": usage,
+        });
+        if let Some(map) = object.as_object_mut() {
+            map.extend(self.echo.0.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        object
+    }
+
+    /// Keeps the finished response and its conversation, unless `store: false`.
+    fn keep(&self, response: &Value, assistant: Value) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        let mut conversation = self.conversation.clone();
+        conversation.push(assistant);
+        store.put(
+            self.id.clone(),
+            Stored {
+                response: response.clone(),
+                conversation,
+            },
+        );
+    }
+
+    /// A chat completion as a `response` object (kept in the store).
+    #[must_use]
+    pub fn answer(&self, bytes: &[u8]) -> Bytes {
+        let completion: Completion = serde_json::from_slice(bytes).unwrap_or_default();
+        let choice = completion.choices.first();
+        let mut output = Vec::new();
+        let mut assistant = json!({"role": "assistant", "content": null});
+        if let Some(message) = choice.map(|c| &c.message) {
+            if let Some(r) = message
+                .reasoning_content
+                .as_deref()
+                .filter(|t| !t.is_empty())
+            {
+                output.push(reasoning_item(&fresh_id("rs_"), r));
+            }
+            let text = message.content.as_deref().or(message.refusal.as_deref());
+            if let Some(text) = text.filter(|t| !t.is_empty()) {
+                output.push(message_item_out(&fresh_id("msg_"), text, "completed"));
+                assistant["content"] = json!(text);
+            }
+            let mut calls = Vec::new();
+            for call in &message.tool_calls {
+                let f = &call.function;
+                output.push(call_item(
+                    &fresh_id("fc_"),
+                    &call.id,
+                    &f.name,
+                    &f.arguments,
+                    "completed",
+                ));
+                calls.push(json!({"id": call.id, "type": "function", "function": {"name": f.name, "arguments": f.arguments}}));
+            }
+            if !calls.is_empty() {
+                assistant["tool_calls"] = Value::Array(calls);
+            }
+        }
+        let status = Status::of(Finish::of(choice.and_then(|c| c.finish_reason.as_deref())));
+        let response = self.object(
+            &completion.model,
+            status,
+            output,
+            usage_of(completion.usage.as_ref()),
+        );
+        self.keep(&response, assistant);
+        Bytes::from(response.to_string())
+    }
+
+    /// The renderer of this request's stream.
+    #[must_use]
+    pub fn stream(self) -> StreamReply {
+        StreamReply {
+            reply: self,
+            sequence: 0,
+            model: String::new(),
+            started: false,
+            text: None,
+            calls: Vec::new(),
+            output: Vec::new(),
+            finish: None,
+            usage: None,
+            ended: false,
+        }
+    }
+}
+
+/// The message item being streamed.
+#[derive(Debug)]
+struct TextItem {
+    id: String,
+    output_index: usize,
+    text: String,
+}
+
+/// A function call being streamed.
+#[derive(Debug)]
+struct CallItem {
+    chat_index: u32,
+    id: String,
+    output_index: usize,
+    call_id: String,
+    name: String,
+    arguments: String,
+}
+
+/// A Responses stream rendered from the chat stream.
+#[derive(Debug)]
+pub struct StreamReply {
+    reply: Reply,
+    sequence: u64,
+    model: String,
+    started: bool,
+    text: Option<TextItem>,
+    calls: Vec<CallItem>,
+    /// The finished output items, by output index.
+    output: Vec<Option<Value>>,
+    finish: Option<Finish>,
+    usage: Option<Usage>,
+    ended: bool,
+}
+
+impl StreamReply {
+    fn emit(&mut self, out: &mut BytesMut, kind: &str, mut data: Value) {
+        data["type"] = json!(kind);
+        data["sequence_number"] = json!(self.sequence);
+        self.sequence += 1;
+        write_event(out, kind, &data);
+    }
+
+    fn start(&mut self, chunk: &Chunk, out: &mut BytesMut) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        self.model.clone_from(&chunk.model);
+        let response = self
+            .reply
+            .object(&self.model, Status::InProgress, Vec::new(), Value::Null);
+        self.emit(out, "response.created", json!({"response": response}));
+        self.emit(out, "response.in_progress", json!({"response": response}));
+    }
+
+    fn open_text(&mut self, out: &mut BytesMut) -> usize {
+        if let Some(item) = &self.text {
+            return item.output_index;
+        }
+        let item = TextItem {
+            id: fresh_id("msg_"),
+            output_index: self.output.len(),
+            text: String::new(),
+        };
+        self.output.push(None);
+        let added = json!({"type": "message", "id": item.id, "status": "in_progress", "role": "assistant", "content": []});
+        let (id, index) = (item.id.clone(), item.output_index);
+        self.text = Some(item);
+        self.emit(
+            out,
+            "response.output_item.added",
+            json!({"output_index": index, "item": added}),
+        );
+        self.emit(
+            out,
+            "response.content_part.added",
+            json!({"item_id": id, "output_index": index, "content_index": 0,
+            "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}),
+        );
+        index
+    }
+
+    fn close_text(&mut self, out: &mut BytesMut) {
+        let Some(item) = self.text.take() else {
+            return;
+        };
+        let (id, index) = (item.id.as_str(), item.output_index);
+        self.emit(out, "response.output_text.done", json!({"item_id": id, "output_index": index, "content_index": 0, "text": item.text, "logprobs": []}));
+        self.emit(
+            out,
+            "response.content_part.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0,
+            "part": {"type": "output_text", "text": item.text, "annotations": [], "logprobs": []}}),
+        );
+        let done = message_item_out(id, &item.text, "completed");
+        self.emit(
+            out,
+            "response.output_item.done",
+            json!({"output_index": index, "item": done}),
+        );
+        self.output[index] = Some(done);
+    }
+
+    pub(super) fn chunk(&mut self, chunk: &Chunk, out: &mut BytesMut) {
+        if self.ended {
+            return;
+        }
+        self.start(chunk, out);
+        if chunk.usage.is_some() {
+            self.usage = chunk.usage;
+        }
+        let Some(choice) = chunk.choices.iter().find(|c| c.index == 0) else {
+            return;
+        };
+        let delta = &choice.delta;
+        let text = delta.content.as_deref().or(delta.refusal.as_deref());
+        if let Some(t) = text.filter(|t| !t.is_empty()) {
+            let index = self.open_text(out);
+            if let Some(item) = &mut self.text {
+                item.text.push_str(t);
+            }
+            let id = self.text.as_ref().map(|i| i.id.clone()).unwrap_or_default();
+            self.emit(out, "response.output_text.delta", json!({"item_id": id, "output_index": index, "content_index": 0, "delta": t, "logprobs": []}));
+        }
+        for call in &delta.tool_calls {
+            self.call_delta(call, out);
+        }
+        if let Some(finish) = Finish::of(choice.finish_reason.as_deref()) {
+            self.finish = Some(finish);
+        }
+    }
+
+    fn call_delta(&mut self, call: &super::ToolCallDelta, out: &mut BytesMut) {
+        if !self.calls.iter().any(|c| c.chat_index == call.index) {
+            self.close_text(out);
+            let item = CallItem {
+                chat_index: call.index,
+                id: fresh_id("fc_"),
+                output_index: self.output.len(),
+                call_id: call.id.clone().unwrap_or_else(|| fresh_id("call_")),
+                name: call.function.name.clone().unwrap_or_default(),
+                arguments: String::new(),
+            };
+            self.output.push(None);
+            let added = call_item(&item.id, &item.call_id, &item.name, "", "in_progress");
+            let index = item.output_index;
+            self.calls.push(item);
+            self.emit(
+                out,
+                "response.output_item.added",
+                json!({"output_index": index, "item": added}),
+            );
+        }
+        let Some(fragment) = call.function.arguments.as_deref().filter(|a| !a.is_empty()) else {
+            return;
+        };
+        let Some(item) = self.calls.iter_mut().find(|c| c.chat_index == call.index) else {
+            return;
+        };
+        item.arguments.push_str(fragment);
+        let (id, index) = (item.id.clone(), item.output_index);
+        self.emit(
+            out,
+            "response.function_call_arguments.delta",
+            json!({"item_id": id, "output_index": index, "delta": fragment}),
+        );
+    }
+
+    pub(super) fn done(&mut self, out: &mut BytesMut) {
+        if self.ended || !self.started {
+            return;
+        }
+        self.ended = true;
+        self.close_text(out);
+        let mut calls = Vec::new();
+        for item in std::mem::take(&mut self.calls) {
+            self.emit(out, "response.function_call_arguments.done", json!({"item_id": item.id, "output_index": item.output_index, "name": item.name, "arguments": item.arguments}));
+            let done = call_item(
+                &item.id,
+                &item.call_id,
+                &item.name,
+                &item.arguments,
+                "completed",
+            );
+            self.emit(
+                out,
+                "response.output_item.done",
+                json!({"output_index": item.output_index, "item": done}),
+            );
+            self.output[item.output_index] = Some(done);
+            calls.push(json!({"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}));
+        }
+        let output: Vec<Value> = self.output.iter().flatten().cloned().collect();
+        let text: String = output
+            .iter()
+            .filter(|i| i["type"] == "message")
+            .filter_map(|i| i["content"][0]["text"].as_str())
+            .collect();
+        let status = Status::of(self.finish);
+        let response =
+            self.reply
+                .object(&self.model, status, output, usage_of(self.usage.as_ref()));
+        let mut assistant = json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { json!(text) }});
+        if !calls.is_empty() {
+            assistant["tool_calls"] = Value::Array(calls);
+        }
+        self.reply.keep(&response, assistant);
+        let kind = match status {
+            Status::Incomplete(_) => "response.incomplete",
+            Status::InProgress | Status::Completed | Status::Failed => "response.completed",
+        };
+        self.emit(out, kind, json!({"response": response}));
+    }
+
+    pub(super) fn error(&mut self, error: &WireError, out: &mut BytesMut) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        let code = error
+            .code()
+            .or(error.kind.as_deref())
+            .unwrap_or("server_error")
+            .to_owned();
+        self.emit(
+            out,
+            "error",
+            json!({"code": code, "message": error.message, "param": null}),
+        );
+        if self.started {
+            let output: Vec<Value> = self.output.iter().flatten().cloned().collect();
+            let mut response = self.reply.object(
+                &self.model,
+                Status::Failed,
+                output,
+                usage_of(self.usage.as_ref()),
+            );
+            response["error"] = json!({"code": code, "message": error.message});
+            self.emit(out, "response.failed", json!({"response": response}));
+        }
+    }
+}
+
+/// A refused request in OpenAI's envelope.
+#[must_use]
+pub fn invalid(e: &Invalid) -> Bytes {
+    Bytes::from(
+        json!({"error": {"message": e.message, "type": "invalid_request_error",
+            "param": e.param, "code": e.code}})
+        .to_string(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat_of(body: &str, store: &ResponseStore) -> (Value, Reply) {
+        let t = translate(body.as_bytes(), store).unwrap();
+        let Render::Responses(reply) = t.render else {
+            unreachable!()
+        };
+        (serde_json::from_slice(&t.chat).unwrap(), reply)
+    }
+
+    #[test]
+    fn items_become_chat_messages_and_calls_merge_into_one_turn() {
+        let store = ResponseStore::default();
+        let (chat, _) = chat_of(
+            r#"{"model":"m","instructions":"be brief","input":[
+              {"role":"user","content":[{"type":"input_text","text":"hi"},{"type":"input_image","image_url":"data:x","detail":"low"}]},
+              {"type":"reasoning","id":"rs_1","summary":[]},
+              {"type":"function_call","call_id":"c1","name":"a","arguments":"{}"},
+              {"type":"function_call","call_id":"c2","name":"b","arguments":"{}"},
+              {"type":"function_call_output","call_id":"c1","output":"one"}],
+              "tools":[{"type":"function","name":"a","parameters":{"type":"object"}}],
+              "text":{"format":{"type":"json_schema","name":"s","schema":{"type":"object"},"strict":true}},
+              "max_output_tokens":50,"reasoning":{"effort":"low"}}"#,
+            &store,
+        );
+        let m = &chat["messages"];
+        assert_eq!(m[0], json!({"role":"system","content":"be brief"}));
+        assert_eq!(
+            m[1]["content"][1]["image_url"],
+            json!({"url":"data:x","detail":"low"})
+        );
+        assert_eq!(m[2]["tool_calls"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            m[3],
+            json!({"role":"tool","tool_call_id":"c1","content":"one"})
+        );
+        assert_eq!(chat["response_format"]["json_schema"]["name"], "s");
+        assert_eq!(chat["max_tokens"], 50);
+        assert_eq!(chat["reasoning_effort"], "low");
+    }
+
+    #[test]
+    fn a_previous_response_continues_its_conversation_and_an_unknown_one_is_refused() {
+        let store = ResponseStore::default();
+        let (_, reply) = chat_of(r#"{"model":"m","instructions":"x","input":"hi"}"#, &store);
+        let answer = reply.answer(br#"{"id":"c","model":"m","choices":[{"message":{"content":"hello"},"finish_reason":"stop"}]}"#);
+        let answer: Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(answer["output"][0]["content"][0]["text"], "hello");
+        let id = answer["id"].as_str().unwrap();
+        let (chat, _) = chat_of(
+            &format!(r#"{{"model":"m","input":"more","previous_response_id":"{id}"}}"#),
+            &store,
+        );
+        assert_eq!(
+            chat["messages"],
+            json!([{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"more"}])
+        );
+        let e = translate(
+            br#"{"input":"x","previous_response_id":"resp_gone"}"#,
+            &store,
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.param.as_str(), e.code),
+            ("previous_response_id", Some("previous_response_not_found"))
+        );
+    }
+
+    #[test]
+    fn what_chat_cannot_carry_is_refused_by_field() {
+        let store = ResponseStore::default();
+        let refuse = |body: &str| translate(body.as_bytes(), &store).unwrap_err().param;
+        assert_eq!(refuse(r#"{"input":5}"#), "input");
+        assert_eq!(
+            refuse(r#"{"input":"x","tools":[{"type":"web_search"}]}"#),
+            "tools[0].type"
+        );
+        assert_eq!(
+            refuse(r#"{"input":"x","tools":[{"type":"function"}]}"#),
+            "tools[0].name"
+        );
+        assert_eq!(
+            refuse(r#"{"input":[{"type":"function_call","name":"a"}]}"#),
+            "input[0].call_id"
+        );
+        assert_eq!(refuse(r#"{"model":"m"}"#), "input");
+    }
+
+    #[test]
+    fn a_chat_stream_renders_as_numbered_response_events() {
+        let store = ResponseStore::default();
+        let (_, reply) = chat_of(r#"{"model":"m","input":"hi","stream":true}"#, &store);
+        let mut r = reply.stream();
+        let mut out = BytesMut::new();
+        for e in [
+            r#"{"id":"c","model":"x","choices":[{"index":0,"delta":{"content":"He"}}]}"#,
+            r#"{"id":"c","choices":[{"index":0,"delta":{"content":"llo"},"finish_reason":"stop"}]}"#,
+            r#"{"id":"c","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":1}}"#,
+        ] {
+            r.chunk(&serde_json::from_str(e).unwrap(), &mut out);
+        }
+        r.done(&mut out);
+        let events: Vec<Value> = String::from_utf8(out.to_vec())
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.completed"
+            ]
+        );
+        for (i, e) in events.iter().enumerate() {
+            assert_eq!(e["sequence_number"], i);
+        }
+        let last = &events[9]["response"];
+        assert_eq!(last["output"][0]["content"][0]["text"], "Hello");
+        assert_eq!(last["usage"]["total_tokens"], 3);
+        assert!(store.get(last["id"].as_str().unwrap()).is_some());
+    }
+}
