@@ -127,7 +127,7 @@ pub async fn render(response: Response<Body>, render: Render) -> Response<Body> 
     if is_stream && parts.status == StatusCode::OK {
         let renderer = match render {
             Render::Messages(r) => Renderer::Messages(r.stream()),
-            Render::Responses(r) => Renderer::Responses(r.stream()),
+            Render::Responses(r) => Renderer::Responses(Box::new(r.stream())),
         };
         return Response::from_parts(parts, translate_stream(inner, renderer));
     }
@@ -151,7 +151,7 @@ pub async fn render(response: Response<Body>, render: Render) -> Response<Body> 
 /// A stream renderer of one protocol.
 enum Renderer {
     Messages(messages::StreamReply),
-    Responses(responses::StreamReply),
+    Responses(Box<responses::StreamReply>),
 }
 
 impl Renderer {

@@ -294,7 +294,12 @@ fn user_turn(blocks: &[Block], at: &str, out: &mut Vec<Value>) -> Result<(), Inv
                 out.push(json!({"role": "tool", "tool_call_id": tool_use_id, "content": text}));
                 parts.extend(images);
             }
-            other => parts.extend(user_part(other, &at)?),
+            other @ (Block::Text { .. }
+            | Block::Image { .. }
+            | Block::Document { .. }
+            | Block::ToolUse { .. }
+            | Block::Thinking {}
+            | Block::RedactedThinking {}) => parts.extend(user_part(other, &at)?),
         }
     }
     if !parts.is_empty() {
