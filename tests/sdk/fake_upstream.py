@@ -40,6 +40,9 @@ What a chat request gets is scripted by the request itself:
     model       str     the `model` reported in the answer (default: the request's)
   e.g. extra_body={"fake_upstream": {"primary": {"status": 503}}}
 
+A request whose `response_format` is a `json_schema` (and no scripted
+`reply`) is answered with JSON that fits the schema (sample_of).
+
 Tool calls: a request with `tools` (and `tool_choice` not "none") is answered
 with one call per tool (at most two), arguments
 {"location": "Paris, France", "unit": "celsius", "call": I}; streamed, the
@@ -87,6 +90,18 @@ def error_json(status: int, message: str, etype: str | None = None, code=None) -
     if etype is None:
         etype = "invalid_request_error" if 400 <= status < 500 else "server_error"
     return json.dumps({"error": {"message": message, "type": etype, "param": None, "code": code}}).encode()
+
+
+def sample_of(schema: dict):
+    """A value that fits a JSON schema (what a model asked for JSON answers)."""
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if kind == "object":
+        return {k: sample_of(v) for k, v in (schema.get("properties") or {}).items()}
+    if kind == "array":
+        return [sample_of(schema.get("items") or {})]
+    return {"string": "sample", "integer": 1, "number": 1.5, "boolean": True}.get(kind, None)
 
 
 def words(text: str) -> list[str]:
@@ -233,6 +248,9 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_bytes(200, body)
 
         reply = script.get("reply", f"Hello from {name}")
+        fmt = req.get("response_format") or {}
+        if "reply" not in script and fmt.get("type") == "json_schema":
+            reply = json.dumps(sample_of(fmt.get("json_schema", {}).get("schema", {})))
         shown_model = script.get("model") or model or "fake-chat"
         tools = req.get("tools") or []
         use_tools = bool(tools) and req.get("tool_choice") != "none"

@@ -2,7 +2,8 @@
 # The official openai Python SDK against a real switchyard binary in front of
 # two fake upstreams (tests/sdk/fake_upstream.py) and the third-party mock
 # fakellm (PyPI) as an Anthropic-protocol upstream (tests/sdk/fakellm.yaml,
-# tests in test_anthropic_upstream.py). From the repo root:
+# tests in test_anthropic_upstream.py); the anthropic SDK and the Responses API
+# as clients of switchyard's other front doors (test_front_door.py). From the repo root:
 #
 #   bash tests/sdk/run.sh                 # builds target/debug/switchyard (cargo build) unless SWITCHYARD_BIN is set
 #   bash tests/sdk/run.sh Streaming       # only some tests (unittest names: Class or Class.test_name)
@@ -20,6 +21,7 @@ set -euo pipefail
 
 OPENAI_VERSION=3.57.0 # the version examples/real_llm and the peers venv use
 FAKELLM_VERSION=0.3.5 # third-party mock of the OpenAI + Anthropic APIs (the peers use it too)
+ANTHROPIC_VERSION=2.17.0 # the anthropic SDK as a client of /v1/messages (test_front_door.py)
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 VENV="${SDK_VENV:-$HOME/.cache/switchyard-sdk-venv}"
@@ -66,6 +68,12 @@ if ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('fakellm'
   echo "== installing fakellm==$FAKELLM_VERSION into $VENV"
   PIP_DISABLE_PIP_VERSION_CHECK=1 "$PY" -m pip install --quiet "fakellm==$FAKELLM_VERSION" "openai==$OPENAI_VERSION" \
     >"$WORK/pip-fakellm.log" 2>&1 || setup_failed "pip install fakellm==$FAKELLM_VERSION failed" "$WORK/pip-fakellm.log"
+fi
+
+if ! "$PY" -c "import anthropic, pydantic, sys; sys.exit(anthropic.__version__ != '$ANTHROPIC_VERSION')" 2>/dev/null; then
+  echo "== installing anthropic==$ANTHROPIC_VERSION into $VENV"
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$PY" -m pip install --quiet "anthropic==$ANTHROPIC_VERSION" "openai==$OPENAI_VERSION" \
+    >"$WORK/pip-anthropic.log" 2>&1 || setup_failed "pip install anthropic==$ANTHROPIC_VERSION failed" "$WORK/pip-anthropic.log"
 fi
 
 # ---- the switchyard binary --------------------------------------------------

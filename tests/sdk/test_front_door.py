@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""The other clients at the front door: the official `anthropic` SDK against
+switchyard's /v1/messages, and the `openai` SDK's Responses API against
+/v1/responses, both served by the OpenAI-compatible fakes of run.sh
+(fake_upstream.py) through the same engine as chat.
+
+test_openai_sdk.py imports these classes, so run.sh runs them with the rest
+(`bash tests/sdk/run.sh AnthropicFrontDoor ResponsesFrontDoor` runs only these).
+
+Env: SWITCHYARD_URL, FAKE_PRIMARY_URL, FAKE_FALLBACK_URL (set by run.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import unittest
+import urllib.request
+import uuid
+
+import anthropic
+import openai
+import pydantic
+from openai import OpenAI
+
+SY = os.environ.get("SWITCHYARD_URL", "")
+PRIMARY = os.environ.get("FAKE_PRIMARY_URL", "")
+FALLBACK = os.environ.get("FAKE_FALLBACK_URL", "")
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather at a place",
+    "input_schema": {
+        "type": "object",
+        "properties": {"location": {"type": "string"}, "unit": {"type": "string"}},
+        "required": ["location"],
+    },
+}
+# What fake_upstream.py answers for the first tool of a request.
+FAKE_ARGS = {"location": "Paris, France", "unit": "celsius", "call": 0}
+
+
+def claude(**kw) -> anthropic.Anthropic:
+    kw.setdefault("timeout", 10.0)
+    kw.setdefault("max_retries", 0)
+    return anthropic.Anthropic(base_url=SY, api_key="sk-ant-client-key-not-forwarded", **kw)
+
+
+def oai(**kw) -> OpenAI:
+    kw.setdefault("timeout", 10.0)
+    kw.setdefault("max_retries", 0)
+    return OpenAI(base_url=f"{SY}/v1", api_key="sk-client-key-not-forwarded", **kw)
+
+
+def rid() -> str:
+    return f"front-{uuid.uuid4().hex[:16]}"
+
+
+def upstream_calls(url: str, request_id: str) -> list[dict]:
+    with urllib.request.urlopen(f"{url}/_calls", timeout=5) as r:
+        seen = json.loads(r.read())
+    return [c for c in seen if c["headers"].get("x-request-id") == request_id]
+
+
+class AnthropicFrontDoor(unittest.TestCase):
+    """anthropic.Anthropic(base_url=switchyard): Messages in, chat targets behind."""
+
+    def test_messages_create_is_served_in_anthropic_shape(self):
+        r = claude().messages.create(
+            model="gpt-4o-mini",
+            max_tokens=64,
+            system=[{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
+            messages=[{"role": "user", "content": "hello"}],
+        )
+        self.assertIsInstance(r, anthropic.types.Message)
+        self.assertEqual(r.role, "assistant")
+        self.assertEqual(r.content[0].type, "text")
+        self.assertEqual(r.content[0].text, "Hello from primary")
+        self.assertEqual(r.stop_reason, "end_turn")
+        self.assertGreater(r.usage.output_tokens, 0)
+        self.assertTrue(r.id.startswith("msg_"), r.id)
+
+    def test_a_stream_accumulates_into_the_final_message(self):
+        with claude().messages.stream(
+            model="gpt-4o-mini", max_tokens=64, messages=[{"role": "user", "content": "hello"}]
+        ) as stream:
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        self.assertEqual(text, "Hello from primary")
+        self.assertEqual(final.content[0].text, "Hello from primary")
+        self.assertEqual(final.stop_reason, "end_turn")
+        self.assertGreater(final.usage.output_tokens, 0)
+
+    def test_a_tool_use_round_trip(self):
+        request_id = rid()
+        first = claude().messages.create(
+            model="gpt-4o-mini",
+            max_tokens=64,
+            tools=[WEATHER],
+            messages=[{"role": "user", "content": "weather in Paris?"}],
+            extra_headers={"x-request-id": request_id},
+        )
+        self.assertEqual(first.stop_reason, "tool_use")
+        use = [b for b in first.content if b.type == "tool_use"]
+        self.assertEqual(len(use), 1)
+        self.assertEqual(use[0].name, "get_weather")
+        self.assertEqual(use[0].input, FAKE_ARGS)
+        # The second turn, without tools: the fake answers text, and shows
+        # what it got: the call and its result as chat messages.
+        second_id = rid()
+        second = claude().messages.create(
+            model="gpt-4o-mini",
+            max_tokens=64,
+            messages=[
+                {"role": "user", "content": "weather in Paris?"},
+                {"role": "assistant", "content": first.content},
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": use[0].id, "content": "18 C"}],
+                },
+            ],
+            extra_headers={"x-request-id": second_id},
+        )
+        self.assertEqual(second.content[0].text, "Hello from primary")
+        sent = upstream_calls(PRIMARY, second_id)[-1]["body"]["messages"]
+        self.assertEqual(sent[1]["tool_calls"][0]["id"], use[0].id)
+        self.assertEqual(json.loads(sent[1]["tool_calls"][0]["function"]["arguments"]), FAKE_ARGS)
+        self.assertEqual(sent[2], {"role": "tool", "tool_call_id": use[0].id, "content": "18 C"})
+
+    def test_a_streamed_tool_call_arrives_as_a_tool_use_block(self):
+        with claude().messages.stream(
+            model="gpt-4o-mini", max_tokens=64, tools=[WEATHER],
+            messages=[{"role": "user", "content": "weather?"}],
+        ) as stream:
+            final = stream.get_final_message()
+        use = [b for b in final.content if b.type == "tool_use"]
+        self.assertEqual(use[0].input, FAKE_ARGS)
+        self.assertEqual(final.stop_reason, "tool_use")
+
+    def test_count_tokens_is_estimated(self):
+        raw = claude().messages.with_raw_response.count_tokens(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "hello there, how are you today?"}]
+        )
+        self.assertEqual(raw.headers.get("x-switchyard-token-count"), "estimate")
+        self.assertGreater(raw.parse().input_tokens, 3)
+
+    def test_a_rate_limit_is_a_rate_limit_error_with_its_wait(self):
+        c = claude()
+        body = dict(model="limited", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+        with self.assertRaises(anthropic.RateLimitError) as caught:
+            for _ in range(5):
+                c.messages.create(**body)
+        e = caught.exception
+        self.assertEqual(e.status_code, 429)
+        self.assertEqual(e.body["error"]["type"], "rate_limit_error")
+        self.assertIsNotNone(e.response.headers.get("retry-after"))
+
+    def test_a_failed_walk_is_an_api_error_the_sdk_does_not_retry(self):
+        c = claude(max_retries=3)
+        started = time.monotonic()
+        with self.assertRaises(anthropic.APIStatusError) as caught:
+            c.messages.create(model="all-fail", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+        e = caught.exception
+        self.assertGreaterEqual(e.status_code, 500)
+        self.assertEqual(e.body["type"], "error")
+        self.assertIn(e.body["error"]["type"], ("api_error", "overloaded_error"))
+        self.assertEqual(e.response.headers.get("x-should-retry"), "false")
+        # x-should-retry: false: the SDK's backoff (0.5 s and up) never ran.
+        self.assertLess(time.monotonic() - started, 3.0)
+
+    def test_a_malformed_request_is_a_bad_request_naming_the_field(self):
+        with self.assertRaises(anthropic.BadRequestError) as caught:
+            claude().messages.create(model="gpt-4o-mini", max_tokens=8, messages=[{"role": "robot", "content": "x"}])
+        self.assertEqual(caught.exception.body["error"]["type"], "invalid_request_error")
+        self.assertIn("messages[0].role", caught.exception.body["error"]["message"])
+
+    def test_failover_serves_a_messages_client(self):
+        r = claude().messages.with_raw_response.create(
+            model="failover", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+        )
+        self.assertEqual(r.headers.get("x-switchyard-target"), "fallback-chat")
+        self.assertEqual(r.parse().content[0].text, "Hello from fallback")
+
+
+class Answer(pydantic.BaseModel):
+    city: str
+    degrees: int
+
+
+class ResponsesFrontDoor(unittest.TestCase):
+    """openai.OpenAI().responses against switchyard."""
+
+    def test_a_plain_response(self):
+        r = oai().responses.create(model="gpt-4o-mini", input="hello", instructions="be brief")
+        self.assertEqual(r.status, "completed")
+        self.assertEqual(r.output_text, "Hello from primary")
+        self.assertTrue(r.id.startswith("resp_"), r.id)
+        self.assertGreater(r.usage.output_tokens, 0)
+        fetched = oai().responses.retrieve(r.id)
+        self.assertEqual(fetched.output_text, "Hello from primary")
+
+    def test_a_stream_of_typed_events(self):
+        events = list(oai().responses.create(model="gpt-4o-mini", input="hello", stream=True))
+        kinds = [e.type for e in events]
+        self.assertEqual(kinds[0], "response.created")
+        self.assertEqual(kinds[-1], "response.completed")
+        self.assertIn("response.output_text.delta", kinds)
+        self.assertEqual([e.sequence_number for e in events], list(range(len(events))))
+        self.assertEqual(events[-1].response.output_text, "Hello from primary")
+
+    def test_the_stream_helper_gives_the_final_response(self):
+        with oai().responses.stream(model="gpt-4o-mini", input="hello") as stream:
+            for _ in stream:
+                pass
+            final = stream.get_final_response()
+        self.assertEqual(final.output_text, "Hello from primary")
+
+    def test_function_tools_round_trip_with_previous_response_id(self):
+        tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER["input_schema"]}]
+        first = oai().responses.create(model="gpt-4o-mini", input="weather?", tools=tools)
+        calls = [o for o in first.output if o.type == "function_call"]
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(json.loads(calls[0].arguments), FAKE_ARGS)
+        request_id = rid()
+        second = oai().responses.create(
+            model="gpt-4o-mini",
+            previous_response_id=first.id,
+            input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "18 C"}],
+            extra_headers={"x-request-id": request_id},
+        )
+        self.assertEqual(second.output_text, "Hello from primary")
+        sent = upstream_calls(PRIMARY, request_id)[-1]["body"]["messages"]
+        self.assertEqual([m["role"] for m in sent], ["user", "assistant", "tool"])
+        self.assertEqual(sent[1]["tool_calls"][0]["id"], calls[0].call_id)
+        self.assertEqual(sent[2]["content"], "18 C")
+
+    def test_an_unknown_previous_response_is_a_clear_400(self):
+        with self.assertRaises(openai.BadRequestError) as caught:
+            oai().responses.create(model="gpt-4o-mini", input="x", previous_response_id="resp_never")
+        self.assertEqual(caught.exception.code, "previous_response_not_found")
+
+    def test_store_false_keeps_nothing(self):
+        r = oai().responses.create(model="gpt-4o-mini", input="hello", store=False)
+        with self.assertRaises(openai.NotFoundError):
+            oai().responses.retrieve(r.id)
+
+    def test_parse_with_a_pydantic_model(self):
+        r = oai().responses.parse(model="gpt-4o-mini", input="weather in Paris as JSON", text_format=Answer)
+        self.assertEqual(r.output_parsed, Answer(city="sample", degrees=1))
+
+    def test_a_wrong_input_type_is_a_400_naming_it(self):
+        with self.assertRaises(openai.BadRequestError) as caught:
+            oai().responses.create(model="gpt-4o-mini", input=5)
+        self.assertEqual(caught.exception.param, "input")
+
+    def test_failover_serves_a_responses_client(self):
+        raw = oai().responses.with_raw_response.create(model="failover", input="hi")
+        self.assertEqual(raw.headers.get("x-switchyard-target"), "fallback-chat")
+        self.assertEqual(raw.parse().output_text, "Hello from fallback")
+
+
+if __name__ == "__main__":
+    unittest.main()
