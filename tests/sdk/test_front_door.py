@@ -37,6 +37,8 @@ WEATHER = {
         "required": ["location"],
     },
 }
+# What tests/sdk/fakellm.yaml answers to "hello" (task `claude`, alias claude-mock).
+ANTHROPIC_HELLO = "Bonjour! fakellm answering over the Anthropic Messages API."
 # What fake_upstream.py answers for the first tool of a request.
 FAKE_ARGS = {"location": "Paris, France", "unit": "celsius", "call": 0}
 
@@ -65,6 +67,18 @@ def upstream_calls(url: str, request_id: str) -> list[dict]:
 
 class AnthropicFrontDoor(unittest.TestCase):
     """anthropic.Anthropic(base_url=switchyard): Messages in, chat targets behind."""
+
+    def test_an_anthropic_target_behind_a_messages_client(self):
+        # Messages in, chat in the engine, Messages out to fakellm and back.
+        hello = f"hello [{uuid.uuid4().hex[:8]}]"
+        r = claude().messages.create(model="claude-mock", max_tokens=64, messages=[{"role": "user", "content": hello}])
+        self.assertEqual(r.content[0].text, ANTHROPIC_HELLO)
+        with claude().messages.stream(
+            model="claude-mock", max_tokens=64, messages=[{"role": "user", "content": hello + " again"}]
+        ) as stream:
+            final = stream.get_final_message()
+        self.assertEqual(final.content[0].text, ANTHROPIC_HELLO)
+        self.assertEqual(final.stop_reason, "end_turn")
 
     def test_messages_create_is_served_in_anthropic_shape(self):
         r = claude().messages.create(
@@ -190,6 +204,11 @@ class Answer(pydantic.BaseModel):
 
 class ResponsesFrontDoor(unittest.TestCase):
     """openai.OpenAI().responses against switchyard."""
+
+    def test_an_anthropic_target_behind_a_responses_client(self):
+        r = oai().responses.create(model="claude-mock", input=f"hello [{uuid.uuid4().hex[:8]}]")
+        self.assertEqual(r.output_text, ANTHROPIC_HELLO)
+        self.assertEqual(r.status, "completed")
 
     def test_a_plain_response(self):
         r = oai().responses.create(model="gpt-4o-mini", input="hello", instructions="be brief")
