@@ -436,6 +436,55 @@ async fn the_access_log_has_one_line_per_request_and_no_text() {
     );
 }
 
+/// The Messages and Responses doors name their protocol on the access line
+/// (Chat Completions, the default, has no field); the engine's fields are the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_line_names_the_inbound_protocol() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let (served, _dir) = json_logging(&routes(&[hop("a", &a.url())], "", ""));
+    let user = serde_json::json!([{"role": "user", "content": "x"}]);
+    let doors = [
+        (
+            "/v1/chat/completions",
+            serde_json::json!({"model": "gpt-4o", "messages": user}),
+        ),
+        (
+            "/v1/messages",
+            serde_json::json!({"model": "gpt-4o", "max_tokens": 8, "messages": user}),
+        ),
+        (
+            "/v1/responses",
+            serde_json::json!({"model": "gpt-4o", "input": "x"}),
+        ),
+    ];
+    for (i, (path, body)) in doors.iter().enumerate() {
+        let id = format!("door-{i}");
+        let ans = post_raw(
+            served.addr,
+            path,
+            body.to_string(),
+            &[("x-request-id", &id)],
+        )
+        .await;
+        assert_eq!(ans.status, 200, "{path}: {}", ans.text());
+    }
+    let mut lines = Vec::new();
+    let written = wait_blocking(Duration::from_secs(5), || {
+        lines = access_lines(&served.log());
+        lines.len() >= 3
+    });
+    assert!(written, "{}", served.log());
+    let protocols: Vec<&str> = lines
+        .iter()
+        .map(|l| l["protocol"].as_str().unwrap_or("-"))
+        .collect();
+    assert_eq!(protocols, ["-", "messages", "responses"], "{lines:#?}");
+    for line in &lines {
+        assert_eq!(line["target"], "a", "{line}");
+        assert_eq!(line["tokens_out"], 2, "{line}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streams_access_line_is_written_at_its_end_with_its_verdict() {
     let a = Fake::always(fake::stream_cut_after(

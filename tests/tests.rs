@@ -36,6 +36,7 @@ mod error_classes;
 mod front_door;
 mod health;
 mod hedging;
+mod inbound;
 mod keys;
 mod readme;
 mod regressions;

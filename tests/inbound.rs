@@ -1,0 +1,426 @@
+//! The other front doors: Anthropic Messages (`/v1/messages`) and OpenAI
+//! Responses (`/v1/responses`) in front of the same engine as chat —
+//! failover across protocols, continuation, errors in the client's envelope,
+//! refusals before any upstream call, and the response store.
+
+use serde_json::{json, Value};
+
+use crate::support::fake::{self, Fake, Reply};
+use crate::support::*;
+
+const ANTHROPIC_TEXT: &str = include_str!("fixtures/anthropic/text_response.anthropic.json");
+const ANTHROPIC_OVERLOADED: &str = include_str!("fixtures/anthropic/error_overloaded.json");
+
+async fn messages(gw: &Gw, body: Value) -> Answer {
+    let headers = [
+        ("anthropic-version", "2023-06-01"),
+        ("x-api-key", "sk-ant-client"),
+    ];
+    post_raw(gw.addr, "/v1/messages", body.to_string(), &headers).await
+}
+
+async fn responses(gw: &Gw, body: Value) -> Answer {
+    post_raw(gw.addr, "/v1/responses", body.to_string(), &[]).await
+}
+
+fn hello_messages(stream: bool) -> Value {
+    json!({"model": "gpt-4o", "max_tokens": 32, "stream": stream,
+           "messages": [{"role": "user", "content": "hello"}]})
+}
+
+/// A hop whose provider speaks Anthropic Messages, with a key from `keys`.
+fn anthropic_hop(name: &str, url: &str, keys: &tempfile::TempDir) -> Hop {
+    let key = keys.path().join(name);
+    std::fs::write(&key, "sk-ant-inbound-test-0123456789").unwrap();
+    hop(name, url).provider(&format!(
+        "protocol: anthropic\napi_key_file: {}\n",
+        key.display()
+    ))
+}
+
+/// The `(event, data)` pairs of an Anthropic-style SSE body.
+fn named_events(body: &str) -> Vec<(String, Value)> {
+    body.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let mut name = String::new();
+            let mut data = Value::Null;
+            for line in e.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = n.to_owned();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data = serde_json::from_str(d).unwrap_or_else(|_| panic!("not JSON: {d}"));
+                }
+            }
+            (name, data)
+        })
+        .collect()
+}
+
+fn event_names(body: &str) -> Vec<String> {
+    named_events(body).into_iter().map(|(n, _)| n).collect()
+}
+
+/// The text of a Messages stream: every `text_delta`, in order.
+fn messages_text(body: &str) -> String {
+    named_events(body)
+        .iter()
+        .filter(|(_, d)| d["delta"]["type"] == "text_delta")
+        .map(|(_, d)| d["delta"]["text"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_messages_client_fails_over_from_an_overloaded_anthropic_target_to_an_openai_one() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::always(fake::json(529, ANTHROPIC_OVERLOADED)).await;
+    let b = Fake::always(fake::completion("model-b", "from b")).await;
+    let gw = gateway(&routes(
+        &[anthropic_hop("a", &a.url(), &keys), hop("b", &b.url())],
+        "",
+        "",
+    ))
+    .await;
+    let ans = messages(&gw, hello_messages(false)).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    let v = ans.json();
+    assert_eq!(v["type"], "message", "{v}");
+    assert_eq!(v["role"], "assistant");
+    assert_eq!(v["content"][0], json!({"type": "text", "text": "from b"}));
+    assert_eq!(v["stop_reason"], "end_turn");
+    // Each target got the request in its own protocol.
+    let to_a = &a.seen()[0];
+    assert!(to_a.uri.ends_with("/messages"), "{}", to_a.uri);
+    assert_eq!(to_a.body["max_tokens"], 32);
+    assert_eq!(to_a.headers["x-api-key"], "sk-ant-inbound-test-0123456789");
+    let to_b = &b.seen()[0];
+    assert!(to_b.uri.ends_with("/chat/completions"), "{}", to_b.uri);
+    assert_eq!(
+        to_b.body["messages"],
+        json!([{"role": "user", "content": "hello"}])
+    );
+    assert_eq!(to_b.body["max_tokens"], 32);
+    // The client's own key goes nowhere.
+    assert!(!format!("{:?}{:?}", to_a.headers, to_b.headers).contains("sk-ant-client"));
+}
+
+#[tokio::test]
+async fn a_responses_client_is_served_by_an_anthropic_target() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::always(fake::json(200, ANTHROPIC_TEXT)).await;
+    let gw = gateway(&routes(&[anthropic_hop("a", &a.url(), &keys)], "", "")).await;
+    let body = json!({"model": "gpt-4o", "input": "hi", "instructions": "be brief",
+                      "max_output_tokens": 40});
+    let ans = responses(&gw, body).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let v = ans.json();
+    assert_eq!(v["object"], "response");
+    assert_eq!(v["status"], "completed");
+    assert_eq!(v["output"][0]["type"], "message");
+    assert_eq!(
+        v["output"][0]["content"][0]["text"],
+        "Hello! How can I help you today?"
+    );
+    assert!(v["usage"]["output_tokens"].as_u64().unwrap() > 0, "{v}");
+    let sent = &a.seen()[0].body;
+    assert_eq!(sent["system"], "be brief");
+    assert_eq!(sent["max_tokens"], 40);
+}
+
+#[tokio::test]
+async fn a_messages_stream_broken_mid_answer_is_finished_by_the_next_target() {
+    let a = Fake::always(fake::stream_cut_after(
+        "model-a",
+        &["The", " quick", " brown", " fox"],
+        2,
+    ))
+    .await;
+    // Without prefill, the next target answers afresh and the delivered
+    // prefix is skipped.
+    let b = Fake::always(fake::stream(
+        "model-b",
+        &["The", " quick", " brown", " fox"],
+    ))
+    .await;
+    let gw = gateway(&routes(
+        &[hop("a", &a.url()), hop("b", &b.url())],
+        "stream_recovery: { mode: continue }",
+        "",
+    ))
+    .await;
+    let ans = messages(&gw, hello_messages(true)).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let body = ans.text();
+    let names = event_names(&body);
+    assert_eq!(
+        names.first().map(String::as_str),
+        Some("message_start"),
+        "{body}"
+    );
+    assert_eq!(
+        names.last().map(String::as_str),
+        Some("message_stop"),
+        "{body}"
+    );
+    assert!(!names.iter().any(|n| n == "error"), "{body}");
+    assert_eq!(
+        names.iter().filter(|n| *n == "message_delta").count(),
+        1,
+        "{body}"
+    );
+    assert_eq!(messages_text(&body), "The quick brown fox", "{body}");
+    assert_eq!(b.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_messages_stream_broken_without_recovery_ends_in_an_error_event() {
+    let a = Fake::always(fake::stream_cut_after(
+        "model-a",
+        &["The", " quick", " brown"],
+        2,
+    ))
+    .await;
+    let gw = gateway(&routes(&[hop("a", &a.url())], "", "")).await;
+    let ans = messages(&gw, hello_messages(true)).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let body = ans.text();
+    let events = named_events(&body);
+    let (last, data) = events.last().unwrap();
+    assert_eq!(last, "error", "{body}");
+    assert_eq!(data["type"], "error");
+    assert!(data["error"]["type"].is_string(), "{body}");
+    assert!(
+        !event_names(&body).iter().any(|n| n == "message_stop"),
+        "{body}"
+    );
+    assert_eq!(messages_text(&body), "The quick", "{body}");
+}
+
+#[tokio::test]
+async fn a_responses_stream_of_a_tool_call_is_the_typed_event_sequence() {
+    let call = |args: &str, first: bool| {
+        let mut tc = json!({"index": 0, "function": {"arguments": args}});
+        if first {
+            tc = json!({"index": 0, "id": "call_1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": args}});
+        }
+        fake::chunk_event("m", json!({"tool_calls": [tc]}), None)
+    };
+    let pieces = vec![
+        fake::chunk_event("m", json!({"role": "assistant", "content": null}), None),
+        call("{\"loc", true),
+        call("ation\":\"Paris\"}", false),
+        fake::chunk_event("m", json!({}), Some("tool_calls")),
+        fake::SSE_DONE.to_owned(),
+    ];
+    let a = Fake::always(Reply::Stream {
+        pieces,
+        delay: std::time::Duration::ZERO,
+        cut: false,
+    })
+    .await;
+    let gw = gateway(&routes(
+        &[hop("a", &a.url()).target("capabilities: [tools]")],
+        "",
+        "",
+    ))
+    .await;
+    let tool = json!({"type": "function", "name": "get_weather",
+                      "parameters": {"type": "object", "properties": {"location": {"type": "string"}}}});
+    let body = json!({"model": "gpt-4o", "input": "weather?", "stream": true, "tools": [tool]});
+    let ans = responses(&gw, body).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let events = named_events(&ans.text());
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.first(), Some(&"response.created"), "{names:?}");
+    assert_eq!(names.last(), Some(&"response.completed"), "{names:?}");
+    for want in [
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ] {
+        assert!(names.contains(&want), "{want} missing: {names:?}");
+    }
+    let seqs: Vec<u64> = events
+        .iter()
+        .map(|(_, d)| d["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    let (_, done) = events
+        .iter()
+        .find(|(n, _)| n == "response.function_call_arguments.done")
+        .unwrap();
+    assert_eq!(done["arguments"], "{\"location\":\"Paris\"}");
+    let (_, completed) = events.last().unwrap();
+    let item = &completed["response"]["output"][0];
+    assert_eq!(item["type"], "function_call");
+    assert_eq!(item["call_id"], "call_1");
+    assert_eq!(item["name"], "get_weather");
+    // The tool went upstream as a chat function tool.
+    assert_eq!(
+        a.seen()[0].body["tools"][0]["function"]["name"],
+        "get_weather"
+    );
+}
+
+#[tokio::test]
+async fn malformed_messages_requests_are_anthropic_400s_naming_the_field_with_no_upstream_call() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let gw = gateway(&routes(&[hop("a", &a.url())], "", "")).await;
+    let user = json!({"role": "user", "content": "hi"});
+    let cases = [
+        (json!({"model": "gpt-4o", "messages": [user]}), "max_tokens"),
+        (
+            json!({"model": "gpt-4o", "max_tokens": 8, "messages": "hi"}),
+            "messages",
+        ),
+        (
+            json!({"model": "gpt-4o", "max_tokens": 8, "messages": [{"role": "robot", "content": "x"}]}),
+            "messages[0]",
+        ),
+        (
+            json!({"model": "gpt-4o", "max_tokens": 8,
+                   "messages": [{"role": "user", "content": [{"type": "video", "url": "x"}]}]}),
+            "messages[0]",
+        ),
+        (
+            json!({"model": "gpt-4o", "max_tokens": 8, "messages": [user],
+                   "tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
+            "tools[0]",
+        ),
+        (
+            json!({"model": "gpt-4o", "max_tokens": "many", "messages": [user]}),
+            "max_tokens",
+        ),
+    ];
+    for (body, field) in cases {
+        let ans = messages(&gw, body.clone()).await;
+        assert_eq!(ans.status, 400, "{body}: {}", ans.text());
+        let v = ans.json();
+        assert_eq!(v["type"], "error", "{body}: {v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{body}: {v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(field),
+            "{body}: `{message}` should name {field}"
+        );
+    }
+    let ans = post_raw(gw.addr, "/v1/messages", "{not json", &[]).await;
+    assert_eq!(ans.status, 400, "{}", ans.text());
+    assert_eq!(ans.json()["error"]["type"], "invalid_request_error");
+    assert_eq!(a.calls(), 0, "nothing malformed may reach an upstream");
+}
+
+#[tokio::test]
+async fn malformed_responses_requests_are_400s_naming_the_param_with_no_upstream_call() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let gw = gateway(&routes(&[hop("a", &a.url())], "", "")).await;
+    let cases = [
+        (json!({"model": "gpt-4o", "input": 5}), "input", None),
+        (json!({"model": "gpt-4o"}), "input", None),
+        (
+            json!({"model": "gpt-4o", "input": [{"type": "message", "role": "user",
+                   "content": [{"type": "input_video"}]}]}),
+            "input[0]",
+            None,
+        ),
+        (
+            json!({"model": "gpt-4o", "input": "x", "tools": [{"type": "web_search"}]}),
+            "tools[0]",
+            None,
+        ),
+        (
+            json!({"model": "gpt-4o", "input": "x", "previous_response_id": "resp_unknown"}),
+            "previous_response_id",
+            Some("previous_response_not_found"),
+        ),
+    ];
+    for (body, param, code) in cases {
+        let ans = responses(&gw, body.clone()).await;
+        assert_eq!(ans.status, 400, "{body}: {}", ans.text());
+        let err = &ans.json()["error"];
+        assert_eq!(err["type"], "invalid_request_error", "{body}: {err}");
+        let named = err["param"].as_str().unwrap_or_default();
+        assert!(
+            named.starts_with(param),
+            "{body}: param `{named}`, want {param}"
+        );
+        if let Some(code) = code {
+            assert_eq!(err["code"], code, "{body}: {err}");
+        }
+    }
+    assert_eq!(a.calls(), 0, "nothing malformed may reach an upstream");
+}
+
+#[tokio::test]
+async fn a_rate_limit_is_an_anthropic_rate_limit_error_with_its_wait() {
+    let limited = Reply::Json {
+        status: 429,
+        body: json!({"error": {"message": "slow down", "type": "rate_limit_error"}}).to_string(),
+        headers: vec![("retry-after".to_owned(), "7".to_owned())],
+    };
+    let a = Fake::always(limited).await;
+    let gw = gateway(&routes(&[hop("a", &a.url())], "", "")).await;
+    let ans = messages(&gw, hello_messages(false)).await;
+    assert_eq!(ans.status, 429, "{}", ans.text());
+    assert!(!ans.header("retry-after").is_empty(), "{:?}", ans.headers);
+    let v = ans.json();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "rate_limit_error", "{v}");
+    // The same failure to a Responses client is OpenAI's envelope.
+    let ans = responses(&gw, json!({"model": "gpt-4o", "input": "hi"})).await;
+    assert_eq!(ans.status, 429, "{}", ans.text());
+    assert!(ans.json()["error"]["message"].is_string());
+}
+
+#[tokio::test]
+async fn a_previous_response_id_carries_the_conversation_and_the_store_answers_get_and_delete() {
+    let a = Fake::start(|n, _| fake::completion("model-a", &format!("answer {n}"))).await;
+    let gw = gateway(&routes(&[hop("a", &a.url())], "", "")).await;
+    let first = responses(
+        &gw,
+        json!({"model": "gpt-4o", "input": "hi", "instructions": "be brief"}),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    let second = responses(
+        &gw,
+        json!({"model": "gpt-4o", "input": "and then?", "previous_response_id": id}),
+    )
+    .await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(second.json()["previous_response_id"], id.as_str());
+    // Instructions are not inherited; the turns are.
+    assert_eq!(
+        a.seen()[1].body["messages"],
+        json!([{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": "answer 0"},
+               {"role": "user", "content": "and then?"}])
+    );
+    let got = get(gw.addr, &format!("/v1/responses/{id}")).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(got.json()["id"], id.as_str());
+    let req = http::Request::delete(gw.url(&format!("/v1/responses/{id}")))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let deleted = client().request(req).await.unwrap();
+    assert_eq!(deleted.status(), 200);
+    assert_eq!(
+        get(gw.addr, &format!("/v1/responses/{id}")).await.status,
+        404
+    );
+    // store: false keeps nothing.
+    let unstored = responses(
+        &gw,
+        json!({"model": "gpt-4o", "input": "x", "store": false}),
+    )
+    .await;
+    let id = unstored.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        get(gw.addr, &format!("/v1/responses/{id}")).await.status,
+        404
+    );
+}
