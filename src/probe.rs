@@ -101,6 +101,7 @@ async fn reprobe_key(target: Arc<Target>, index: usize, max: Duration) {
                 credential: key.credential.as_ref(),
                 body,
                 request_id: None,
+                client: None,
                 stream: false,
                 resends: &resends,
             });
@@ -172,6 +173,7 @@ pub async fn probe(target: Arc<Target>) -> bool {
                 credential,
                 body,
                 request_id: None,
+                client: None,
                 stream: false,
                 resends: &resends,
             });

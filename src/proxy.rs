@@ -49,7 +49,7 @@ use crate::routing::{self, Admission, Admitted, Holdbacks, Needs, Payload};
 use crate::schema::{Contract, Mode as ValidateMode, Violation};
 use crate::snapshot::{KeySet, Snapshot, Target, Task};
 use crate::telemetry::{self, AttemptFailure, RequestTrace};
-use crate::upstream::Operation;
+use crate::upstream::{self, Operation};
 use account::{Account, CancelGuard};
 use attempt::{Attempt, Call, Failed, Step};
 use continuation::{Origin, Recovery};
@@ -183,6 +183,7 @@ async fn serve(
         include_usage: shape.include_usage,
         resends: AtomicU32::new(0),
         request_id: &x.request_id,
+        client_headers: x.headers,
         arrival: x.arrival,
         drain: x.drain,
         deadline: x.arrival + task.budget.total_timeout,
@@ -326,6 +327,7 @@ struct Walk<'a> {
     /// Stale-connection resends of the attempt just made (upstream calls too).
     resends: AtomicU32,
     request_id: &'a HeaderValue,
+    client_headers: &'a HeaderMap,
     drain: &'a crate::body::Drain,
     arrival: Instant,
     deadline: Instant,
@@ -594,6 +596,7 @@ impl Walk<'_> {
                 let origin = Origin {
                     body: self.body.clone(),
                     request_id: self.request_id.clone(),
+                    client_headers: upstream::forwardable(self.client_headers),
                     arrival: self.arrival,
                     deadline: self.deadline,
                     include_usage: self.include_usage,
@@ -904,6 +907,7 @@ impl Walk<'_> {
             stream: self.stream,
             include_usage: self.include_usage,
             request_id: self.request_id,
+            client_headers: self.client_headers,
             arrival: self.arrival,
             deadline: self.deadline,
             contract: self.contract_for(target),

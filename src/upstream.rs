@@ -43,6 +43,19 @@ pub fn adapter_names() -> String {
         .join(", ")
 }
 
+/// The client headers any protocol forwards, copied out of `client` (for a
+/// stream's continuation, which outlives the request's own headers).
+#[must_use]
+pub fn forwardable(client: &HeaderMap) -> HeaderMap {
+    let mut kept = HeaderMap::new();
+    for name in ADAPTERS.iter().flat_map(|a| a.forwarded_headers()) {
+        for value in client.get_all(name) {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
+}
+
 /// What a target contributes to an encoded request.
 #[derive(Debug, Clone, Copy)]
 pub struct TargetModel<'a> {
@@ -73,6 +86,12 @@ pub trait Adapter: Send + Sync + std::fmt::Debug {
     /// Headers this protocol needs on every request (set unless the provider's
     /// `headers` already has them).
     fn required_headers(&self) -> &'static [(&'static str, &'static str)];
+
+    /// Client headers of this protocol that go upstream as sent (a client of
+    /// the same protocol choosing its API version or beta features).
+    fn forwarded_headers(&self) -> &'static [HeaderName] {
+        &[]
+    }
 
     /// The header that carries the API key by default, and the text before it.
     fn key_header(&self) -> (&'static str, &'static str);
@@ -194,6 +213,8 @@ pub struct Outgoing<'a> {
     pub body: Bytes,
     /// Sent as `x-request-id`.
     pub request_id: Option<&'a HeaderValue>,
+    /// The client's headers, for those the protocol forwards.
+    pub client: Option<&'a HeaderMap>,
     /// A streaming request.
     pub stream: bool,
     /// Counts a resend on a fresh connection after a stale pooled one
@@ -300,6 +321,7 @@ impl Endpoint {
             credential,
             body,
             request_id,
+            client,
             stream,
             resends,
         } = out;
@@ -331,6 +353,13 @@ impl Endpoint {
             }
             if let Some(id) = request_id {
                 h.insert(X_REQUEST_ID, id.clone());
+            }
+            if let Some(client) = client {
+                for name in self.adapter.forwarded_headers() {
+                    if let Some(value) = client.get(name) {
+                        h.insert(name.clone(), value.clone());
+                    }
+                }
             }
             if stream {
                 h.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));

@@ -81,7 +81,13 @@ async fn a_messages_client_fails_over_from_an_overloaded_anthropic_target_to_an_
         "",
     ))
     .await;
-    let ans = messages(&gw, hello_messages(false)).await;
+    let headers = [
+        ("anthropic-version", "2023-06-01"),
+        ("anthropic-beta", "fine-grained-tool-streaming-2025-05-14"),
+        ("x-api-key", "sk-ant-client"),
+    ];
+    let body = hello_messages(false).to_string();
+    let ans = post_raw(gw.addr, "/v1/messages", body, &headers).await;
     assert_eq!(ans.status, 200, "{}", ans.text());
     assert_eq!(ans.header("x-switchyard-target"), "b");
     let v = ans.json();
@@ -94,8 +100,15 @@ async fn a_messages_client_fails_over_from_an_overloaded_anthropic_target_to_an_
     assert!(to_a.uri.ends_with("/messages"), "{}", to_a.uri);
     assert_eq!(to_a.body["max_tokens"], 32);
     assert_eq!(to_a.headers["x-api-key"], "sk-ant-inbound-test-0123456789");
+    // The client's Anthropic headers go to Anthropic targets only.
+    assert_eq!(
+        to_a.headers["anthropic-beta"],
+        "fine-grained-tool-streaming-2025-05-14"
+    );
+    assert_eq!(to_a.headers["anthropic-version"], "2023-06-01");
     let to_b = &b.seen()[0];
     assert!(to_b.uri.ends_with("/chat/completions"), "{}", to_b.uri);
+    assert!(to_b.headers.get("anthropic-beta").is_none());
     assert_eq!(
         to_b.body["messages"],
         json!([{"role": "user", "content": "hello"}])

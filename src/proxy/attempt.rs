@@ -58,6 +58,8 @@ pub struct Call<'a> {
     pub include_usage: bool,
     /// Sent upstream as `x-request-id`.
     pub request_id: &'a HeaderValue,
+    /// The client's headers (a protocol forwards some of them).
+    pub client_headers: &'a HeaderMap,
     /// When the request arrived.
     pub arrival: Instant,
     /// `total_timeout` from arrival.
@@ -388,6 +390,7 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
         credential,
         body,
         request_id: Some(call.request_id),
+        client: Some(call.client_headers),
         stream: call.stream,
         resends: call.resends,
     });

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::HeaderValue;
+use http::header::{HeaderMap, HeaderValue};
 use http::StatusCode;
 use opentelemetry::KeyValue;
 use serde_json::{Map, Value};
@@ -95,6 +95,8 @@ pub struct Origin {
     pub body: Bytes,
     /// Sent upstream as `x-request-id`.
     pub request_id: HeaderValue,
+    /// The client's headers a protocol forwards ([`crate::upstream::forwardable`]).
+    pub client_headers: HeaderMap,
     /// When the request arrived.
     pub arrival: Instant,
     /// `total_timeout` from arrival.
@@ -457,6 +459,7 @@ impl Recovery {
             stream: true,
             include_usage: self.origin.include_usage,
             request_id: &self.origin.request_id,
+            client_headers: &self.origin.client_headers,
             arrival: self.origin.arrival,
             deadline: self.origin.deadline,
             contract: self.origin.contract.clone(),

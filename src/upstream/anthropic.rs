@@ -15,6 +15,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use http::HeaderName;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -47,6 +48,14 @@ impl Adapter for Anthropic {
 
     fn key_header(&self) -> (&'static str, &'static str) {
         ("x-api-key", "")
+    }
+
+    fn forwarded_headers(&self) -> &'static [HeaderName] {
+        static FORWARDED: [HeaderName; 2] = [
+            HeaderName::from_static("anthropic-version"),
+            HeaderName::from_static("anthropic-beta"),
+        ];
+        &FORWARDED
     }
 
     fn embeddings_path(&self) -> Option<&'static str> {
