@@ -10,6 +10,7 @@
 //! stream translated event by event as hyper pulls it (the client hanging up
 //! drops the relay beneath, as on the chat path).
 
+pub mod count;
 pub mod messages;
 pub mod responses;
 mod store;

@@ -380,7 +380,7 @@ async fn handle(
     };
     match endpoint {
         Endpoint::Proxied(api) => proxied(&app, api, req, peer.ip(), request_id, arrival).await,
-        Endpoint::CountTokens => count_tokens(req, &request_id).await,
+        Endpoint::CountTokens => count_tokens(&app, req, &request_id).await,
         Endpoint::StoredResponse => stored_response(&app, req.method(), path, &request_id),
         Endpoint::Models => json(StatusCode::OK, &models(&app.snapshot.load())),
         Endpoint::Model => match model_id(path) {
@@ -671,9 +671,14 @@ fn plain_error_in(
     resp
 }
 
-/// `POST /v1/messages/count_tokens`: switchyard's estimate of the prompt
+/// `POST /v1/messages/count_tokens`: the count of the task's Anthropic
+/// target when one answers, else switchyard's estimate of the prompt
 /// (`x-switchyard-token-count: estimate`), in Anthropic's shape.
-async fn count_tokens(req: Request<Incoming>, request_id: &HeaderValue) -> Response<Body> {
+async fn count_tokens(
+    app: &App,
+    req: Request<Incoming>,
+    request_id: &HeaderValue,
+) -> Response<Body> {
     let (parts, incoming) = req.into_parts();
     let bytes = match json_body(&parts.headers, incoming).await {
         Ok(bytes) => bytes,
@@ -683,8 +688,8 @@ async fn count_tokens(req: Request<Incoming>, request_id: &HeaderValue) -> Respo
         Ok(chat) => chat,
         Err(e) => return json_bytes(StatusCode::BAD_REQUEST, inbound::messages::invalid(&e)),
     };
-    let tokens = match ChatRequest::parse(&chat) {
-        Ok(request) => request.prompt_tokens,
+    let request = match ChatRequest::parse(&chat) {
+        Ok(request) => request,
         Err(e) => {
             let e = inbound::Invalid {
                 param: e.param.map(|p| p.into_owned()).unwrap_or_default(),
@@ -694,9 +699,25 @@ async fn count_tokens(req: Request<Incoming>, request_id: &HeaderValue) -> Respo
             return json_bytes(StatusCode::BAD_REQUEST, inbound::messages::invalid(&e));
         }
     };
+    let snapshot = app.snapshot.load();
+    let task_header = parts
+        .headers
+        .get(respond::H_TASK_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let counted = match snapshot.route(task_header, request.model.as_deref()) {
+        Some(task) => inbound::count::at_provider(task, &parts.headers, &bytes, request_id).await,
+        None => None,
+    };
+    let (tokens, source) = match &counted {
+        Some(c) => (c.tokens, "provider"),
+        None => (request.prompt_tokens, "estimate"),
+    };
     let mut resp = json(StatusCode::OK, &serde_json::json!({"input_tokens": tokens}));
     resp.headers_mut()
-        .insert(H_TOKEN_COUNT, HeaderValue::from_static("estimate"));
+        .insert(H_TOKEN_COUNT, HeaderValue::from_static(source));
+    if let Some(name) = counted.and_then(|c| HeaderValue::try_from(c.target).ok()) {
+        resp.headers_mut().insert(respond::H_TARGET, name);
+    }
     resp.headers_mut()
         .insert(respond::H_REQUEST_ID, request_id.clone());
     resp

@@ -99,6 +99,11 @@ pub trait Adapter: Send + Sync + std::fmt::Debug {
     /// The path under `base_url` of embeddings requests, if the protocol has them.
     fn embeddings_path(&self) -> Option<&'static str>;
 
+    /// Path of the token-count operation under `base_url`, if it has one.
+    fn count_tokens_path(&self) -> Option<&'static str> {
+        None
+    }
+
     /// The request body for `target`.
     ///
     /// # Errors
@@ -150,15 +155,19 @@ pub enum Operation {
     Chat,
     /// Embeddings.
     Embeddings,
+    /// A prompt's token count (Anthropic's `messages/count_tokens`), never
+    /// part of a walk.
+    CountTokens,
 }
 
 impl Operation {
-    /// GenAI's operation name: `chat` or `embeddings`.
+    /// GenAI's operation name: `chat`, `embeddings` or `count_tokens`.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             Operation::Chat => "chat",
             Operation::Embeddings => "embeddings",
+            Operation::CountTokens => "count_tokens",
         }
     }
 }
@@ -170,6 +179,8 @@ pub struct Urls {
     pub chat: Uri,
     /// `{base_url}/{embeddings_path}?{query}`, if the protocol has embeddings.
     pub embeddings: Option<Uri>,
+    /// `{base_url}/{count_tokens_path}?{query}`, if the protocol counts tokens.
+    pub count_tokens: Option<Uri>,
 }
 
 impl Urls {
@@ -179,6 +190,7 @@ impl Urls {
         match op {
             Operation::Chat => Some(&self.chat),
             Operation::Embeddings => self.embeddings.as_ref(),
+            Operation::CountTokens => self.count_tokens.as_ref(),
         }
     }
 }

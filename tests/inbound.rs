@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use crate::support::fake::{self, Fake, Reply};
+use crate::support::fake::{self, Fake, Reply, Seen};
 use crate::support::*;
 
 const ANTHROPIC_TEXT: &str = include_str!("fixtures/anthropic/text_response.anthropic.json");
@@ -436,4 +436,43 @@ async fn a_previous_response_id_carries_the_conversation_and_the_store_answers_g
         get(gw.addr, &format!("/v1/responses/{id}")).await.status,
         404
     );
+}
+
+#[tokio::test]
+async fn count_tokens_is_the_anthropic_targets_count_when_it_answers_else_the_estimate() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::start(
+        |n, seen: &Seen| match (n, seen.uri.ends_with("/messages/count_tokens")) {
+            (0, true) => fake::json(200, r#"{"input_tokens": 42}"#),
+            _ => fake::error(500, "no count today"),
+        },
+    )
+    .await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let gw = gateway(&routes(
+        &[hop("b", &b.url()), anthropic_hop("a", &a.url(), &keys)],
+        "",
+        "",
+    ))
+    .await;
+    let body = json!({"model": "gpt-4o", "system": "be brief",
+                      "messages": [{"role": "user", "content": "hello there"}]})
+    .to_string();
+    let headers = [("anthropic-beta", "token-counting-2024-11-01")];
+    let counted = post_raw(gw.addr, "/v1/messages/count_tokens", body.clone(), &headers).await;
+    assert_eq!(counted.status, 200, "{}", counted.text());
+    assert_eq!(counted.json(), json!({"input_tokens": 42}));
+    assert_eq!(counted.header("x-switchyard-token-count"), "provider");
+    assert_eq!(counted.header("x-switchyard-target"), "a");
+    let seen = &a.seen()[0];
+    assert_eq!(seen.body["model"], "upstream-a");
+    assert_eq!(seen.body["system"], "be brief");
+    assert_eq!(seen.headers["anthropic-beta"], "token-counting-2024-11-01");
+    assert_eq!(seen.headers["x-api-key"], "sk-ant-inbound-test-0123456789");
+    // The provider fails: switchyard's estimate, said so.
+    let estimated = post_raw(gw.addr, "/v1/messages/count_tokens", body, &[]).await;
+    assert_eq!(estimated.status, 200, "{}", estimated.text());
+    assert_eq!(estimated.header("x-switchyard-token-count"), "estimate");
+    assert!(estimated.json()["input_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(b.calls(), 0, "a count is no chat call");
 }

@@ -523,8 +523,9 @@ fn answered(
     }
     let decoded = match call.op {
         Operation::Chat => adapter.decode_answer(bytes),
-        // Only the OpenAI protocol has embeddings: its answer is as sent.
-        Operation::Embeddings => Ok(bytes),
+        // Only the OpenAI protocol has embeddings: its answer is as sent
+        // (a token count never runs through an attempt).
+        Operation::Embeddings | Operation::CountTokens => Ok(bytes),
     };
     let bytes = match decoded {
         Ok(b) => b,
@@ -535,7 +536,7 @@ fn answered(
     };
     let shape = match call.op {
         Operation::Chat => classify::answer_shape(&bytes),
-        Operation::Embeddings => classify::embeddings_shape(&bytes),
+        Operation::Embeddings | Operation::CountTokens => classify::embeddings_shape(&bytes),
     };
     if shape != AnswerShape::Completion {
         return not_an_answer(target, code, headers, shape, bytes, permit);

@@ -869,6 +869,7 @@ fn urls(
     Ok(Urls {
         chat: url(adapter.chat_path())?,
         embeddings: adapter.embeddings_path().map(url).transpose()?,
+        count_tokens: adapter.count_tokens_path().map(url).transpose()?,
     })
 }
 

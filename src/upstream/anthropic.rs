@@ -62,6 +62,10 @@ impl Adapter for Anthropic {
         None
     }
 
+    fn count_tokens_path(&self) -> Option<&'static str> {
+        Some("messages/count_tokens")
+    }
+
     fn encode(
         &self,
         request: &ChatRequest<'_>,
