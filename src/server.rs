@@ -381,7 +381,7 @@ async fn handle(
     match endpoint {
         Endpoint::Proxied(api) => proxied(&app, api, req, peer.ip(), request_id, arrival).await,
         Endpoint::CountTokens => count_tokens(&app, req, &request_id).await,
-        Endpoint::StoredResponse => stored_response(&app, req.method(), path, &request_id),
+        Endpoint::StoredResponse => stored_response(&app, req.method(), path, &request_id).await,
         Endpoint::Models => json(StatusCode::OK, &models(&app.snapshot.load())),
         Endpoint::Model => match model_id(path) {
             Some(id) => model(&app.snapshot.load(), &id, &request_id),
@@ -586,7 +586,7 @@ async fn proxied(
     let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
         return rejected(&GatewayError::Overloaded, &request_id);
     };
-    let (bytes, render) = match translated(app, api, bytes) {
+    let (bytes, render) = match translated(app, api, bytes).await {
         Ok(translated) => translated,
         Err(refusal) => {
             snapshot.unrouted.increment(400, 1);
@@ -634,7 +634,7 @@ async fn proxied(
 /// Responses request translated into chat (or its 400, in its protocol);
 /// chat and embeddings as they came.
 #[allow(clippy::result_large_err)] // the refusal is the response itself
-fn translated(
+async fn translated(
     app: &App,
     api: Api,
     bytes: Bytes,
@@ -649,8 +649,18 @@ fn translated(
         Api::Chat | Api::Embeddings => return Ok((bytes, None)),
         Api::Messages => inbound::messages::translate(&bytes)
             .map_err(|e| refused(inbound::messages::invalid(&e)))?,
-        Api::Responses => inbound::responses::translate(&bytes, &app.responses)
-            .map_err(|e| refused(inbound::responses::invalid(&e)))?,
+        Api::Responses => {
+            let previous = app
+                .responses
+                .is_shared()
+                .then(|| inbound::responses::previous_response_id(&bytes));
+            if let Some(id) = previous.flatten() {
+                // Another replica's response, if this one does not have it.
+                app.responses.fetch(&id).await;
+            }
+            inbound::responses::translate(&bytes, &app.responses)
+                .map_err(|e| refused(inbound::responses::invalid(&e)))?
+        }
     };
     Ok((t.chat, Some(t.render)))
 }
@@ -727,19 +737,20 @@ async fn count_tokens(
 const H_TOKEN_COUNT: &str = "x-switchyard-token-count";
 
 /// `GET` / `DELETE /v1/responses/{id}`, from the response store.
-fn stored_response(
+async fn stored_response(
     app: &App,
     method: &Method,
     path: &str,
     request_id: &HeaderValue,
 ) -> Response<Body> {
     let id = path.rsplit('/').next().unwrap_or_default();
-    let found = if method == Method::DELETE {
-        app.responses
-            .delete(id)
-            .then(|| serde_json::json!({"id": id, "object": "response", "deleted": true}))
-    } else {
-        app.responses.get(id).map(|stored| stored.response.clone())
+    let found = match app.responses.fetch(id).await {
+        Some(_) if method == Method::DELETE => {
+            app.responses.delete(id);
+            Some(serde_json::json!({"id": id, "object": "response", "deleted": true}))
+        }
+        Some(stored) => Some(stored.response.clone()),
+        None => None,
     };
     let mut resp = match found {
         Some(v) => json(StatusCode::OK, &v),

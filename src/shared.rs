@@ -89,7 +89,11 @@ async fn run(app: Arc<App>, settings: SharedStore, url: crate::secret::Secret, u
                             records = n,
                             "shared state: connected; running on the shared view"
                         );
+                        let link = Some(store.connection());
+                        app.responses
+                            .link(link, &settings.key_prefix, settings.timeout);
                         let why = session(&app, &mut replica, &mut store, &mut messages).await;
+                        app.responses.link(None, "", settings.timeout);
                         warn!(error = %why, "shared state: store lost; running on local state and reconnecting");
                         said_down = true;
                     }

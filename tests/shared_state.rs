@@ -671,3 +671,40 @@ async fn a_429_on_one_replica_sheds_normal_work_on_all_of_them() {
     assert_eq!(ans.header("x-switchyard-target"), "a", "{}", ans.text());
     assert_eq!(a.calls(), 2);
 }
+
+/// A response stored by one replica is continued and fetched on another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_started_on_one_replica_continues_on_another() {
+    let redis = RedisServer::start();
+    let a = Fake::start(|n, _| fake::completion("ma", &format!("answer {n}"))).await;
+    let b = Fake::always(fake::completion("mb", "b")).await;
+    let gws = replicas(&config(
+        &a.url(),
+        &b.url(),
+        &redis,
+        &chains(0),
+        "open_for: 60s",
+    ))
+    .await;
+    let body = serde_json::json!({"model": "gpt-4o", "input": "hi"}).to_string();
+    let first = post_raw(gws[0].addr, "/v1/responses", body, &[]).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/responses/{id}");
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            get(gws[1].addr, &path).await.status == 200
+        })
+        .await,
+        "replica 1 never saw the response"
+    );
+    let next = serde_json::json!({"model": "gpt-4o", "input": "more", "previous_response_id": id});
+    let second = post_raw(gws[2].addr, "/v1/responses", next.to_string(), &[]).await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    let sent = &a.seen()[1].body["messages"];
+    assert_eq!(
+        sent[1],
+        serde_json::json!({"role": "assistant", "content": "answer 0"}),
+        "{sent}"
+    );
+}

@@ -938,6 +938,19 @@ pub fn invalid(e: &Invalid) -> Bytes {
     )
 }
 
+/// The `previous_response_id` of a Responses request body, if it names one
+/// (to fetch it from the shared store before the request is translated).
+#[must_use]
+pub fn previous_response_id(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Previous {
+        previous_response_id: Option<String>,
+    }
+    serde_json::from_slice::<Previous>(body)
+        .ok()?
+        .previous_response_id
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

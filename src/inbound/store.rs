@@ -1,12 +1,19 @@
 //! The responses switchyard produced for Responses clients (`store`, the
 //! default there), kept so that `previous_response_id` continues a
 //! conversation and `GET` / `DELETE /v1/responses/{id}` answer: in process,
-//! bounded by bytes, each entry living `TTL`.
+//! bounded by bytes, each entry living `TTL`; with `shared_state`, also in
+//! the shared store (written behind the answer, read on a local miss within
+//! the store's timeout), so that any replica continues a conversation.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
+use redis::aio::MultiplexedConnection;
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tokio::time::timeout;
 
 /// How long a stored response can be continued or fetched.
 pub const TTL: Duration = Duration::from_secs(60 * 60);
@@ -14,7 +21,7 @@ pub const TTL: Duration = Duration::from_secs(60 * 60);
 pub const MAX_BYTES: u64 = 64 << 20;
 
 /// One stored response.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Stored {
     /// The response object, as the client got it.
     pub response: Value,
@@ -23,14 +30,26 @@ pub struct Stored {
     pub conversation: Vec<Value>,
 }
 
-/// The store (cheap to clone: one cache).
+/// The store (cheap to clone: one cache, one link).
 #[derive(Clone)]
-pub struct ResponseStore(moka::sync::Cache<String, Arc<Stored>>);
+pub struct ResponseStore {
+    local: moka::sync::Cache<String, Arc<Stored>>,
+    shared: Arc<ArcSwapOption<Link>>,
+}
+
+/// The shared store, while it is connected.
+struct Link {
+    conn: MultiplexedConnection,
+    /// `{key_prefix}:response:`.
+    prefix: String,
+    timeout: Duration,
+}
 
 impl std::fmt::Debug for ResponseStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResponseStore")
-            .field("entries", &self.0.entry_count())
+            .field("entries", &self.local.entry_count())
+            .field("shared", &self.shared.load().is_some())
             .finish()
     }
 }
@@ -55,23 +74,85 @@ impl ResponseStore {
             })
             .time_to_live(ttl)
             .build();
-        Self(cache)
+        Self {
+            local: cache,
+            shared: Arc::default(),
+        }
     }
 
-    /// The response stored as `id`, if it is still there.
+    /// Shares responses through `conn` (keys under `key_prefix`), each call
+    /// within `limit`; `None` when the store is lost.
+    pub fn link(&self, conn: Option<MultiplexedConnection>, key_prefix: &str, limit: Duration) {
+        self.shared.store(conn.map(|conn| {
+            Arc::new(Link {
+                conn,
+                prefix: format!("{key_prefix}:response:"),
+                timeout: limit,
+            })
+        }));
+    }
+
+    /// Whether the shared store is linked.
+    #[must_use]
+    pub fn is_shared(&self) -> bool {
+        self.shared.load().is_some()
+    }
+
+    /// The response stored as `id`, if this process has it.
     #[must_use]
     pub fn get(&self, id: &str) -> Option<Arc<Stored>> {
-        self.0.get(id)
+        self.local.get(id)
     }
 
-    /// Keeps `stored` as `id`.
+    /// The response stored as `id`, asking the shared store on a local miss
+    /// (a failed or slow store is a miss).
+    pub async fn fetch(&self, id: &str) -> Option<Arc<Stored>> {
+        if let Some(found) = self.local.get(id) {
+            return Some(found);
+        }
+        let link = self.shared.load_full()?;
+        let mut conn = link.conn.clone();
+        let key = format!("{}{id}", link.prefix);
+        let bytes: Option<Vec<u8>> = timeout(link.timeout, conn.get(key)).await.ok()?.ok()?;
+        let stored: Stored = serde_json::from_slice(&bytes?).ok()?;
+        let stored = Arc::new(stored);
+        self.local.insert(id.to_owned(), Arc::clone(&stored));
+        Some(stored)
+    }
+
+    /// Keeps `stored` as `id` (and writes it to the shared store behind the answer).
     pub fn put(&self, id: String, stored: Stored) {
-        self.0.insert(id, Arc::new(stored));
+        if let Some(link) = self.shared.load_full() {
+            if let Ok(bytes) = serde_json::to_vec(&stored) {
+                let key = format!("{}{id}", link.prefix);
+                spawn(async move {
+                    let mut conn = link.conn.clone();
+                    let write = conn.set_ex::<_, _, ()>(key, bytes, TTL.as_secs());
+                    let _ = timeout(link.timeout, write).await;
+                });
+            }
+        }
+        self.local.insert(id, Arc::new(stored));
     }
 
-    /// Forgets `id`; whether it was there.
+    /// Forgets `id` here and in the shared store; whether this process had it.
     pub fn delete(&self, id: &str) -> bool {
-        self.0.remove(id).is_some()
+        if let Some(link) = self.shared.load_full() {
+            let key = format!("{}{id}", link.prefix);
+            spawn(async move {
+                let mut conn = link.conn.clone();
+                let _ = timeout(link.timeout, conn.del::<_, ()>(key)).await;
+            });
+        }
+        self.local.remove(id).is_some()
+    }
+}
+
+/// Runs `work` on the current runtime, if there is one (there always is
+/// while serving; a linked store outside one drops the write).
+fn spawn(work: impl std::future::Future<Output = ()> + Send + 'static) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(work);
     }
 }
 
@@ -120,12 +201,12 @@ mod tests {
                 },
             );
         }
-        store.0.run_pending_tasks();
+        store.local.run_pending_tasks();
         assert!(
-            store.0.weighted_size() <= 10_000,
+            store.local.weighted_size() <= 10_000,
             "{}",
-            store.0.weighted_size()
+            store.local.weighted_size()
         );
-        assert!(store.0.entry_count() < 1000);
+        assert!(store.local.entry_count() < 1000);
     }
 }

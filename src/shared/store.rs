@@ -189,6 +189,13 @@ impl Store {
         Ok((store, pubsub.into_on_message()))
     }
 
+    /// A handle on the command connection, for what shares through the
+    /// store outside this module's records (the response store).
+    #[must_use]
+    pub fn connection(&self) -> MultiplexedConnection {
+        self.conn.clone()
+    }
+
     /// The key names.
     #[must_use]
     pub fn names(&self) -> &Names {
