@@ -22,31 +22,10 @@ use http_body_util::BodyExt as _;
 use serde::Deserialize;
 
 use crate::body::{self, Body};
+use crate::native;
+pub use crate::native::Protocol;
 use crate::sse;
 pub use store::ResponseStore;
-
-/// The protocol a client speaks at the front door.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    /// OpenAI Chat Completions (`/v1/chat/completions`): the engine's own.
-    Chat,
-    /// Anthropic Messages (`/v1/messages`).
-    Messages,
-    /// OpenAI Responses (`/v1/responses`).
-    Responses,
-}
-
-impl Protocol {
-    /// Its name in the access log.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Chat => "chat",
-            Protocol::Messages => "messages",
-            Protocol::Responses => "responses",
-        }
-    }
-}
 
 /// A body the protocol's translation refuses: the field and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -136,16 +115,20 @@ pub async fn render(response: Response<Body>, render: Render) -> Response<Body> 
         Ok(collected) => collected.to_bytes(),
         Err(never) => match never {},
     };
-    let (out, content_type) = match (&render, parts.status == StatusCode::OK) {
-        (Render::Messages(r), true) => (r.answer(&bytes), "application/json"),
-        (Render::Messages(_), false) => (messages::error(parts.status, &bytes), "application/json"),
-        (Render::Responses(r), true) => (r.answer(&bytes), "application/json"),
+    let native = parts.extensions.remove::<native::Answer>();
+    let ok = parts.status == StatusCode::OK;
+    let out = match (&render, ok, native) {
+        // The answer as its Messages target sent it.
+        (Render::Messages(_), true, Some(native)) => native.0,
+        (Render::Messages(r), true, None) => r.answer(&bytes),
+        (Render::Messages(_), false, _) => messages::error(parts.status, &bytes),
+        (Render::Responses(r), true, _) => r.answer(&bytes),
         // Responses errors are OpenAI's envelope already.
-        (Render::Responses(_), false) => (bytes, "application/json"),
+        (Render::Responses(_), false, _) => bytes,
     };
     parts
         .headers
-        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     Response::from_parts(parts, body::full(out))
 }
 
@@ -156,8 +139,18 @@ enum Renderer {
 }
 
 impl Renderer {
-    /// One event of the chat stream, rendered into `out`.
-    fn event(&mut self, data: &str, out: &mut BytesMut) {
+    /// One event of the chat stream, rendered into `out`; an upstream event
+    /// it carries goes out as it came instead.
+    fn event(&mut self, event: &sse::Event, out: &mut BytesMut) {
+        if let (Renderer::Messages(r), Some(carried)) = (&mut *self, native::carried(&event.raw)) {
+            if let Some(data) = carried {
+                r.native(&data, out);
+            }
+            return;
+        }
+        let Some(data) = event.data.as_deref() else {
+            return;
+        };
         if data.trim() == "[DONE]" {
             return self.done(out);
         }
@@ -195,9 +188,7 @@ fn translate_stream(inner: Body, renderer: Renderer) -> Body {
             let mut out = BytesMut::new();
             let Some(frame) = inner.frame().await else {
                 while let Some(event) = parser.next_event(true) {
-                    if let Some(data) = &event.data {
-                        renderer.event(data, &mut out);
-                    }
+                    renderer.event(&event, &mut out);
                 }
                 renderer.done(&mut out);
                 return (!out.is_empty()).then(|| (out.freeze(), None));
@@ -210,9 +201,7 @@ fn translate_stream(inner: Body, renderer: Renderer) -> Body {
             };
             parser.push(&data);
             while let Some(event) = parser.next_event(false) {
-                if let Some(data) = &event.data {
-                    renderer.event(data, &mut out);
-                }
+                renderer.event(&event, &mut out);
             }
             if !out.is_empty() {
                 return Some((out.freeze(), Some((inner, renderer, parser))));

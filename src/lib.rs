@@ -10,7 +10,8 @@
 //! - [`proxy`]: the attempt loop (its header lists the steps); one attempt up
 //!   to the commit point, the stream relay after it, the response shaping and
 //!   the accounting are its submodules.
-//! - [`request`]: the typed view of a chat request, parsed once.
+//! - [`request`]: the typed view of a chat request, parsed once; [`native`]
+//!   carries a client's own protocol past translation to a target that speaks it.
 //! - [`routing`]: the plan of candidates and the one admission point;
 //!   [`ratelimit`] holds the token buckets it asks.
 //! - [`upstream`]: the protocol adapter seam (OpenAI, Anthropic) and the
@@ -38,6 +39,7 @@ pub mod error;
 pub mod health;
 pub mod inbound;
 pub mod metrics;
+pub mod native;
 pub mod probe;
 pub mod proxy;
 pub mod ratelimit;

@@ -44,6 +44,7 @@ use tracing::{debug, info, warn, Instrument};
 use crate::body::Body;
 use crate::classify::{Action, AttemptOutcome, Decision};
 use crate::error::GatewayError;
+use crate::native::{self, Protocol};
 use crate::request::{ChatRequest, EmbeddingsRequest};
 use crate::routing::{self, Admission, Admitted, Holdbacks, Needs, Payload};
 use crate::schema::{Contract, Mode as ValidateMode, Violation};
@@ -74,6 +75,8 @@ pub struct Exchange<'a> {
     pub request_id: HeaderValue,
     /// When it arrived.
     pub arrival: Instant,
+    /// The client's own body, when it spoke another protocol ([`crate::native`]).
+    pub native: Option<(Protocol, Bytes)>,
     /// Its telemetry record.
     pub trace: RequestTrace,
     /// The drain's cut, for a stream still running at `drain_timeout`.
@@ -82,10 +85,14 @@ pub struct Exchange<'a> {
 
 /// Handles one `POST /v1/chat/completions`.
 pub async fn chat_completions(x: Exchange<'_>) -> Response<Body> {
-    let request = match ChatRequest::parse(&x.body) {
+    let mut request = match ChatRequest::parse(&x.body) {
         Ok(r) => r,
         Err(e) => return rejected(&x, &e.into()),
     };
+    request.native = x.native.as_ref().map(|(protocol, body)| native::Request {
+        protocol: *protocol,
+        body,
+    });
     let task = match route(&x, request.model.as_deref()) {
         Ok(task) => task,
         Err(e) => return rejected(&x, &e),
@@ -188,6 +195,10 @@ async fn serve(
         drain: x.drain,
         deadline: x.arrival + task.budget.total_timeout,
         contract: shape.contract,
+        native: match shape.payload {
+            Payload::Chat(request) => request.native.map(|n| n.protocol),
+            Payload::Embeddings(_) => None,
+        },
         account: Account {
             task: Arc::clone(task),
             prompt_estimate: needs.prompt_tokens,
@@ -333,6 +344,9 @@ struct Walk<'a> {
     deadline: Instant,
     /// The request's tool contract, when the task validates tool calls.
     contract: Option<Arc<Contract>>,
+    /// The client's protocol, when its own body is at hand for a target
+    /// that speaks it.
+    native: Option<Protocol>,
     account: Account,
     tally: Tally,
     /// What held attempted targets back (rate limits) or that one failed for real.
@@ -586,9 +600,14 @@ impl Walk<'_> {
                 status,
                 body,
                 repaired,
+                native,
             } => {
                 telemetry::attempt_served(span, status.as_u16());
-                (self.whole_answer(status, body), repaired)
+                let mut resp = self.whole_answer(status, body);
+                if let Some(native) = native.filter(|_| !self.stream) {
+                    resp.extensions_mut().insert(native);
+                }
+                (resp, repaired)
             }
             Attempt::Committed(commit) => {
                 telemetry::attempt_served(span, StatusCode::OK.as_u16());
@@ -912,6 +931,8 @@ impl Walk<'_> {
             deadline: self.deadline,
             contract: self.contract_for(target),
             account: &self.account,
+            native: self.native.is_some()
+                && target.provider.endpoint.adapter.native() == self.native,
         }
     }
 

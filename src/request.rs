@@ -143,6 +143,9 @@ pub struct ChatRequest<'a> {
     pub images: bool,
     /// Estimated prompt tokens ([`crate::tokens`]).
     pub prompt_tokens: u64,
+    /// The client's own body, when it spoke another protocol a target may
+    /// speak too (this view is then its chat translation).
+    pub native: Option<crate::native::Request<'a>>,
 }
 
 impl<'a> ChatRequest<'a> {
@@ -184,6 +187,7 @@ impl<'a> ChatRequest<'a> {
             response_format: wire.response_format,
             max_tokens: max_completion_tokens.or(max_tokens),
             prompt_tokens: 0,
+            native: None,
         };
         request.prompt_tokens = request.estimate_prompt_tokens();
         request.tool_choice_has_tools()?;
@@ -339,6 +343,21 @@ fn model(raw: Option<&RawValue>) -> Result<Option<Cow<'_, str>>, RequestError> {
             .map(Some)
             .ok_or_else(|| RequestError::field("model", "`model` must be a string")),
     }
+}
+
+/// Any JSON object `body` with its top-level `model` set to `model`, only
+/// that value replaced (the key added first when it has none); `None` when
+/// `body` is not a JSON object.
+#[must_use]
+pub fn object_with_model(body: &[u8], model: &str) -> Option<Bytes> {
+    #[derive(serde::Deserialize)]
+    struct Model<'a> {
+        #[serde(borrow)]
+        model: Option<&'a RawValue>,
+    }
+    let found: Model<'_> = serde_json::from_slice(body).ok()?;
+    let span = found.model.and_then(|raw| span_in(body, raw));
+    Some(with_model(body, span.as_ref(), model))
 }
 
 /// `body` (a JSON object with at least one other field) with `model` set to

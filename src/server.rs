@@ -586,6 +586,8 @@ async fn proxied(
     let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
         return rejected(&GatewayError::Overloaded, &request_id);
     };
+    // A Messages body may go on as sent, to a target that speaks Messages.
+    let native = (protocol == Protocol::Messages).then(|| (protocol, bytes.clone()));
     let (bytes, render) = match translated(app, api, bytes).await {
         Ok(translated) => translated,
         Err(refusal) => {
@@ -601,6 +603,7 @@ async fn proxied(
         headers: &parts.headers,
         peer,
         body: bytes,
+        native,
         request_id,
         arrival,
         trace: trace.clone(),

@@ -21,6 +21,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 
 use crate::classify::NetworkKind;
+use crate::native::Protocol;
 use crate::request::{ChatRequest, EmbeddingsRequest};
 use pool::HttpClient;
 
@@ -98,6 +99,12 @@ pub trait Adapter: Send + Sync + std::fmt::Debug {
 
     /// The path under `base_url` of embeddings requests, if the protocol has them.
     fn embeddings_path(&self) -> Option<&'static str>;
+
+    /// The front-door protocol this one is, if it is one: a client of it is
+    /// served its own bytes ([`crate::native`]).
+    fn native(&self) -> Option<Protocol> {
+        None
+    }
 
     /// Path of the token-count operation under `base_url`, if it has one.
     fn count_tokens_path(&self) -> Option<&'static str> {
@@ -395,6 +402,9 @@ pub struct Events {
     decoder: decode::Decoder,
     parser: crate::sse::Parser,
     translator: Option<Box<dyn StreamTranslator>>,
+    /// The client speaks this protocol: each upstream event rides on its
+    /// translation ([`crate::native::carry`]).
+    native: bool,
     ready: std::collections::VecDeque<crate::sse::Event>,
 }
 
@@ -403,7 +413,8 @@ pub struct Events {
 const MAX_DECODED_READ: usize = 16 * 1024 * 1024;
 
 impl Events {
-    /// Events of a stream in `adapter`'s protocol whose body has `coding`.
+    /// Events of a stream in `adapter`'s protocol whose body has `coding`;
+    /// `native`: the client speaks that protocol, and gets its events.
     ///
     /// # Errors
     /// Only if a decoder cannot be set up.
@@ -411,11 +422,14 @@ impl Events {
         adapter: &dyn Adapter,
         include_usage: bool,
         coding: decode::Coding,
+        native: bool,
     ) -> std::io::Result<Self> {
+        let translator = adapter.stream_translator(include_usage);
         Ok(Self {
             decoder: decode::Decoder::new(coding, MAX_DECODED_READ, true)?,
             parser: crate::sse::Parser::default(),
-            translator: adapter.stream_translator(include_usage),
+            native: native && translator.is_some(),
+            translator,
             ready: std::collections::VecDeque::new(),
         })
     }
@@ -463,15 +477,34 @@ impl Events {
             let Some(data) = &event.data else { continue };
             match translator.on_event(data) {
                 Ok(frames) => {
-                    for raw in frames {
-                        let data = std::str::from_utf8(&raw)
+                    let data_of = |raw: &Bytes| {
+                        std::str::from_utf8(raw)
                             .ok()
                             .and_then(|t| t.strip_prefix("data: "))
-                            .map(|t| t.trim_end().to_owned());
+                            .map(|t| t.trim_end().to_owned())
+                    };
+                    if !self.native {
+                        for raw in frames {
+                            let data = data_of(&raw);
+                            let malformed = false;
+                            self.ready.push_back(crate::sse::Event {
+                                raw,
+                                data,
+                                malformed,
+                            });
+                        }
+                        continue;
+                    }
+                    let read: Vec<_> = frames.iter().map(data_of).collect();
+                    let carried = crate::native::carry(data, frames);
+                    // An event read into nothing is carried alone, with no data.
+                    let read = read.into_iter().chain(std::iter::repeat(None));
+                    for (raw, data) in carried.into_iter().zip(read) {
+                        let malformed = false;
                         self.ready.push_back(crate::sse::Event {
                             raw,
                             data,
-                            malformed: false,
+                            malformed,
                         });
                     }
                 }

@@ -476,3 +476,244 @@ async fn count_tokens_is_the_anthropic_targets_count_when_it_answers_else_the_es
     assert!(estimated.json()["input_tokens"].as_u64().unwrap() > 0);
     assert_eq!(b.calls(), 0, "a count is no chat call");
 }
+
+const CLAUDE_CODE: &str = include_str!("fixtures/anthropic/claude_code_request.json");
+const THINKING_STREAM: &str = include_str!("fixtures/anthropic/stream_thinking.anthropic.sse");
+const THINKING_ANSWER: &str = include_str!("fixtures/anthropic/thinking_response.anthropic.json");
+const CLAUDE_CODE_HEADERS: [(&str, &str); 3] = [
+    ("anthropic-version", "2023-06-01"),
+    (
+        "anthropic-beta",
+        "claude-code-20250219,interleaved-thinking-2025-05-14,fine-grained-tool-streaming-2025-05-14",
+    ),
+    ("x-api-key", "sk-ant-client"),
+];
+
+/// An Anthropic SSE body as a fake's stream, one event per write; `cut`:
+/// only the first `n` events, then the connection aborts.
+fn anthropic_stream(sse: &str, cut: Option<usize>) -> Reply {
+    let mut pieces: Vec<String> = sse
+        .split_inclusive("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(str::to_owned)
+        .collect();
+    if let Some(n) = cut {
+        pieces.truncate(n);
+    }
+    Reply::Stream {
+        pieces,
+        delay: std::time::Duration::ZERO,
+        cut: cut.is_some(),
+    }
+}
+
+/// The `data:` payloads of an SSE body, exactly as written.
+fn data_lines(body: &str) -> Vec<&str> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect()
+}
+
+/// `body` with its top-level `model` value set to `model`, nothing else moved.
+fn with_model(body: &str, from: &str, to: &str) -> String {
+    let was = format!("\"model\":\"{from}\"");
+    assert_eq!(body.matches(&was).count(), 1);
+    body.replacen(&was, &format!("\"model\":\"{to}\""), 1)
+}
+
+#[tokio::test]
+async fn a_claude_code_request_goes_to_an_anthropic_target_as_sent_and_its_stream_comes_back_as_sent(
+) {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::always(anthropic_stream(THINKING_STREAM, None)).await;
+    let gw = gateway(&routes(
+        &[anthropic_hop("a", &a.url(), &keys).target("capabilities: [tools]")],
+        "",
+        "default_task: chat\n",
+    ))
+    .await;
+    let ans = post_raw(
+        gw.addr,
+        "/v1/messages",
+        CLAUDE_CODE.to_owned(),
+        &CLAUDE_CODE_HEADERS,
+    )
+    .await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-target"), "a");
+    // Upstream: the client's bytes, only `model` rewritten — system blocks
+    // with cache_control, 21 tools, thinking, its signature, and a field
+    // switchyard does not know (`context_management`) all as sent.
+    let seen = &a.seen()[0];
+    let expected = with_model(CLAUDE_CODE, "claude-sonnet-4-5-20250929", "upstream-a");
+    assert_eq!(std::str::from_utf8(&seen.raw).unwrap(), expected);
+    assert_eq!(seen.headers["anthropic-beta"], CLAUDE_CODE_HEADERS[1].1);
+    assert_eq!(seen.headers["x-api-key"], "sk-ant-inbound-test-0123456789");
+    // Back: every event as the target wrote it (its spacing included), the
+    // thinking and signature deltas among them, and nothing added.
+    let body = ans.text();
+    assert_eq!(data_lines(&body), data_lines(THINKING_STREAM), "{body}");
+    assert_eq!(event_names(&body), event_names(THINKING_STREAM));
+    assert!(!body.contains(":native:"), "{body}");
+}
+
+#[tokio::test]
+async fn an_anthropic_targets_whole_answer_comes_back_as_sent() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::always(fake::json(200, THINKING_ANSWER)).await;
+    let gw = gateway(&routes(
+        &[anthropic_hop("a", &a.url(), &keys).target("capabilities: [tools]")],
+        "",
+        "default_task: chat\n",
+    ))
+    .await;
+    let request = CLAUDE_CODE.replacen("\"stream\":true", "\"stream\":false", 1);
+    let ans = post_raw(
+        gw.addr,
+        "/v1/messages",
+        request.clone(),
+        &CLAUDE_CODE_HEADERS,
+    )
+    .await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    // Redacted thinking, the signature and citations are the target's bytes.
+    assert_eq!(ans.text(), THINKING_ANSWER);
+    assert_eq!(ans.header("content-type"), "application/json");
+    let sent = with_model(&request, "claude-sonnet-4-5-20250929", "upstream-a");
+    assert_eq!(std::str::from_utf8(&a.seen()[0].raw).unwrap(), sent);
+}
+
+#[tokio::test]
+async fn a_claude_code_request_is_translated_for_an_openai_target_after_a_529() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::always(fake::json(529, ANTHROPIC_OVERLOADED)).await;
+    let b = Fake::always(fake::stream("model-b", &["It is", " in proxy.rs"])).await;
+    let gw = gateway(&routes(
+        &[
+            anthropic_hop("a", &a.url(), &keys).target("capabilities: [tools]"),
+            hop("b", &b.url()).target("capabilities: [tools]"),
+        ],
+        "",
+        "default_task: chat\n",
+    ))
+    .await;
+    let ans = post_raw(
+        gw.addr,
+        "/v1/messages",
+        CLAUDE_CODE.to_owned(),
+        &CLAUDE_CODE_HEADERS,
+    )
+    .await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-target"), "b");
+    let body = ans.text();
+    let names = event_names(&body);
+    assert_eq!(names.first().map(String::as_str), Some("message_start"));
+    assert_eq!(names.last().map(String::as_str), Some("message_stop"));
+    assert_eq!(names.iter().filter(|n| *n == "message_delta").count(), 1);
+    assert_eq!(messages_text(&body), "It is in proxy.rs");
+    // The Anthropic target had the client's bytes; the chat one a chat body
+    // with every tool, and the tool round trip as chat messages.
+    let sent = with_model(CLAUDE_CODE, "claude-sonnet-4-5-20250929", "upstream-a");
+    assert_eq!(std::str::from_utf8(&a.seen()[0].raw).unwrap(), sent);
+    let to_b = &b.seen()[0].body;
+    assert_eq!(to_b["tools"].as_array().map(Vec::len), Some(21), "{to_b}");
+    assert_eq!(to_b["messages"][0]["role"], "system");
+    assert!(to_b["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["role"] == "tool" && m["tool_call_id"] == "toolu_01A09q90qw90lq917835lq9"));
+}
+
+#[tokio::test]
+async fn an_anthropic_stream_broken_mid_text_is_finished_by_an_openai_target_in_the_same_block() {
+    let keys = tempfile::tempdir().unwrap();
+    // Cut after the first text delta: message_start .. text_delta "The retry logic is in src/proxy.rs."
+    let a = Fake::always(anthropic_stream(THINKING_STREAM, Some(9))).await;
+    // Without prefill, the next target answers afresh and the delivered
+    // prefix is skipped.
+    let b = Fake::always(fake::stream(
+        "model-b",
+        &[
+            "The retry logic",
+            " is in src/proxy.rs.",
+            " Let me",
+            " read it.",
+        ],
+    ))
+    .await;
+    let gw = gateway(&routes(
+        &[
+            anthropic_hop("a", &a.url(), &keys).target("capabilities: [tools]"),
+            hop("b", &b.url()).target("capabilities: [tools]"),
+        ],
+        "stream_recovery: { mode: continue }",
+        "default_task: chat\n",
+    ))
+    .await;
+    let ans = post_raw(
+        gw.addr,
+        "/v1/messages",
+        CLAUDE_CODE.to_owned(),
+        &CLAUDE_CODE_HEADERS,
+    )
+    .await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let body = ans.text();
+    let events = named_events(&body);
+    // What the Anthropic target sent went out as it came...
+    let upstream = data_lines(THINKING_STREAM);
+    assert_eq!(data_lines(&body)[..9], upstream[..9], "{body}");
+    // ...and the continuation carries on in the open text block (index 1).
+    let rest: Vec<_> = events[9..].iter().map(|(n, d)| (n.as_str(), d)).collect();
+    assert!(
+        rest.iter()
+            .filter(|(n, _)| *n == "content_block_delta")
+            .all(|(_, d)| d["index"] == 1 && d["delta"]["type"] == "text_delta"),
+        "{body}"
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|(n, _)| n == "content_block_start")
+            .count(),
+        2,
+        "{body}"
+    );
+    assert!(!events.iter().any(|(n, _)| n == "error"), "{body}");
+    assert_eq!(
+        events.iter().filter(|(n, _)| n == "message_delta").count(),
+        1
+    );
+    assert_eq!(events.last().map(|(n, _)| n.as_str()), Some("message_stop"));
+    assert_eq!(
+        messages_text(&body),
+        "The retry logic is in src/proxy.rs. Let me read it.",
+        "{body}"
+    );
+    assert_eq!(b.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_tool_call_held_to_the_contract_comes_back_in_the_order_the_target_sent_it() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::always(anthropic_stream(THINKING_STREAM, None)).await;
+    let gw = gateway(&routes(
+        &[anthropic_hop("a", &a.url(), &keys).target("capabilities: [tools]")],
+        "validate_tool_calls: always",
+        "default_task: chat\n",
+    ))
+    .await;
+    let ans = post_raw(
+        gw.addr,
+        "/v1/messages",
+        CLAUDE_CODE.to_owned(),
+        &CLAUDE_CODE_HEADERS,
+    )
+    .await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    // The call's block end waited with the held call, not ahead of it.
+    let body = ans.text();
+    assert_eq!(data_lines(&body), data_lines(THINKING_STREAM), "{body}");
+}

@@ -71,6 +71,8 @@ pub struct Seen {
     pub headers: HeaderMap,
     /// The JSON body (Null if it was not JSON).
     pub body: serde_json::Value,
+    /// The body's bytes, as they came.
+    pub raw: Bytes,
 }
 
 /// How many requests [`Fake::seen`] keeps (the first ones).
@@ -212,6 +214,7 @@ async fn serve(s: Arc<Shared>, req: http::Request<Incoming>) -> Result<Response<
         uri,
         headers,
         body: serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+        raw: bytes,
     };
     let n = s.calls.fetch_add(1, Ordering::SeqCst);
     let reply = (s.script.lock())(n, &seen);

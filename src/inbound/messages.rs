@@ -9,6 +9,8 @@
 //! chat target cannot take them back). Server tools and document sources a
 //! chat request cannot carry are refused with a 400 naming the field.
 
+use std::borrow::Cow;
+
 use bytes::{Bytes, BytesMut};
 use http::StatusCode;
 use serde::Deserialize;
@@ -552,6 +554,8 @@ impl Reply {
             finish: None,
             usage: None,
             ended: false,
+            native_index: None,
+            delta_sent: false,
         }
     }
 }
@@ -571,6 +575,9 @@ enum Open {
     Thinking,
     /// A tool call, by its chat index.
     Tool(u32),
+    /// A block the upstream opened that chat has no kind for (a tool use,
+    /// a server tool's result).
+    Upstream,
 }
 
 /// A Messages stream rendered from the chat stream.
@@ -586,9 +593,82 @@ pub struct StreamReply {
     finish: Option<Finish>,
     usage: Option<Usage>,
     ended: bool,
+    /// The upstream's index of the open block, when the upstream opened it.
+    native_index: Option<u32>,
+    /// The upstream's own `message_delta` went out.
+    delta_sent: bool,
+}
+
+/// What the stream state needs of an upstream Messages event.
+#[derive(Deserialize)]
+struct EventHead<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    index: Option<u32>,
+    content_block: Option<BlockHead<'a>>,
+}
+
+#[derive(Deserialize)]
+struct BlockHead<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
 }
 
 impl StreamReply {
+    /// An upstream Messages event (its target speaks Messages), written as
+    /// it came. The state follows it, so that what another target adds
+    /// after a break (rendered from chat) carries on from it.
+    pub(super) fn native(&mut self, data: &str, out: &mut BytesMut) {
+        let Ok(head) = serde_json::from_str::<EventHead<'_>>(data) else {
+            return;
+        };
+        if self.ended {
+            return;
+        }
+        let ours = |s: &Self| s.open.is_some() && s.native_index == head.index;
+        match head.kind.as_ref() {
+            "message_start" if self.started => return,
+            "message_start" => self.started = true,
+            "content_block_start" => {
+                self.close(out);
+                let index = head.index.unwrap_or(self.blocks);
+                self.open = Some(match head.content_block.as_ref().map(|b| b.kind.as_ref()) {
+                    Some("text") => Open::Text,
+                    Some("thinking") => Open::Thinking,
+                    _ => Open::Upstream,
+                });
+                self.native_index = Some(index);
+                self.blocks = index + 1;
+            }
+            // A block closed here (a repaired call rendered instead) takes no more.
+            "content_block_delta" if !ours(self) => return,
+            "content_block_stop" if !ours(self) => return,
+            "content_block_stop" => {
+                self.open = None;
+                self.native_index = None;
+            }
+            "message_delta" => {
+                self.close(out);
+                self.delta_sent = true;
+            }
+            "message_stop" => {
+                self.close(out);
+                self.ended = true;
+            }
+            // `ping`, a delta of its block, and what switchyard does not know.
+            _ => {}
+        }
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(head.kind.as_bytes());
+        out.extend_from_slice(b"\n");
+        for line in data.split('\n') {
+            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(line.as_bytes());
+            out.extend_from_slice(b"\n");
+        }
+        out.extend_from_slice(b"\n");
+    }
+
     fn start(&mut self, chunk: &Chunk, out: &mut BytesMut) {
         if self.started {
             return;
@@ -624,6 +704,7 @@ impl StreamReply {
     }
 
     fn close(&mut self, out: &mut BytesMut) {
+        self.native_index = None;
         if self.open.take().is_some() {
             let index = self.blocks - 1;
             write_event(
@@ -697,6 +778,10 @@ impl StreamReply {
         }
         self.ended = true;
         self.close(out);
+        if self.delta_sent {
+            write_event(out, "message_stop", &json!({"type": "message_stop"}));
+            return;
+        }
         let mut usage = usage_of(self.usage.as_ref());
         if self.usage.is_none() {
             usage = json!({"output_tokens": 0});

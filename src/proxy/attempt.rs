@@ -23,6 +23,7 @@ use super::account::Account;
 use crate::body;
 use crate::classify::{self, AnswerShape, AttemptOutcome, Decision, NetworkKind, Outcome, Scope};
 use crate::health::{Failure, HealthConfig, Permit};
+use crate::native;
 use crate::schema::{CallAssembler, Contract, Repair, Violation, HOLD_MAX_TOOL_BYTES};
 use crate::snapshot::{ApiKey, Provider, Snapshot, Target, Task};
 use crate::sse::{self, Chunk};
@@ -74,6 +75,9 @@ pub struct Call<'a> {
     pub op: Operation,
     /// Counts stale-connection resends (upstream calls too).
     pub resends: &'a AtomicU32,
+    /// The target speaks the client's protocol and was sent the client's
+    /// body: its answer goes back as it came, beside its chat reading.
+    pub native: bool,
 }
 
 /// How one attempt ended.
@@ -87,6 +91,8 @@ pub enum Attempt {
         body: Bytes,
         /// How it was repaired to keep the contract, if it was.
         repaired: Option<Repair>,
+        /// The answer as the target sent it, for a client of its protocol.
+        native: Option<native::Answer>,
     },
     /// A stream past its commit point, ready to relay.
     Committed(Box<Commit>),
@@ -521,6 +527,8 @@ fn answered(
         };
         return Attempt::Failed(failed);
     }
+    // Kept only while the answer is as the target sent it.
+    let raw = (call.native && call.op == Operation::Chat).then(|| bytes.clone());
     let decoded = match call.op {
         Operation::Chat => adapter.decode_answer(bytes),
         // Only the OpenAI protocol has embeddings: its answer is as sent
@@ -576,10 +584,15 @@ fn answered(
         None,
     );
     settle_answer(call, &bytes);
+    let redacted = |bytes| crate::sanitize::redact_secrets(bytes, target.provider.secrets());
+    let native = raw
+        .filter(|_| repaired.is_none())
+        .map(|raw| native::Answer(redacted(raw)));
     Attempt::Answer {
         status,
-        body: crate::sanitize::redact_secrets(bytes, target.provider.secrets()),
+        body: redacted(bytes),
         repaired,
+        native,
     }
 }
 
@@ -787,8 +800,15 @@ async fn hold(
 ) -> Attempt {
     let target = call.target;
     let provider = &target.provider;
-    let events = Coding::of(headers)
-        .and_then(|coding| Events::new(provider.endpoint.adapter, call.include_usage, coding).ok());
+    let events = Coding::of(headers).and_then(|coding| {
+        Events::new(
+            provider.endpoint.adapter,
+            call.include_usage,
+            coding,
+            call.native,
+        )
+        .ok()
+    });
     let Some(mut events) = events else {
         return network(target, NetworkKind::Protocol, permit);
     };
@@ -885,6 +905,7 @@ fn take_events(
         let mut commit = false;
         let mut tool = false;
         let chunk = sse::classify_event(&event);
+        let empty = matches!(chunk, Chunk::Empty);
         let finishes = matches!(
             chunk,
             Chunk::Content { finished: true } | Chunk::NoContent { finished: true }
@@ -921,6 +942,9 @@ fn take_events(
             }
             Chunk::Malformed => return Hold::Malformed,
         }
+        // An event with no data behind a held call (the end of an upstream
+        // block a client of its protocol gets) waits with it, in order.
+        let tool = tool || (empty && held.events.iter().any(|(_, tool)| *tool));
         held.bytes += event.raw.len();
         held.events.push((event.raw, tool));
         if tool && held.bytes > HOLD_MAX_TOOL_BYTES {

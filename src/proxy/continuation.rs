@@ -464,6 +464,8 @@ impl Recovery {
             deadline: self.origin.deadline,
             contract: self.origin.contract.clone(),
             account,
+            // A continuation's body is switchyard's own (the prefill).
+            native: false,
         }
     }
 

@@ -93,6 +93,7 @@ impl Walk<'_> {
                 status,
                 body,
                 repaired: Some(Repair::Reask),
+                native: None,
             },
             Attempt::Committed(mut commit) => {
                 commit.repaired = Some(Repair::Reask);
@@ -212,6 +213,7 @@ impl Walk<'_> {
                 status,
                 body: whole,
                 repaired: Some(Repair::ToTool),
+                native: None,
             };
             return self.deliver(target, answer, &span);
         }

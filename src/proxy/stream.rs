@@ -286,6 +286,12 @@ impl Relay {
                     }
                     self.state.finished |= finished;
                 }
+                // Behind a held call (the end of an upstream block a client
+                // of its protocol gets): held with it, in order.
+                Chunk::Empty if !self.state.tool_held.is_empty() => {
+                    self.state.tool_held.extend_from_slice(&event.raw);
+                    continue;
+                }
                 Chunk::Empty => {}
             }
             if (self.state.finished || self.state.done) && self.release_tool_calls().is_err() {

@@ -20,6 +20,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::{Adapter, Malformed, TargetModel, Unsupported};
+use crate::native::Protocol;
 use crate::request::{ChatRequest, EmbeddingsRequest};
 
 /// The `anthropic-version` header sent unless a provider sets its own.
@@ -62,6 +63,10 @@ impl Adapter for Anthropic {
         None
     }
 
+    fn native(&self) -> Option<Protocol> {
+        Some(Protocol::Messages)
+    }
+
     fn count_tokens_path(&self) -> Option<&'static str> {
         Some("messages/count_tokens")
     }
@@ -71,6 +76,13 @@ impl Adapter for Anthropic {
         request: &ChatRequest<'_>,
         target: TargetModel<'_>,
     ) -> Result<Bytes, Unsupported> {
+        let native = request
+            .native
+            .filter(|n| n.protocol == Protocol::Messages)
+            .and_then(|n| crate::request::object_with_model(n.body, target.model));
+        if let Some(body) = native {
+            return Ok(body);
+        }
         let object = request
             .to_object()
             .map_err(|e| Unsupported(e.to_string()))?;
