@@ -11,6 +11,7 @@
 # Env: SWITCHYARD_BIN  a switchyard binary to test instead of building one
 #      SDK_VENV        the venv with openai (default ~/.cache/switchyard-sdk-venv; made if missing)
 #      PYTHON          the python that makes the venv (default python3, >= 3.9)
+#      VERCEL_SDK_DIR  where the Vercel AI SDK is installed with npm (default ~/.cache/switchyard-sdk-node)
 #      KEEP_LOGS=1     keep the work dir (routes.yaml, logs) after the run
 #      SDK_TIMEOUT     seconds for the test run itself (default 180)
 #
@@ -75,6 +76,20 @@ if ! "$PY" -c "import anthropic, pydantic, sys; sys.exit(anthropic.__version__ !
   PIP_DISABLE_PIP_VERSION_CHECK=1 "$PY" -m pip install --quiet "anthropic==$ANTHROPIC_VERSION" "openai==$OPENAI_VERSION" \
     >"$WORK/pip-anthropic.log" 2>&1 || setup_failed "pip install anthropic==$ANTHROPIC_VERSION failed" "$WORK/pip-anthropic.log"
 fi
+
+# ---- the Vercel AI SDK (npm), in a directory of its own ------------------------
+# test_front_door.py's VercelAiSdk runs tests/sdk/vercel/front_door.mjs there.
+NODE_DIR="${VERCEL_SDK_DIR:-$HOME/.cache/switchyard-sdk-node}"
+command -v node >/dev/null && command -v npm >/dev/null ||
+  setup_failed "node and npm are needed for the Vercel AI SDK tests (.ci/run installs Debian's nodejs and npm)"
+mkdir -p "$NODE_DIR"
+if ! cmp -s "$HERE/vercel/package.json" "$NODE_DIR/package.json" || [ ! -d "$NODE_DIR/node_modules/ai" ]; then
+  echo "== installing the Vercel AI SDK (npm) into $NODE_DIR"
+  cp "$HERE/vercel/package.json" "$NODE_DIR/package.json"
+  (cd "$NODE_DIR" && npm install --no-audit --no-fund --no-package-lock --silent) >"$WORK/npm.log" 2>&1 ||
+    setup_failed "npm install of the Vercel AI SDK failed" "$WORK/npm.log"
+fi
+cp "$HERE/vercel/front_door.mjs" "$NODE_DIR/front_door.mjs"
 
 # ---- the switchyard binary --------------------------------------------------
 if [ -n "${SWITCHYARD_BIN:-}" ]; then
@@ -191,6 +206,7 @@ export FAKE_PRIMARY_URL="http://127.0.0.1:$PRIMARY_PORT"
 export FAKE_FALLBACK_URL="http://127.0.0.1:$FALLBACK_PORT"
 export FAKELLM_URL="http://127.0.0.1:$MOCK_PORT"
 export SDK_SUMMARY_FILE="$WORK/summary"
+export VERCEL_SDK_DIR="$NODE_DIR"
 export PYTHONDONTWRITEBYTECODE=1
 status=0
 # In the background and waited for, so that INT/TERM reach the trap at once.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 import unittest
 import urllib.request
@@ -277,6 +278,34 @@ class ResponsesFrontDoor(unittest.TestCase):
         raw = oai().responses.with_raw_response.create(model="failover", input="hi")
         self.assertEqual(raw.headers.get("x-switchyard-target"), "fallback-chat")
         self.assertEqual(raw.parse().output_text, "Hello from fallback")
+
+
+class VercelAiSdk(unittest.TestCase):
+    """The Vercel AI SDK's default provider, `openai(model)` (the Responses API),
+    run by node (tests/sdk/vercel/front_door.mjs, installed by run.sh)."""
+
+    def run_script(self, model: str) -> dict:
+        script = os.path.join(os.environ["VERCEL_SDK_DIR"], "front_door.mjs")
+        env = {**os.environ, "VERCEL_MODEL": model}
+        done = subprocess.run(["node", script], capture_output=True, text=True, timeout=60, env=env)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def test_generate_text_stream_text_and_a_tool_round_trip(self):
+        got = self.run_script("gpt-4o-mini")
+        self.assertEqual(got["plain"]["text"], "Hello from primary")
+        self.assertEqual(got["plain"]["finishReason"], "stop")
+        self.assertGreater(got["plain"]["outputTokens"], 0)
+        self.assertEqual(got["stream"], {"text": "Hello from primary", "finishReason": "stop"})
+        # The model called the tool; the SDK ran it and sent the result back.
+        self.assertEqual(got["tool"]["steps"], 2, got)
+        self.assertEqual(got["tool"]["calls"], [{"name": "get_weather", "input": FAKE_ARGS}])
+        self.assertEqual(got["tool"]["results"], 1)
+
+    def test_failover_serves_the_vercel_client(self):
+        got = self.run_script("failover")
+        self.assertEqual(got["plain"]["text"], "Hello from fallback")
+        self.assertEqual(got["stream"]["text"], "Hello from fallback")
 
 
 if __name__ == "__main__":
