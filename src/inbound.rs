@@ -83,6 +83,10 @@ pub struct Translated {
     pub chat: Bytes,
     /// How the answer goes back.
     pub render: Render,
+    /// What the chat translation had to leave out, if anything: only a
+    /// target of the client's protocol can serve the request (the others
+    /// are skipped, reason `protocol`).
+    pub untranslatable: Option<String>,
 }
 
 /// How an answer goes back to the client, per protocol.

@@ -37,6 +37,31 @@ impl Protocol {
     }
 }
 
+/// The client's own body, as the server hands it to the engine beside its
+/// chat translation.
+#[derive(Debug, Clone)]
+pub struct Body {
+    /// What the client speaks.
+    pub protocol: Protocol,
+    /// Its body, as sent.
+    pub bytes: Bytes,
+    /// What the translation had to leave out, if anything: then only a
+    /// target of `protocol` can serve the request.
+    pub untranslatable: Option<String>,
+}
+
+impl Body {
+    /// The view the request path reads.
+    #[must_use]
+    pub fn request(&self) -> Request<'_> {
+        Request {
+            protocol: self.protocol,
+            body: &self.bytes,
+            untranslatable: self.untranslatable.as_deref(),
+        }
+    }
+}
+
 /// The client's own body, for a target that speaks its protocol.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
@@ -44,6 +69,8 @@ pub struct Request<'a> {
     pub protocol: Protocol,
     /// Its body, as sent.
     pub body: &'a [u8],
+    /// Why a target of another protocol cannot serve it, if one cannot.
+    pub untranslatable: Option<&'a str>,
 }
 
 /// A whole answer as the target sent it (secrets redacted), in the extensions

@@ -76,7 +76,7 @@ pub struct Exchange<'a> {
     /// When it arrived.
     pub arrival: Instant,
     /// The client's own body, when it spoke another protocol ([`crate::native`]).
-    pub native: Option<(Protocol, Bytes)>,
+    pub native: Option<native::Body>,
     /// Its telemetry record.
     pub trace: RequestTrace,
     /// The drain's cut, for a stream still running at `drain_timeout`.
@@ -89,10 +89,7 @@ pub async fn chat_completions(x: Exchange<'_>) -> Response<Body> {
         Ok(r) => r,
         Err(e) => return rejected(&x, &e.into()),
     };
-    request.native = x.native.as_ref().map(|(protocol, body)| native::Request {
-        protocol: *protocol,
-        body,
-    });
+    request.native = x.native.as_ref().map(native::Body::request);
     let task = match route(&x, request.model.as_deref()) {
         Ok(task) => task,
         Err(e) => return rejected(&x, &e),

@@ -36,7 +36,7 @@ use crate::health::{Permit, State, Unavailable};
 use crate::ratelimit::Spender;
 use crate::request::{ChatRequest, EmbeddingsRequest};
 use crate::snapshot::{Capability, KeySet, NoKey, Snapshot, Strategy, Target, Task};
-use crate::upstream::{Operation, TargetModel};
+use crate::upstream::{Operation, TargetModel, Unsupported};
 
 /// Share of first picks (under strategies other than `priority`) in which
 /// DEGRADED targets compete with HEALTHY ones.
@@ -874,7 +874,17 @@ impl<'a> Admission<'a> {
         };
         let adapter = target.provider.endpoint.adapter;
         let encoded = match self.request {
-            Payload::Chat(request) => adapter.encode(request, model),
+            Payload::Chat(request) => {
+                // What only the client's protocol can say: its targets alone serve it.
+                let untranslatable = request
+                    .native
+                    .filter(|n| adapter.native() != Some(n.protocol))
+                    .and_then(|n| n.untranslatable);
+                match untranslatable {
+                    Some(why) => Err(Unsupported(why.to_owned())),
+                    None => adapter.encode(request, model),
+                }
+            }
             Payload::Embeddings(request) => adapter.encode_embeddings(request, &target.model),
         };
         match encoded {

@@ -53,6 +53,7 @@ use crate::body::{self, Body};
 use crate::config::diagnostic::Diagnostic;
 use crate::error::GatewayError;
 use crate::inbound::{self, Protocol};
+use crate::native;
 use crate::proxy::{self, respond};
 use crate::reload;
 use crate::request::ChatRequest;
@@ -586,9 +587,7 @@ async fn proxied(
     let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
         return rejected(&GatewayError::Overloaded, &request_id);
     };
-    // A Messages body may go on as sent, to a target that speaks Messages.
-    let native = (protocol == Protocol::Messages).then(|| (protocol, bytes.clone()));
-    let (bytes, render) = match translated(app, api, bytes).await {
+    let (bytes, translation) = match translated(app, api, bytes).await {
         Ok(translated) => translated,
         Err(refusal) => {
             snapshot.unrouted.increment(400, 1);
@@ -603,7 +602,7 @@ async fn proxied(
         headers: &parts.headers,
         peer,
         body: bytes,
-        native,
+        native: translation.as_ref().map(|(_, native)| native.clone()),
         request_id,
         arrival,
         trace: trace.clone(),
@@ -626,22 +625,22 @@ async fn proxied(
         }
     };
     trace.status(response.status().as_u16());
-    let response = match render {
-        Some(render) => inbound::render(response, render).await,
+    let response = match translation {
+        Some((render, _)) => inbound::render(response, render).await,
         None => response,
     };
     response.map(|inner| body::holding(inner, permit))
 }
 
-/// The body the engine runs and how its answer goes back: a Messages or
-/// Responses request translated into chat (or its 400, in its protocol);
-/// chat and embeddings as they came.
+/// The body the engine runs, and for a Messages or Responses request
+/// translated into chat (or refused with its 400, in its protocol) how its
+/// answer goes back and the client's own body; chat and embeddings as they came.
 #[allow(clippy::result_large_err)] // the refusal is the response itself
 async fn translated(
     app: &App,
     api: Api,
     bytes: Bytes,
-) -> Result<(Bytes, Option<inbound::Render>), Response<Body>> {
+) -> Result<(Bytes, Option<(inbound::Render, native::Body)>), Response<Body>> {
     let refused = |bytes: Bytes| {
         let mut resp = json_bytes(StatusCode::BAD_REQUEST, bytes);
         resp.headers_mut()
@@ -665,7 +664,12 @@ async fn translated(
                 .map_err(|e| refused(inbound::responses::invalid(&e)))?
         }
     };
-    Ok((t.chat, Some(t.render)))
+    let native = native::Body {
+        protocol: api.protocol(),
+        bytes,
+        untranslatable: t.untranslatable,
+    };
+    Ok((t.chat, Some((t.render, native))))
 }
 
 /// switchyard's own error in the client's protocol.

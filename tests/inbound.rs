@@ -340,11 +340,6 @@ async fn malformed_responses_requests_are_400s_naming_the_param_with_no_upstream
             None,
         ),
         (
-            json!({"model": "gpt-4o", "input": "x", "tools": [{"type": "web_search"}]}),
-            "tools[0]",
-            None,
-        ),
-        (
             json!({"model": "gpt-4o", "input": "x", "previous_response_id": "resp_unknown"}),
             "previous_response_id",
             Some("previous_response_not_found"),
@@ -716,4 +711,62 @@ async fn a_tool_call_held_to_the_contract_comes_back_in_the_order_the_target_sen
     // The call's block end waited with the held call, not ahead of it.
     let body = ans.text();
     assert_eq!(data_lines(&body), data_lines(THINKING_STREAM), "{body}");
+}
+
+#[tokio::test]
+async fn a_server_tool_skips_targets_of_the_other_protocol() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::always(fake::json(200, ANTHROPIC_TEXT)).await;
+    let b = Fake::always(fake::completion("model-b", "from b")).await;
+    // The chat target first: it cannot run Anthropic's web search.
+    let gw = gateway(&routes(
+        &[
+            hop("b", &b.url()).target("capabilities: [tools]"),
+            anthropic_hop("a", &a.url(), &keys).target("capabilities: [tools]"),
+        ],
+        "",
+        "",
+    ))
+    .await;
+    let body = json!({"model": "gpt-4o", "max_tokens": 64,
+        "messages": [{"role": "user", "content": "news today?"}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3}]});
+    let ans = messages(&gw, body.clone()).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-target"), "a");
+    assert_eq!(a.seen()[0].body["tools"], body["tools"]);
+    assert_eq!(b.calls(), 0);
+    let page = get(gw.addr, "/metrics").await.text();
+    assert!(
+        page.contains(
+            r#"switchyard_route_exclusions_total{task="chat",target="b",reason="protocol"}"#
+        ),
+        "{page}"
+    );
+    // Without an Anthropic target, a 400 that says why, and no call.
+    let gw = gateway(&routes(
+        &[hop("b", &b.url()).target("capabilities: [tools]")],
+        "",
+        "",
+    ))
+    .await;
+    let ans = messages(&gw, body).await;
+    assert_eq!(ans.status, 400, "{}", ans.text());
+    let v = ans.json();
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("web_search_20250305"), "{message}");
+    // A Responses built-in tool: no target here speaks Responses.
+    let ans = responses(
+        &gw,
+        json!({"model": "gpt-4o", "input": "x", "tools": [{"type": "web_search"}]}),
+    )
+    .await;
+    assert_eq!(ans.status, 400, "{}", ans.text());
+    assert!(
+        ans.text().contains("built-in tool `web_search`"),
+        "{}",
+        ans.text()
+    );
+    assert_eq!(b.calls(), 0);
 }

@@ -204,13 +204,23 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
     if let Some(stop) = request.stop_sequences.filter(|s| !s.is_empty()) {
         chat.insert("stop".into(), json!(stop));
     }
+    let mut untranslatable = None;
     if let Some(tools) = &request.tools {
-        chat.insert("tools".into(), Value::Array(chat_tools(tools)?));
+        let (functions, server) = chat_tools(tools)?;
+        untranslatable = server;
+        if !functions.is_empty() {
+            chat.insert("tools".into(), Value::Array(functions));
+        }
     }
-    if let Some(choice) = &request.tool_choice {
+    // A choice among server tools alone is the Anthropic target's to make.
+    if let Some(choice) = request
+        .tool_choice
+        .as_ref()
+        .filter(|_| chat.contains_key("tools"))
+    {
         let (choice, parallel) = chat_tool_choice(choice);
         chat.insert("tool_choice".into(), choice);
-        if !parallel && request.tools.is_some() {
+        if !parallel {
             chat.insert("parallel_tool_calls".into(), json!(false));
         }
     }
@@ -222,6 +232,7 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
         render: Render::Messages(Reply {
             model: request.model.unwrap_or_default(),
         }),
+        untranslatable,
     })
 }
 
@@ -238,7 +249,7 @@ pub fn count_request(body: &[u8]) -> Result<Bytes, Invalid> {
         chat["model"] = json!(model);
     }
     if let Some(tools) = &request.tools {
-        chat["tools"] = Value::Array(chat_tools(tools)?);
+        chat["tools"] = Value::Array(chat_tools(tools)?.0);
     }
     Ok(Bytes::from(chat.to_string()))
 }
@@ -410,33 +421,34 @@ fn assistant_turn(blocks: &[Block]) -> Value {
     message
 }
 
-fn chat_tools(tools: &[Tool]) -> Result<Vec<Value>, Invalid> {
-    tools
-        .iter()
-        .enumerate()
-        .map(|(i, tool)| {
-            if tool.kind.as_deref().is_some_and(|k| k != "custom") {
-                return Err(Invalid::field(
-                    format!("tools[{i}].type"),
-                    format!(
-                        "server tool `{}` cannot run through switchyard's translation: no target here runs it",
-                        tool.kind.as_deref().unwrap_or_default()
-                    ),
-                ));
-            }
-            if tool.name.is_empty() {
-                return Err(Invalid::field(format!("tools[{i}].name"), "a tool needs a name"));
-            }
-            let mut function = json!({
-                "name": tool.name,
-                "parameters": tool.input_schema.clone().unwrap_or_else(|| json!({"type": "object"})),
+/// The custom tools as chat tools, and what leaving out a server tool (only
+/// an Anthropic target runs one) makes the request for other targets.
+fn chat_tools(tools: &[Tool]) -> Result<(Vec<Value>, Option<String>), Invalid> {
+    let mut server = None;
+    let mut functions = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.iter().enumerate() {
+        if let Some(kind) = tool.kind.as_deref().filter(|k| *k != "custom") {
+            server.get_or_insert_with(|| {
+                format!("server tool `{kind}` (tools[{i}].type) runs only on a target that speaks Anthropic Messages")
             });
-            if let Some(d) = &tool.description {
-                function["description"] = json!(d);
-            }
-            Ok(json!({"type": "function", "function": function}))
-        })
-        .collect()
+            continue;
+        }
+        if tool.name.is_empty() {
+            return Err(Invalid::field(
+                format!("tools[{i}].name"),
+                "a tool needs a name",
+            ));
+        }
+        let mut function = json!({
+            "name": tool.name,
+            "parameters": tool.input_schema.clone().unwrap_or_else(|| json!({"type": "object"})),
+        });
+        if let Some(d) = &tool.description {
+            function["description"] = json!(d);
+        }
+        functions.push(json!({"type": "function", "function": function}));
+    }
+    Ok((functions, server))
 }
 
 /// The chat `tool_choice`, and whether parallel calls stay allowed.
@@ -893,16 +905,34 @@ mod tests {
     }
 
     #[test]
+    fn a_server_tool_is_left_for_an_anthropic_target_to_run() {
+        let t = translate(
+            br#"{"max_tokens":1,"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"any"},
+                "tools":[{"type":"web_search_20250305","name":"web_search","max_uses":2}]}"#,
+        )
+        .unwrap();
+        let why = t
+            .untranslatable
+            .expect("a server tool cannot be translated");
+        assert!(
+            why.contains("web_search_20250305") && why.contains("tools[0].type"),
+            "{why}"
+        );
+        // Chat targets are skipped for it; the chat body has no tool to choose.
+        let chat: Value = serde_json::from_slice(&t.chat).unwrap();
+        assert!(
+            chat.get("tools").is_none() && chat.get("tool_choice").is_none(),
+            "{chat}"
+        );
+        let plain = translate(br#"{"max_tokens":1,"messages":[{"role":"user","content":"x"}]}"#);
+        assert_eq!(plain.unwrap().untranslatable, None);
+    }
+
+    #[test]
     fn what_chat_cannot_carry_is_refused_by_field() {
         let refuse = |body: &str| translate(body.as_bytes()).unwrap_err().param;
         assert_eq!(refuse(r#"{"model":"m","messages":[]}"#), "max_tokens");
         assert_eq!(refuse(r#"{"max_tokens":1}"#), "messages");
-        assert_eq!(
-            refuse(
-                r#"{"max_tokens":1,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"web_search_20250305","name":"web_search"}]}"#
-            ),
-            "tools[0].type"
-        );
         assert_eq!(
             refuse(
                 r#"{"max_tokens":1,"messages":[{"role":"user","content":"x"}],"tools":[{"input_schema":{}}]}"#

@@ -195,6 +195,7 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
     }
     messages.extend(conversation.iter().cloned());
     let chat = chat_request(&request, messages)?;
+    let untranslatable = built_in_tool(request.tools.as_deref());
     let echo = Echo::of(&request);
     Ok(Translated {
         chat: Bytes::from(Value::Object(chat).to_string()),
@@ -206,7 +207,21 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
             conversation,
             echo,
         }),
+        untranslatable,
     })
+}
+
+/// A built-in tool (`web_search`, `file_search`, ...): only a target that
+/// speaks Responses runs one, so every other is skipped for the request.
+fn built_in_tool(tools: Option<&[Tool]>) -> Option<String> {
+    let (i, tool) = tools?
+        .iter()
+        .enumerate()
+        .find(|(_, t)| t.kind != "function")?;
+    Some(format!(
+        "built-in tool `{}` (tools[{i}].type) runs only on a target that speaks OpenAI Responses",
+        tool.kind
+    ))
 }
 
 fn chat_request(request: &Request, messages: Vec<Value>) -> Result<Map<String, Value>, Invalid> {
@@ -230,15 +245,22 @@ fn chat_request(request: &Request, messages: Vec<Value>) -> Result<Map<String, V
             chat.insert(key.into(), json!(v));
         }
     }
-    if let Some(tools) = &request.tools {
-        chat.insert("tools".into(), Value::Array(chat_tools(tools)?));
+    if let Some(functions) = request.tools.as_deref().map(chat_tools).transpose()? {
+        if !functions.is_empty() {
+            chat.insert("tools".into(), Value::Array(functions));
+        }
     }
-    if let Some(choice) = &request.tool_choice {
+    // A choice among built-in tools alone is for a Responses target to make.
+    if let Some(choice) = request
+        .tool_choice
+        .as_ref()
+        .filter(|_| chat.contains_key("tools"))
+    {
         chat.insert("tool_choice".into(), chat_tool_choice(choice)?);
     }
     if let Some(parallel) = request
         .parallel_tool_calls
-        .filter(|_| request.tools.is_some())
+        .filter(|_| chat.contains_key("tools"))
     {
         chat.insert("parallel_tool_calls".into(), json!(parallel));
     }
@@ -387,20 +409,21 @@ fn chat_part(part: &Part, at: &str) -> Result<Value, Invalid> {
     }
 }
 
+/// The function tools as chat tools (built-in ones are left out: see
+/// [`built_in_tool`]).
 fn chat_tools(tools: &[Tool]) -> Result<Vec<Value>, Invalid> {
     tools
         .iter()
         .enumerate()
+        .filter(|(_, tool)| tool.kind == "function")
         .map(|(i, tool)| {
-            if tool.kind != "function" {
-                return Err(Invalid::field(
-                    format!("tools[{i}].type"),
-                    format!("built-in tool `{}` cannot run through switchyard's translation: no target here runs it", tool.kind),
-                ));
-            }
-            let name = tool.name.as_ref().filter(|n| !n.is_empty()).ok_or_else(|| {
-                Invalid::field(format!("tools[{i}].name"), "a function tool needs a name")
-            })?;
+            let name = tool
+                .name
+                .as_ref()
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| {
+                    Invalid::field(format!("tools[{i}].name"), "a function tool needs a name")
+                })?;
             let mut function = json!({
                 "name": name,
                 "parameters": tool.parameters.clone().unwrap_or_else(|| json!({"type": "object"})),
@@ -1022,14 +1045,24 @@ mod tests {
     }
 
     #[test]
+    fn a_built_in_tool_is_left_for_a_responses_target_to_run() {
+        let store = ResponseStore::default();
+        let body =
+            br#"{"input":"x","tools":[{"type":"function","name":"f"},{"type":"web_search"}]}"#;
+        let t = translate(body, &store).unwrap();
+        let why = t
+            .untranslatable
+            .expect("a built-in tool cannot be translated");
+        assert!(why.contains("`web_search` (tools[1].type)"), "{why}");
+        let chat: Value = serde_json::from_slice(&t.chat).unwrap();
+        assert_eq!(chat["tools"].as_array().map(Vec::len), Some(1), "{chat}");
+    }
+
+    #[test]
     fn what_chat_cannot_carry_is_refused_by_field() {
         let store = ResponseStore::default();
         let refuse = |body: &str| translate(body.as_bytes(), &store).unwrap_err().param;
         assert_eq!(refuse(r#"{"input":5}"#), "input");
-        assert_eq!(
-            refuse(r#"{"input":"x","tools":[{"type":"web_search"}]}"#),
-            "tools[0].type"
-        );
         assert_eq!(
             refuse(r#"{"input":"x","tools":[{"type":"function"}]}"#),
             "tools[0].name"
