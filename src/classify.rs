@@ -290,6 +290,10 @@ pub struct Rule {
     /// A key it revokes (`cooldown: until_reload`) stays revoked until a
     /// reload or a rotation, never re-probed (`revoke: until_rotation`).
     pub until_rotation: bool,
+    /// The account is out of credit: a failure of the provider even when it
+    /// says 429 (OpenAI's `insufficient_quota`), never a rate limit whose
+    /// wait the caller could sit out.
+    pub out_of_credit: bool,
 }
 
 /// The decision for one failed attempt.
@@ -314,6 +318,8 @@ pub struct Decision {
     pub until_reload: bool,
     /// Such a key is not re-probed (`revoke: until_rotation`).
     pub until_rotation: bool,
+    /// The provider's account is out of credit (the rule's `out_of_credit`).
+    pub out_of_credit: bool,
     /// Name of the rule that decided (for the per-attempt log line).
     pub rule: Arc<str>,
 }
@@ -331,6 +337,7 @@ impl Decision {
             scope: Scope::Target,
             until_reload: false,
             until_rotation: false,
+            out_of_credit: false,
             rule: Arc::from(rule),
         }
     }
@@ -360,7 +367,7 @@ impl ErrorTable {
                 } => (Some(*status), advertised_wait(headers)),
                 Outcome::Network(_) => (None, None),
             };
-            let rate_limited = status == Some(429);
+            let rate_limited = status == Some(429) && !rule.out_of_credit;
             return Some(Decision {
                 action: rule.action,
                 health: rule.health,
@@ -368,6 +375,7 @@ impl ErrorTable {
                 scope: rule.scope,
                 until_reload: rule.cooldown == Some(Cooldown::UntilReload),
                 until_rotation: rule.until_rotation,
+                out_of_credit: rule.out_of_credit,
                 context_window: rule.context_window,
                 rate_limited,
                 wait: rule
@@ -586,6 +594,7 @@ pub fn default_rules() -> Vec<Rule> {
             context_window: false,
             wait_retry_after: None,
             until_rotation: false,
+            out_of_credit: false,
             scope: Scope::Target,
         };
     vec![
@@ -603,6 +612,7 @@ pub fn default_rules() -> Vec<Rule> {
         Rule {
             cooldown: Some(Cooldown::Fixed(OUT_OF_CREDIT_COOLDOWN)),
             scope: Scope::Provider,
+            out_of_credit: true,
             ..rule("402", vec![Code(402)], vec![], Action::Failover, false)
         },
         Rule {
@@ -613,6 +623,7 @@ pub fn default_rules() -> Vec<Rule> {
             },
             cooldown: Some(Cooldown::Fixed(OUT_OF_CREDIT_COOLDOWN)),
             scope: Scope::Provider,
+            out_of_credit: true,
             ..rule("out-of-credit", vec![], vec![], Action::Failover, false)
         },
         rule(

@@ -212,6 +212,7 @@ async fn serve(
         violation: None,
         hedge_result: None,
         context_answer: None,
+        credit_answer: None,
     };
     let response = match plan.ineligible() {
         Some(why) => walk.error(&GatewayError::NoEligibleTarget(why.describe())),
@@ -361,7 +362,9 @@ struct Walk<'a> {
     hedge_result: Option<&'static str>,
     /// An upstream's context-length error, and the attempt count when it came:
     /// the client's answer if no larger window got to try.
-    context_answer: Option<ContextAnswer>,
+    context_answer: Option<KeptAnswer>,
+    /// The last out-of-credit error, if the last failure was one.
+    credit_answer: Option<KeptAnswer>,
 }
 
 impl Drop for Walk<'_> {
@@ -903,7 +906,7 @@ impl Walk<'_> {
         admission: &mut Admission<'_>,
     ) {
         admission.raise_context_floor(target);
-        self.context_answer = answer.map(|(status, bytes)| ContextAnswer {
+        self.context_answer = answer.map(|(status, bytes)| KeptAnswer {
             status: *status,
             body: bytes.clone(),
             target: Arc::clone(target),
@@ -1002,6 +1005,16 @@ impl Walk<'_> {
         );
         let now = Instant::now();
         self.held_back_by(status, &decision, now);
+        self.credit_answer =
+            answer
+                .as_ref()
+                .filter(|_| decision.out_of_credit)
+                .map(|(status, body)| KeptAnswer {
+                    status: *status,
+                    body: body.clone(),
+                    target: Arc::clone(target),
+                    attempts: self.tally.attempts,
+                });
         // What really happens next: the provider's next key after a
         // key-scoped failure (if one can serve); else a retry only if the
         // pause fits the deadline and the target will take it.
@@ -1080,12 +1093,27 @@ impl Walk<'_> {
             if answer.attempts == self.tally.attempts {
                 // No larger context window got to try: the upstream's own
                 // context-length error tells the caller what to change.
-                let resp = respond::upstream_error(
+                let resp = respond::context_error(
                     self.snapshot,
                     answer.status,
                     &answer.body,
                     &answer.target,
                 );
+                return self.serve(resp, &answer.target);
+            }
+        }
+        if let Some(answer) = self.credit_answer.take() {
+            if answer.attempts == self.tally.attempts {
+                // The provider says its account is out of credit: that, not
+                // a rate limit to wait out, is why nothing answered.
+                let mut resp = respond::upstream_error(
+                    self.snapshot,
+                    answer.status,
+                    &answer.body,
+                    &answer.target,
+                );
+                resp.headers_mut()
+                    .insert(respond::H_SHOULD_RETRY, HeaderValue::from_static("false"));
                 return self.serve(resp, &answer.target);
             }
         }
@@ -1106,9 +1134,11 @@ impl Walk<'_> {
     }
 }
 
-/// An upstream's context-length error, and the attempt count when it came:
-/// the client's answer if no larger window got to try.
-struct ContextAnswer {
+/// An upstream error that tells the caller more than switchyard's own would,
+/// and the attempt count when it came: a context-length error (the answer
+/// if no larger window got to try), or an account out of credit (the answer
+/// if it was the last failure).
+struct KeptAnswer {
     status: StatusCode,
     body: Bytes,
     target: Arc<Target>,

@@ -183,7 +183,7 @@ impl Sanitizer {
     pub fn clean_error_body(&self, status: u16, body: &[u8], secrets: &[&str]) -> Option<Bytes> {
         let mut v: Value = serde_json::from_slice(body).ok()?;
         if !v.get("error").is_some_and(Value::is_object) {
-            return None;
+            v = openai_envelope(v, status)?;
         }
         self.clean_value(&mut v, secrets);
         if let (Some(msg), Some(err)) = (self.message_for(status), v.get_mut("error")) {
@@ -199,6 +199,38 @@ impl Sanitizer {
             Value::Object(map) => map.values_mut().for_each(|i| self.clean_value(i, secrets)),
             Value::Null | Value::Bool(_) | Value::Number(_) => {}
         }
+    }
+}
+
+/// The error of a server that answers in the shape vLLM and sglang use
+/// (`{"object": "error", "message", "type", "param", "code": 400}`), in
+/// OpenAI's envelope; `None` for a body with no `message` text.
+fn openai_envelope(mut v: Value, status: u16) -> Option<Value> {
+    let message = v.get("message").filter(|m| m.is_string())?.clone();
+    let text = |key: &str, v: &mut Value| {
+        v.get_mut(key)
+            .map(Value::take)
+            .filter(Value::is_string)
+            .unwrap_or(Value::Null)
+    };
+    // Their `type` is a Python exception's name (`BadRequestError`) and their
+    // numeric `code` the status again: OpenAI's are words, by status.
+    let (param, code) = (text("param", &mut v), text("code", &mut v));
+    let kind = kind_of(status);
+    Some(
+        serde_json::json!({"error": {"message": message, "type": kind, "param": param, "code": code}}),
+    )
+}
+
+/// OpenAI's error `type` for a status.
+fn kind_of(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        429 => "rate_limit_error",
+        400..=499 => "invalid_request_error",
+        _ => "api_error",
     }
 }
 

@@ -270,3 +270,57 @@ async fn an_sse_event_that_never_ends_is_a_broken_stream_not_unbounded_memory() 
     assert_eq!(ans.header("x-switchyard-target"), "b");
     assert_eq!(stream_text(&ans.text()), "fine");
 }
+
+#[tokio::test]
+async fn a_vllm_context_length_error_reaches_the_caller_as_openais_context_length_exceeded() {
+    // vLLM and sglang answer errors at the top level, their `code` the status.
+    let body = r#"{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.","type":"BadRequestError","param":null,"code":400}"#;
+    let a = Fake::always(fake::json(400, body)).await;
+    let gw = gateway(&routes(&[hop("a", &a.url())], "", "")).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 400, "{}", ans.text());
+    let err = &ans.json()["error"];
+    assert_eq!(err["code"], "context_length_exceeded", "{err}");
+    assert_eq!(err["type"], "invalid_request_error", "{err}");
+    assert_eq!(err["param"], "messages", "{err}");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("maximum context length is 4096"),
+        "{err}"
+    );
+    // Any other error of that shape keeps its words, in OpenAI's envelope.
+    let other = r#"{"object":"error","message":"temperature must be at most 2","type":"BadRequestError","param":"temperature","code":400}"#;
+    let b = Fake::always(fake::json(400, other)).await;
+    let gw = gateway(&routes(&[hop("b", &b.url())], "", "")).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 400);
+    let err = &ans.json()["error"];
+    assert_eq!(err["message"], "temperature must be at most 2", "{err}");
+    assert_eq!(err["param"], "temperature", "{err}");
+    assert_eq!(err["code"], serde_json::Value::Null, "{err}");
+}
+
+#[tokio::test]
+async fn an_account_out_of_quota_is_not_a_rate_limit_to_wait_out() {
+    let quota = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
+    let a = Fake::always(fake::json(429, quota)).await;
+    let b = Fake::always(fake::completion("model-b", "from b")).await;
+    let gw = gateway(&routes(&[hop("a", &a.url()), hop("b", &b.url())], "", "")).await;
+    for _ in 0..3 {
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert_eq!(ans.header("x-switchyard-target"), "b");
+    }
+    // Asked once, not retried, then held back with its whole provider.
+    assert_eq!(a.calls(), 1);
+    // Alone, its own error goes back: not a 429 of switchyard's with a wait
+    // that would not help, and not one an SDK should retry.
+    let gw = gateway(&routes(&[hop("a", &a.url())], "", "")).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 429, "{}", ans.text());
+    assert_eq!(ans.json()["error"]["code"], "insufficient_quota");
+    assert_eq!(ans.header("x-should-retry"), "false");
+    assert_eq!(ans.header("retry-after"), "");
+}

@@ -1176,6 +1176,7 @@ mod step_tests {
             scope,
             until_reload: false,
             until_rotation: false,
+            out_of_credit: false,
             rule: Arc::from("test"),
         }
     }

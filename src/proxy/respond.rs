@@ -182,12 +182,51 @@ pub fn upstream_error(
     body: &Bytes,
     target: &Target,
 ) -> Response<Body> {
+    completion(status, upstream_error_body(snapshot, status, body, target))
+}
+
+/// A context-length error for the client, as [`upstream_error`], with
+/// OpenAI's `code: context_length_exceeded` (and `param: messages`) where the
+/// provider said it in words only, so that SDKs and agents recognise it.
+#[must_use]
+pub fn context_error(
+    snapshot: &Snapshot,
+    status: StatusCode,
+    body: &Bytes,
+    target: &Target,
+) -> Response<Body> {
+    let bytes = upstream_error_body(snapshot, status, body, target);
+    let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let bytes = match v
+        .get_mut("error")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        Some(error) => {
+            if !error.get("code").is_some_and(serde_json::Value::is_string) {
+                error.insert("code".into(), "context_length_exceeded".into());
+            }
+            if error.get("param").is_none_or(serde_json::Value::is_null) {
+                error.insert("param".into(), "messages".into());
+            }
+            Bytes::from(v.to_string())
+        }
+        None => bytes,
+    };
+    completion(status, bytes)
+}
+
+fn upstream_error_body(
+    snapshot: &Snapshot,
+    status: StatusCode,
+    body: &Bytes,
+    target: &Target,
+) -> Bytes {
     let sanitizer = &snapshot.sanitizer;
     let keys: Vec<&str> = target.provider.secrets().collect();
     let body = crate::sanitize::redact_secrets(body.clone(), keys.iter().copied());
     debug!(target = %target.name, status = status.as_u16(),
         body = %sanitizer.redact_keys_in_body(&body, &keys), "upstream error returned to the client");
-    let bytes = sanitizer
+    sanitizer
         .clean_error_body(status.as_u16(), &body, &keys)
         .unwrap_or_else(|| {
             let reason = status.canonical_reason().unwrap_or("error");
@@ -197,6 +236,5 @@ pub fn upstream_error(
             );
             let message = sanitizer.message_for(status.as_u16()).unwrap_or(&generic);
             error_body(message, "invalid_request_error", "upstream_rejected")
-        });
-    completion(status, bytes)
+        })
 }

@@ -584,6 +584,7 @@ fn error_rule(r: &RawRule, path: &str, c: &mut Checks<'_>) -> Rule {
         wait_retry_after,
         scope,
         until_rotation,
+        out_of_credit: false,
     }
 }
 
