@@ -24,6 +24,11 @@
 #   nginx-neutral          nginx proxy_pass (2 workers) in front of it
 #   switchyard-neutral     switchyard, chain [neutral]
 #   switchyard-neutral-3   switchyard, chain [dead1, dead2, neutral] (two DOWN)
+#   switchyard-neutral-messages   a Messages client (/v1/messages) and an
+#                          `anthropic` target on the neutral upstream (static
+#                          Anthropic answers): the pass-through, as sent both ways
+#   switchyard-neutral-responses  a Responses client (/v1/responses) and the
+#                          chat target: translated both ways
 # Every row has the proxy's CPU per request (user+system from /proc): the
 # number a sidecar is judged by.
 # plus, for streams, TTFT per path with the `bench` example; switchyard's RSS
@@ -39,7 +44,8 @@
 #
 # Env: DURATION (5) REPEAT (3) CONCURRENCY ("1 16 64") MODES ("plain stream")
 #      PATHS ("direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral
-#             switchyard-neutral switchyard-neutral-3")
+#             switchyard-neutral switchyard-neutral-3 switchyard-neutral-messages
+#             switchyard-neutral-responses")
 #      LONG_CHUNKS (1000) LONG_DELAY (5ms) LONG_STREAMS (128; 0 skips the long stream)
 #      CHUNKS (16) CHUNK_DELAY (0ms) per stream; OPEN_STREAMS (1000) TTFT_DURATION (3)
 #      OUT (/tmp/switchyard-bench/DATE) PORT_BASE (19000) PEERS_VENV (~/.cache/switchyard-peers/venv)
@@ -54,7 +60,7 @@ DURATION="${DURATION:-5}"
 REPEAT="${REPEAT:-3}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
 MODES="${MODES:-plain stream}"
-PATHS="${PATHS:-direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral switchyard-neutral switchyard-neutral-3}"
+PATHS="${PATHS:-direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral switchyard-neutral switchyard-neutral-3 switchyard-neutral-messages switchyard-neutral-responses}"
 LONG_CHUNKS="${LONG_CHUNKS:-1000}"
 LONG_DELAY="${LONG_DELAY:-5ms}"
 LONG_STREAMS="${LONG_STREAMS:-128}"
@@ -137,6 +143,15 @@ if has_neutral; then
   N_SSE=$({ n_chunk '{"role":"assistant","content":""}' null
     for i in $(seq 1 16); do n_chunk "{\"content\":\"tok$i \"}" null; done
     n_chunk '{}' '"stop"'; printf 'data: [DONE]\n\n'; }; printf '\n')
+  # The same answer as Anthropic sends it, for the Messages pass-through.
+  A_PLAIN='{"id":"msg_1","type":"message","role":"assistant","model":"up","content":[{"type":"text","text":"hello there, this is a short answer"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":8}}'
+  a_event() { printf 'event: %s\ndata: %s\n\n' "$1" "$2"; }
+  A_SSE=$({ a_event message_start '{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"up","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":1}}}'
+    a_event content_block_start '{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}'
+    for i in $(seq 1 16); do a_event content_block_delta "{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"tok$i \"}}"; done
+    a_event content_block_stop '{"type":"content_block_stop","index":0}'
+    a_event message_delta '{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":16}}'
+    a_event message_stop '{"type":"message_stop"}'; }; printf '\n')
   cat > "$OUT/neutral/nginx.conf" <<EOF
 worker_processes 1;
 pid $OUT/neutral/nginx.pid;
@@ -155,6 +170,8 @@ http {
     location = /healthz { return 200 'ok'; }
     location /plain/v1/chat/completions { default_type application/json; return 200 '$N_PLAIN'; }
     location /sse/v1/chat/completions { default_type text/event-stream; return 200 '$N_SSE'; }
+    location /anthropic-plain/v1/messages { default_type application/json; return 200 '$A_PLAIN'; }
+    location /anthropic-sse/v1/messages { default_type text/event-stream; return 200 '$A_SSE'; }
   }
 }
 EOF
@@ -175,6 +192,8 @@ providers:
   long: { base_url: 'http://127.0.0.1:$P_LONG/v1', timeout: 300s, idle_timeout: 60s }
   neutral-plain: { base_url: 'http://127.0.0.1:$P_NEUTRAL/plain/v1' }
   neutral-sse: { base_url: 'http://127.0.0.1:$P_NEUTRAL/sse/v1' }
+  neutral-anthropic-plain: { base_url: 'http://127.0.0.1:$P_NEUTRAL/anthropic-plain/v1', protocol: anthropic, api_key_env: BENCH_ANTHROPIC_KEY }
+  neutral-anthropic-sse: { base_url: 'http://127.0.0.1:$P_NEUTRAL/anthropic-sse/v1', protocol: anthropic, api_key_env: BENCH_ANTHROPIC_KEY }
 targets:
   live: { provider: live, model: fake-model }
   dead1: { provider: dead1, model: fake-model }
@@ -183,6 +202,8 @@ targets:
   long: { provider: long, model: fake-model }
   neutral-plain: { provider: neutral-plain, model: up }
   neutral-sse: { provider: neutral-sse, model: up }
+  neutral-anthropic-plain: { provider: neutral-anthropic-plain, model: up }
+  neutral-anthropic-sse: { provider: neutral-anthropic-sse, model: up }
 tasks:
   one: { chain: [live] }
   three: { chain: [dead1, dead2, live] }
@@ -192,9 +213,12 @@ tasks:
   neutral-sse: { chain: [neutral-sse] }
   neutral-plain-3: { chain: [dead1, dead2, neutral-plain] }
   neutral-sse-3: { chain: [dead1, dead2, neutral-sse] }
+  neutral-anthropic-plain: { chain: [neutral-anthropic-plain] }
+  neutral-anthropic-sse: { chain: [neutral-anthropic-sse] }
 EOF
 }
 mkdir -p "$OUT/sy"
+export BENCH_ANTHROPIC_KEY=sk-ant-bench-not-a-real-key # the neutral upstream reads no key
 routes 0 > "$OUT/sy/routes.yaml"
 "$SY_BIN" validate "$OUT/sy/routes.yaml" >&2
 RUST_LOG="${SY_LOG:-info}" "$SY_BIN" serve --config "$OUT/sy/routes.yaml" 2>"$OUT/switchyard.log" &
@@ -299,8 +323,11 @@ mem_kib() { # field (VmRSS|VmHWM) summed over a process tree
 }
 
 # ---- targets ----
-body() { # model stream
-  printf '{"model":"%s","stream":%s,"max_tokens":16,"messages":[{"role":"user","content":"hello"}]}' "$1" "$2"
+body() { # model stream [path]: a Chat Completions body (also a valid Messages one), or a Responses one
+  case "${3:-}" in
+    *responses) printf '{"model":"%s","stream":%s,"max_output_tokens":16,"input":"hello"}' "$1" "$2" ;;
+    *) printf '{"model":"%s","stream":%s,"max_tokens":16,"messages":[{"role":"user","content":"hello"}]}' "$1" "$2" ;;
+  esac
 }
 path_info() { # path mode -> "url model pid"
   local sub=plain; [ "${2:-plain}" = stream ] && sub=sse
@@ -309,6 +336,8 @@ path_info() { # path mode -> "url model pid"
     nginx-neutral) echo "http://127.0.0.1:$P_NGINX_NEUTRAL/$sub/v1/chat/completions up ${NGINX_PID:-}" ;;
     switchyard-neutral) echo "http://127.0.0.1:$P_SY/v1/chat/completions neutral-$sub $SY_PID" ;;
     switchyard-neutral-3) echo "http://127.0.0.1:$P_SY/v1/chat/completions neutral-$sub-3 $SY_PID" ;;
+    switchyard-neutral-messages) echo "http://127.0.0.1:$P_SY/v1/messages neutral-anthropic-$sub $SY_PID" ;;
+    switchyard-neutral-responses) echo "http://127.0.0.1:$P_SY/v1/responses neutral-$sub $SY_PID" ;;
     direct) echo "http://127.0.0.1:$P_FAKE/v1/chat/completions fake-model $FAKE_PID" ;;
     switchyard-1) echo "http://127.0.0.1:$P_SY/v1/chat/completions one $SY_PID" ;;
     switchyard-3) echo "http://127.0.0.1:$P_SY/v1/chat/completions three $SY_PID" ;;
@@ -348,7 +377,7 @@ for p in "${EXPANDED[@]}"; do
   for mode in $MODES; do
     stream=false; [ "$mode" = stream ] && stream=true
     read -r url model pid <<<"$(path_info "$p" "$mode")"
-    run_oha "$url" "$(body "$model" "$stream")" 4 2 "$OUT/warmup-$p-$mode.json" >/dev/null
+    run_oha "$url" "$(body "$model" "$stream" "$p")" 4 2 "$OUT/warmup-$p-$mode.json" >/dev/null
   done
 done
 SY_WARM_RSS=$(mem_kib "$SY_PID" VmRSS)
@@ -360,7 +389,7 @@ for mode in $MODES; do
   stream=false; [ "$mode" = stream ] && stream=true
   for p in "${EXPANDED[@]}"; do
     read -r url model pid <<<"$(path_info "$p" "$mode")"
-    b="$(body "$model" "$stream")"
+    b="$(body "$model" "$stream" "$p")"
     for c in $CONCURRENCY; do
       for rep in $(seq 1 "$REPEAT"); do
         t0=$(cpu_ticks "$pid")
