@@ -406,8 +406,24 @@ async fn handle(
         Endpoint::AdminExplain => {
             let snapshot = app.snapshot.load_full();
             let (parts, incoming) = req.into_parts();
+            let protocol = explained_protocol(parts.uri.query());
             match json_body(&parts.headers, incoming).await {
-                Ok(bytes) => explain(&snapshot, &parts.headers, &bytes, &request_id),
+                Ok(bytes) => match protocol {
+                    Some(protocol) => {
+                        let asked = Asked {
+                            protocol,
+                            headers: &parts.headers,
+                            body: &bytes,
+                        };
+                        explain(&snapshot, &app.responses, &asked, &request_id)
+                    }
+                    None => respond::plain_error(
+                        &GatewayError::bad_request(
+                            "`protocol` must be chat, messages or responses",
+                        ),
+                        &request_id,
+                    ),
+                },
                 Err(e) => respond::plain_error(&e, &request_id),
             }
         }
@@ -835,15 +851,49 @@ async fn read_body(headers: &http::HeaderMap, incoming: Incoming) -> Result<Byte
     }
 }
 
-/// `POST /admin/explain`: the routing plan for a chat request body, against
-/// the live health state, without sending anything.
+/// `?protocol=` of `/admin/explain`: whose body it is (chat when absent).
+fn explained_protocol(query: Option<&str>) -> Option<Protocol> {
+    let asked = query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|pair| pair.strip_prefix("protocol="));
+    match asked {
+        None | Some("chat") => Some(Protocol::Chat),
+        Some("messages") => Some(Protocol::Messages),
+        Some("responses") => Some(Protocol::Responses),
+        Some(_) => None,
+    }
+}
+
+/// A request body `/admin/explain` is asked about.
+struct Asked<'a> {
+    protocol: Protocol,
+    headers: &'a http::HeaderMap,
+    body: &'a [u8],
+}
+
+/// `POST /admin/explain`: the routing plan for a request body of any front
+/// door's protocol, against the live health of its targets. A target that
+/// cannot express the request (a server tool towards another protocol) is
+/// `held_back` with reason `protocol`, as the walk would skip it.
 fn explain(
     s: &Snapshot,
-    headers: &http::HeaderMap,
-    body: &[u8],
+    store: &inbound::ResponseStore,
+    asked: &Asked<'_>,
     request_id: &HeaderValue,
 ) -> Response<Body> {
-    let request = match ChatRequest::parse(body) {
+    let (chat, untranslatable) = match asked.protocol {
+        Protocol::Chat => (Bytes::copy_from_slice(asked.body), None),
+        Protocol::Messages => match inbound::messages::translate(asked.body) {
+            Ok(t) => (t.chat, t.untranslatable),
+            Err(e) => return json_bytes(StatusCode::BAD_REQUEST, inbound::messages::invalid(&e)),
+        },
+        Protocol::Responses => match inbound::responses::translate(asked.body, store) {
+            Ok(t) => (t.chat, t.untranslatable),
+            Err(e) => return json_bytes(StatusCode::BAD_REQUEST, inbound::responses::invalid(&e)),
+        },
+    };
+    let request = match ChatRequest::parse(&chat) {
         Ok(r) => r,
         Err(e) => {
             let e = GatewayError::BadRequest {
@@ -853,7 +903,8 @@ fn explain(
             return respond::plain_error(&e, request_id);
         }
     };
-    let task_header = headers
+    let task_header = asked
+        .headers
         .get(respond::H_TASK_TYPE)
         .and_then(|v| v.to_str().ok());
     let model = request.model.as_deref();
@@ -866,7 +917,19 @@ fn explain(
     };
     let needs = crate::routing::Needs::of(&request);
     let plan = crate::routing::plan(task, &needs, Instant::now());
-    json(StatusCode::OK, &plan.to_json(task, &needs))
+    let mut v = plan.to_json(task, &needs);
+    if let (Some(why), Some(candidates)) = (untranslatable, v["candidates"].as_array_mut()) {
+        for c in candidates {
+            let speaks = c["target"]
+                .as_str()
+                .and_then(|name| s.targets.get(name))
+                .is_some_and(|t| t.provider.endpoint.adapter.native() == Some(asked.protocol));
+            if !speaks {
+                c["held_back"] = serde_json::json!({"reason": "protocol", "detail": why});
+            }
+        }
+    }
+    json(StatusCode::OK, &v)
 }
 
 fn new_request_id() -> HeaderValue {

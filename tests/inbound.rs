@@ -770,3 +770,53 @@ async fn a_server_tool_skips_targets_of_the_other_protocol() {
     );
     assert_eq!(b.calls(), 0);
 }
+
+#[tokio::test]
+async fn explain_reads_each_front_doors_body_and_shows_the_protocol_skip() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::always(fake::json(200, ANTHROPIC_TEXT)).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let gw = gateway(&routes(
+        &[
+            hop("b", &b.url()).target("capabilities: [tools]"),
+            anthropic_hop("a", &a.url(), &keys).target("capabilities: [tools]"),
+        ],
+        "",
+        "",
+    ))
+    .await;
+    let with_server_tool = json!({"model": "gpt-4o", "max_tokens": 64,
+        "messages": [{"role": "user", "content": "news?"}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search"}]});
+    let path = "/admin/explain?protocol=messages";
+    let ans = post_raw(gw.addr, path, with_server_tool.to_string(), &[]).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let v = ans.json();
+    assert_eq!(v["task"], "chat");
+    let candidates = v["candidates"].as_array().unwrap();
+    assert_eq!(candidates[0]["target"], "b");
+    assert_eq!(candidates[0]["held_back"]["reason"], "protocol", "{v}");
+    assert!(candidates[1].get("held_back").is_none(), "{v}");
+    // A Responses body, and a Messages body refused in its own envelope.
+    let ans = post_raw(
+        gw.addr,
+        "/admin/explain?protocol=responses",
+        json!({"model": "gpt-4o", "input": "hi"}).to_string(),
+        &[],
+    )
+    .await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.json()["needs"]["max_tokens"], Value::Null);
+    let ans = post_raw(gw.addr, path, json!({"model": "gpt-4o"}).to_string(), &[]).await;
+    assert_eq!(ans.status, 400);
+    assert_eq!(ans.json()["error"]["type"], "invalid_request_error");
+    let ans = post_raw(
+        gw.addr,
+        "/admin/explain?protocol=grpc",
+        "{}".to_owned(),
+        &[],
+    )
+    .await;
+    assert_eq!(ans.status, 400);
+    assert_eq!((a.calls(), b.calls()), (0, 0));
+}

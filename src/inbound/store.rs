@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
+use bytes::Bytes;
 use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,10 @@ use tokio::time::timeout;
 pub const TTL: Duration = Duration::from_secs(60 * 60);
 /// The store's bound, in bytes of JSON held.
 pub const MAX_BYTES: u64 = 64 << 20;
+
+/// What the cache itself keeps per entry, beyond the id and the JSON
+/// (moka's node, its deque and timer links, the `Bytes` handle).
+const ENTRY_OVERHEAD: usize = 256;
 
 /// One stored response.
 #[derive(Debug, Serialize, Deserialize)]
@@ -33,7 +38,9 @@ pub struct Stored {
 /// The store (cheap to clone: one cache, one link).
 #[derive(Clone)]
 pub struct ResponseStore {
-    local: moka::sync::Cache<String, Arc<Stored>>,
+    /// Kept as compact JSON: what the bound counts is what is held (a
+    /// `Value` tree takes several times its text).
+    local: moka::sync::Cache<String, Bytes>,
     shared: Arc<ArcSwapOption<Link>>,
 }
 
@@ -66,10 +73,8 @@ impl ResponseStore {
     pub fn new(max_bytes: u64, ttl: Duration) -> Self {
         let cache = moka::sync::Cache::builder()
             .max_capacity(max_bytes)
-            .weigher(|id: &String, stored: &Arc<Stored>| {
-                let bytes = id.len()
-                    + json_len(&stored.response)
-                    + stored.conversation.iter().map(json_len).sum::<usize>();
+            .weigher(|id: &String, json: &Bytes| {
+                let bytes = id.len() + json.len() + ENTRY_OVERHEAD;
                 u32::try_from(bytes).unwrap_or(u32::MAX)
             })
             .time_to_live(ttl)
@@ -101,38 +106,41 @@ impl ResponseStore {
     /// The response stored as `id`, if this process has it.
     #[must_use]
     pub fn get(&self, id: &str) -> Option<Arc<Stored>> {
-        self.local.get(id)
+        let json = self.local.get(id)?;
+        serde_json::from_slice(&json).ok().map(Arc::new)
     }
 
     /// The response stored as `id`, asking the shared store on a local miss
     /// (a failed or slow store is a miss).
     pub async fn fetch(&self, id: &str) -> Option<Arc<Stored>> {
-        if let Some(found) = self.local.get(id) {
+        if let Some(found) = self.get(id) {
             return Some(found);
         }
         let link = self.shared.load_full()?;
         let mut conn = link.conn.clone();
         let key = format!("{}{id}", link.prefix);
         let bytes: Option<Vec<u8>> = timeout(link.timeout, conn.get(key)).await.ok()?.ok()?;
-        let stored: Stored = serde_json::from_slice(&bytes?).ok()?;
-        let stored = Arc::new(stored);
-        self.local.insert(id.to_owned(), Arc::clone(&stored));
-        Some(stored)
+        let bytes = Bytes::from(bytes?);
+        let stored: Stored = serde_json::from_slice(&bytes).ok()?;
+        self.local.insert(id.to_owned(), bytes);
+        Some(Arc::new(stored))
     }
 
     /// Keeps `stored` as `id` (and writes it to the shared store behind the answer).
     pub fn put(&self, id: String, stored: Stored) {
+        let Ok(json) = serde_json::to_vec(&stored).map(Bytes::from) else {
+            return;
+        };
         if let Some(link) = self.shared.load_full() {
-            if let Ok(bytes) = serde_json::to_vec(&stored) {
-                let key = format!("{}{id}", link.prefix);
-                spawn(async move {
-                    let mut conn = link.conn.clone();
-                    let write = conn.set_ex::<_, _, ()>(key, bytes, TTL.as_secs());
-                    let _ = timeout(link.timeout, write).await;
-                });
-            }
+            let key = format!("{}{id}", link.prefix);
+            let bytes = json.clone();
+            spawn(async move {
+                let mut conn = link.conn.clone();
+                let write = conn.set_ex::<_, _, ()>(key, bytes.as_ref(), TTL.as_secs());
+                let _ = timeout(link.timeout, write).await;
+            });
         }
-        self.local.insert(id, Arc::new(stored));
+        self.local.insert(id, json);
     }
 
     /// Forgets `id` here and in the shared store; whether this process had it.
@@ -154,23 +162,6 @@ fn spawn(work: impl std::future::Future<Output = ()> + Send + 'static) {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         runtime.spawn(work);
     }
-}
-
-/// The length of a value's JSON text, without writing it anywhere.
-fn json_len(value: &Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    let _ = serde_json::to_writer(&mut count, value);
-    count.0
 }
 
 #[cfg(test)]

@@ -190,6 +190,36 @@ class AnthropicFrontDoor(unittest.TestCase):
         self.assertEqual(caught.exception.body["error"]["type"], "invalid_request_error")
         self.assertIn("messages[0].role", caught.exception.body["error"]["message"])
 
+    def test_a_claude_code_shaped_stream_is_parsed_after_failover(self):
+        # System blocks with cache_control, thinking on, many tools and the
+        # beta header, as Claude Code sends them; the chain's first target
+        # fails and the chat fallback's streamed tool call comes back as a
+        # tool_use block the SDK accumulates.
+        tools = [WEATHER] + [
+            {"name": f"Tool{i}", "description": "a tool", "input_schema": {"type": "object"}}
+            for i in range(21)
+        ]
+        system = [
+            {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}},
+        ]
+        with claude().messages.stream(
+            model="failover",
+            max_tokens=2048,
+            system=system,
+            tools=tools,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            messages=[{"role": "user", "content": [{"type": "text", "text": "weather?",
+                                                    "cache_control": {"type": "ephemeral"}}]}],
+            extra_headers={"anthropic-beta": "interleaved-thinking-2025-05-14,fine-grained-tool-streaming-2025-05-14"},
+        ) as stream:
+            events = [e.type for e in stream]
+            final = stream.get_final_message()
+        self.assertEqual(events[0], "message_start", events)
+        self.assertEqual(final.stop_reason, "tool_use")
+        calls = [b for b in final.content if b.type == "tool_use"]
+        self.assertEqual([(c.name, c.input) for c in calls], [("get_weather", FAKE_ARGS)])
+
     def test_failover_serves_a_messages_client(self):
         r = claude().messages.with_raw_response.create(
             model="failover", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
