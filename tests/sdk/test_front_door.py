@@ -218,7 +218,10 @@ class AnthropicFrontDoor(unittest.TestCase):
         self.assertEqual(events[0], "message_start", events)
         self.assertEqual(final.stop_reason, "tool_use")
         calls = [b for b in final.content if b.type == "tool_use"]
-        self.assertEqual([(c.name, c.input) for c in calls], [("get_weather", FAKE_ARGS)])
+        # The fake calls the first tools offered, one block each.
+        self.assertEqual((calls[0].name, calls[0].input), ("get_weather", FAKE_ARGS))
+        self.assertEqual([c.name for c in calls[1:]], ["Tool0"][: len(calls) - 1])
+        self.assertEqual(len({c.id for c in calls}), len(calls))
 
     def test_failover_serves_a_messages_client(self):
         r = claude().messages.with_raw_response.create(
