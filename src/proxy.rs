@@ -604,7 +604,7 @@ impl Walk<'_> {
             } => {
                 telemetry::attempt_served(span, status.as_u16());
                 let mut resp = self.whole_answer(status, body);
-                if let Some(native) = native.filter(|_| !self.stream) {
+                if let Some(native) = native {
                     resp.extensions_mut().insert(native);
                 }
                 (resp, repaired)
@@ -906,12 +906,7 @@ impl Walk<'_> {
         admission: &mut Admission<'_>,
     ) {
         admission.raise_context_floor(target);
-        self.context_answer = answer.map(|(status, bytes)| KeptAnswer {
-            status: *status,
-            body: bytes.clone(),
-            target: Arc::clone(target),
-            attempts: self.tally.attempts,
-        });
+        self.context_answer = answer.map(|a| KeptAnswer::of(a, target, self.tally.attempts));
     }
 
     /// What one attempt of `target` needs.
@@ -1005,16 +1000,10 @@ impl Walk<'_> {
         );
         let now = Instant::now();
         self.held_back_by(status, &decision, now);
-        self.credit_answer =
-            answer
-                .as_ref()
-                .filter(|_| decision.out_of_credit)
-                .map(|(status, body)| KeptAnswer {
-                    status: *status,
-                    body: body.clone(),
-                    target: Arc::clone(target),
-                    attempts: self.tally.attempts,
-                });
+        self.credit_answer = answer
+            .as_ref()
+            .filter(|_| decision.out_of_credit)
+            .map(|a| KeptAnswer::of(a, target, self.tally.attempts));
         // What really happens next: the provider's next key after a
         // key-scoped failure (if one can serve); else a retry only if the
         // pause fits the deadline and the target will take it.
@@ -1143,6 +1132,17 @@ struct KeptAnswer {
     body: Bytes,
     target: Arc<Target>,
     attempts: u32,
+}
+
+impl KeptAnswer {
+    fn of((status, body): &(StatusCode, Bytes), target: &Arc<Target>, attempts: u32) -> Self {
+        Self {
+            status: *status,
+            body: body.clone(),
+            target: Arc::clone(target),
+            attempts,
+        }
+    }
 }
 
 /// One side of a hedged race: its target, key and attempt span.

@@ -484,6 +484,26 @@ const CLAUDE_CODE_HEADERS: [(&str, &str); 3] = [
     ("x-api-key", "sk-ant-client"),
 ];
 
+/// A gateway whose task `chat`, also the default, runs `hops`, each taking tools.
+async fn tool_gateway(hops: Vec<Hop>, task: &str) -> Gw {
+    let hops: Vec<Hop> = hops
+        .into_iter()
+        .map(|h| h.target("capabilities: [tools]"))
+        .collect();
+    gateway(&routes(&hops, task, "default_task: chat\n")).await
+}
+
+/// `body` sent to `/v1/messages` with Claude Code's headers.
+async fn claude_code(gw: &Gw, body: &str) -> Answer {
+    post_raw(
+        gw.addr,
+        "/v1/messages",
+        body.to_owned(),
+        &CLAUDE_CODE_HEADERS,
+    )
+    .await
+}
+
 /// An Anthropic SSE body as a fake's stream, one event per write; `cut`:
 /// only the first `n` events, then the connection aborts.
 fn anthropic_stream(sse: &str, cut: Option<usize>) -> Reply {
@@ -521,19 +541,8 @@ async fn a_claude_code_request_goes_to_an_anthropic_target_as_sent_and_its_strea
 ) {
     let keys = tempfile::tempdir().unwrap();
     let a = Fake::always(anthropic_stream(THINKING_STREAM, None)).await;
-    let gw = gateway(&routes(
-        &[anthropic_hop("a", &a.url(), &keys).target("capabilities: [tools]")],
-        "",
-        "default_task: chat\n",
-    ))
-    .await;
-    let ans = post_raw(
-        gw.addr,
-        "/v1/messages",
-        CLAUDE_CODE.to_owned(),
-        &CLAUDE_CODE_HEADERS,
-    )
-    .await;
+    let gw = tool_gateway(vec![anthropic_hop("a", &a.url(), &keys)], "").await;
+    let ans = claude_code(&gw, CLAUDE_CODE).await;
     assert_eq!(ans.status, 200, "{}", ans.text());
     assert_eq!(ans.header("x-switchyard-target"), "a");
     // Upstream: the client's bytes, only `model` rewritten — system blocks
@@ -556,20 +565,9 @@ async fn a_claude_code_request_goes_to_an_anthropic_target_as_sent_and_its_strea
 async fn an_anthropic_targets_whole_answer_comes_back_as_sent() {
     let keys = tempfile::tempdir().unwrap();
     let a = Fake::always(fake::json(200, THINKING_ANSWER)).await;
-    let gw = gateway(&routes(
-        &[anthropic_hop("a", &a.url(), &keys).target("capabilities: [tools]")],
-        "",
-        "default_task: chat\n",
-    ))
-    .await;
+    let gw = tool_gateway(vec![anthropic_hop("a", &a.url(), &keys)], "").await;
     let request = CLAUDE_CODE.replacen("\"stream\":true", "\"stream\":false", 1);
-    let ans = post_raw(
-        gw.addr,
-        "/v1/messages",
-        request.clone(),
-        &CLAUDE_CODE_HEADERS,
-    )
-    .await;
+    let ans = claude_code(&gw, &request).await;
     assert_eq!(ans.status, 200, "{}", ans.text());
     // Redacted thinking, the signature and citations are the target's bytes.
     assert_eq!(ans.text(), THINKING_ANSWER);
@@ -583,22 +581,12 @@ async fn a_claude_code_request_is_translated_for_an_openai_target_after_a_529() 
     let keys = tempfile::tempdir().unwrap();
     let a = Fake::always(fake::json(529, ANTHROPIC_OVERLOADED)).await;
     let b = Fake::always(fake::stream("model-b", &["It is", " in proxy.rs"])).await;
-    let gw = gateway(&routes(
-        &[
-            anthropic_hop("a", &a.url(), &keys).target("capabilities: [tools]"),
-            hop("b", &b.url()).target("capabilities: [tools]"),
-        ],
+    let gw = tool_gateway(
+        vec![anthropic_hop("a", &a.url(), &keys), hop("b", &b.url())],
         "",
-        "default_task: chat\n",
-    ))
-    .await;
-    let ans = post_raw(
-        gw.addr,
-        "/v1/messages",
-        CLAUDE_CODE.to_owned(),
-        &CLAUDE_CODE_HEADERS,
     )
     .await;
+    let ans = claude_code(&gw, CLAUDE_CODE).await;
     assert_eq!(ans.status, 200, "{}", ans.text());
     assert_eq!(ans.header("x-switchyard-target"), "b");
     let body = ans.text();
@@ -638,22 +626,12 @@ async fn an_anthropic_stream_broken_mid_text_is_finished_by_an_openai_target_in_
         ],
     ))
     .await;
-    let gw = gateway(&routes(
-        &[
-            anthropic_hop("a", &a.url(), &keys).target("capabilities: [tools]"),
-            hop("b", &b.url()).target("capabilities: [tools]"),
-        ],
+    let gw = tool_gateway(
+        vec![anthropic_hop("a", &a.url(), &keys), hop("b", &b.url())],
         "stream_recovery: { mode: continue }",
-        "default_task: chat\n",
-    ))
-    .await;
-    let ans = post_raw(
-        gw.addr,
-        "/v1/messages",
-        CLAUDE_CODE.to_owned(),
-        &CLAUDE_CODE_HEADERS,
     )
     .await;
+    let ans = claude_code(&gw, CLAUDE_CODE).await;
     assert_eq!(ans.status, 200, "{}", ans.text());
     let body = ans.text();
     let events = named_events(&body);
@@ -694,19 +672,12 @@ async fn an_anthropic_stream_broken_mid_text_is_finished_by_an_openai_target_in_
 async fn a_tool_call_held_to_the_contract_comes_back_in_the_order_the_target_sent_it() {
     let keys = tempfile::tempdir().unwrap();
     let a = Fake::always(anthropic_stream(THINKING_STREAM, None)).await;
-    let gw = gateway(&routes(
-        &[anthropic_hop("a", &a.url(), &keys).target("capabilities: [tools]")],
+    let gw = tool_gateway(
+        vec![anthropic_hop("a", &a.url(), &keys)],
         "validate_tool_calls: always",
-        "default_task: chat\n",
-    ))
-    .await;
-    let ans = post_raw(
-        gw.addr,
-        "/v1/messages",
-        CLAUDE_CODE.to_owned(),
-        &CLAUDE_CODE_HEADERS,
     )
     .await;
+    let ans = claude_code(&gw, CLAUDE_CODE).await;
     assert_eq!(ans.status, 200, "{}", ans.text());
     // The call's block end waited with the held call, not ahead of it.
     let body = ans.text();
