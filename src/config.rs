@@ -201,6 +201,13 @@ pub struct RawProvider {
     /// (Azure OpenAI). Never logged or shown in errors.
     #[serde(default)]
     pub query: BTreeMap<String, String>,
+    /// The provider also serves the OpenAI Responses API (`POST
+    /// {base_url}/responses`; `protocol: openai` only): a Responses client's
+    /// request goes there as sent (`model` rewritten) and its answer comes
+    /// back as the provider sent it; chat requests still go to
+    /// `chat/completions`. Default false.
+    #[serde(default)]
+    pub responses: bool,
     /// Extra headers sent with every upstream request.
     #[serde(default)]
     #[schemars(extend(

@@ -81,6 +81,9 @@ impl Invalid {
 pub struct Translated {
     /// The Chat Completions body the engine runs.
     pub chat: Bytes,
+    /// The body a target of the client's own protocol gets, when it is not
+    /// the client's as sent.
+    pub native: Option<Bytes>,
     /// How the answer goes back.
     pub render: Render,
     /// What the chat translation had to leave out, if anything: only a
@@ -121,12 +124,13 @@ pub async fn render(response: Response<Body>, render: Render) -> Response<Body> 
     };
     let native = parts.extensions.remove::<native::Answer>();
     let ok = parts.status == StatusCode::OK;
-    let out = match (&render, ok, native) {
+    let out = match (render, ok, native) {
         // The answer as its Messages target sent it.
         (Render::Messages(_), true, Some(native)) => native.0,
         (Render::Messages(r), true, None) => r.answer(&bytes),
         (Render::Messages(_), false, _) => messages::error(parts.status, &bytes),
-        (Render::Responses(r), true, _) => r.answer(&bytes),
+        (Render::Responses(mut r), true, Some(native)) => r.native_answer(native.0),
+        (Render::Responses(r), true, None) => r.answer(&bytes),
         // Responses errors are OpenAI's envelope already.
         (Render::Responses(_), false, _) => bytes,
     };
@@ -146,9 +150,12 @@ impl Renderer {
     /// One event of the chat stream, rendered into `out`; an upstream event
     /// it carries goes out as it came instead.
     fn event(&mut self, event: &sse::Event, out: &mut BytesMut) {
-        if let (Renderer::Messages(r), Some(carried)) = (&mut *self, native::carried(&event.raw)) {
+        if let Some(carried) = native::carried(&event.raw) {
             if let Some(data) = carried {
-                r.native(&data, out);
+                match self {
+                    Renderer::Messages(r) => r.native(&data, out),
+                    Renderer::Responses(r) => r.native(&data, out),
+                }
             }
             return;
         }
@@ -213,6 +220,19 @@ fn translate_stream(inner: Body, renderer: Renderer) -> Body {
         }
     });
     body::streamed(stream)
+}
+
+/// An upstream event as it came (its type and data), appended to `out`.
+fn write_native_event(out: &mut BytesMut, kind: &str, data: &str) {
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(b"\n");
+    for line in data.split('\n') {
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(line.as_bytes());
+        out.extend_from_slice(b"\n");
+    }
+    out.extend_from_slice(b"\n");
 }
 
 /// One server-sent event, `event:` line and JSON data, appended to `out`.

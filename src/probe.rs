@@ -103,6 +103,7 @@ async fn reprobe_key(target: Arc<Target>, index: usize, max: Duration) {
                 request_id: None,
                 client: None,
                 stream: false,
+                native: false,
                 resends: &resends,
             });
             match timeout(provider.timeout, call).await {
@@ -175,6 +176,7 @@ pub async fn probe(target: Arc<Target>) -> bool {
                 request_id: None,
                 client: None,
                 stream: false,
+                native: false,
                 resends: &resends,
             });
             match timeout(target.provider.timeout, call).await {

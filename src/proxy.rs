@@ -927,7 +927,7 @@ impl Walk<'_> {
             contract: self.contract_for(target),
             account: &self.account,
             native: self.native.is_some()
-                && target.provider.endpoint.adapter.native() == self.native,
+                && target.provider.endpoint.native_protocol() == self.native,
         }
     }
 

@@ -872,20 +872,27 @@ impl<'a> Admission<'a> {
             model: &target.model,
             max_output: target.max_output,
         };
-        let adapter = target.provider.endpoint.adapter;
+        let endpoint = &target.provider.endpoint;
         let encoded = match self.request {
             Payload::Chat(request) => {
+                let native = request
+                    .native
+                    .filter(|n| endpoint.native_protocol() == Some(n.protocol));
                 // What only the client's protocol can say: its targets alone serve it.
                 let untranslatable = request
                     .native
-                    .filter(|n| adapter.native() != Some(n.protocol))
+                    .filter(|_| native.is_none())
                     .and_then(|n| n.untranslatable);
                 match untranslatable {
                     Some(why) => Err(Unsupported(why.to_owned())),
-                    None => adapter.encode(request, model),
+                    None => endpoint
+                        .adapter_for(native.is_some())
+                        .encode(request, model),
                 }
             }
-            Payload::Embeddings(request) => adapter.encode_embeddings(request, &target.model),
+            Payload::Embeddings(request) => {
+                endpoint.adapter.encode_embeddings(request, &target.model)
+            }
         };
         match encoded {
             Ok(body) => Some(body),

@@ -682,7 +682,7 @@ async fn translated(
     };
     let native = native::Body {
         protocol: api.protocol(),
-        bytes,
+        bytes: t.native.unwrap_or(bytes),
         untranslatable: t.untranslatable,
     };
     Ok((t.chat, Some((t.render, native))))
@@ -923,7 +923,7 @@ fn explain(
             let speaks = c["target"]
                 .as_str()
                 .and_then(|name| s.targets.get(name))
-                .is_some_and(|t| t.provider.endpoint.adapter.native() == Some(asked.protocol));
+                .is_some_and(|t| t.provider.endpoint.native_protocol() == Some(asked.protocol));
             if !speaks {
                 c["held_back"] = serde_json::json!({"reason": "protocol", "detail": why});
             }

@@ -11,6 +11,7 @@ pub mod anthropic;
 pub mod decode;
 pub mod openai;
 pub mod pool;
+pub mod responses;
 
 use std::sync::atomic::AtomicU32;
 
@@ -188,6 +189,9 @@ pub struct Urls {
     pub embeddings: Option<Uri>,
     /// `{base_url}/{count_tokens_path}?{query}`, if the protocol counts tokens.
     pub count_tokens: Option<Uri>,
+    /// The chat URL of the provider's second API, for a client of its
+    /// protocol ([`Endpoint::native`]).
+    pub native: Option<Uri>,
 }
 
 impl Urls {
@@ -209,7 +213,7 @@ pub enum Credential {
     /// A header and its value.
     Header(HeaderName, HeaderValue),
     /// URLs with the key as a query parameter.
-    Query(Urls),
+    Query(Box<Urls>),
 }
 
 impl std::fmt::Debug for Credential {
@@ -236,6 +240,9 @@ pub struct Outgoing<'a> {
     pub client: Option<&'a HeaderMap>,
     /// A streaming request.
     pub stream: bool,
+    /// A chat request in the client's own protocol, for the provider's
+    /// second API when it has one ([`Endpoint::native`]).
+    pub native: bool,
     /// Counts a resend on a fresh connection after a stale pooled one
     /// failed (an upstream call the caller's tally must include).
     pub resends: &'a AtomicU32,
@@ -267,6 +274,10 @@ const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub struct Endpoint {
     /// The wire protocol.
     pub adapter: &'static dyn Adapter,
+    /// The provider's second API, if it has one, which serves the clients of
+    /// its protocol (an `openai` provider with `responses: true`: the
+    /// Responses API).
+    pub native: Option<&'static dyn Adapter>,
     /// Where each operation goes (without a key in the query).
     pub urls: Urls,
     /// Sent on every call.
@@ -326,6 +337,22 @@ impl LocalResource {
 }
 
 impl Endpoint {
+    /// The front-door protocol whose clients this provider serves as they
+    /// speak, if any.
+    #[must_use]
+    pub fn native_protocol(&self) -> Option<Protocol> {
+        self.native.unwrap_or(self.adapter).native()
+    }
+
+    /// The adapter of a call: the second API's for a client of its protocol.
+    #[must_use]
+    pub fn adapter_for(&self, native: bool) -> &'static dyn Adapter {
+        match self.native {
+            Some(adapter) if native => adapter,
+            Some(_) | None => self.adapter,
+        }
+    }
+
     /// Sends one request: `POST` to its operation's URL with the
     /// provider's headers, the key, a JSON body, the request id and, for
     /// streams, `accept: text/event-stream`.
@@ -342,14 +369,19 @@ impl Endpoint {
             request_id,
             client,
             stream,
+            native,
             resends,
         } = out;
         let urls = match credential {
             Some(Credential::Query(urls)) => urls,
             Some(Credential::Header(..)) | None => &self.urls,
         };
-        let url = urls
-            .of(op)
+        let second = urls
+            .native
+            .as_ref()
+            .filter(|_| native && op == Operation::Chat);
+        let url = second
+            .or_else(|| urls.of(op))
             .ok_or(SendError::Upstream(NetworkKind::Protocol))?;
         let build = || {
             let mut req = Request::new(Full::new(body.clone()));
@@ -374,7 +406,7 @@ impl Endpoint {
                 h.insert(X_REQUEST_ID, id.clone());
             }
             if let Some(client) = client {
-                for name in self.adapter.forwarded_headers() {
+                for name in self.adapter_for(native).forwarded_headers() {
                     if let Some(value) = client.get(name) {
                         h.insert(name.clone(), value.clone());
                     }

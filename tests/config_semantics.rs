@@ -977,3 +977,26 @@ tasks:
         compiled.warnings
     );
 }
+
+#[test]
+fn a_responses_road_is_for_openai_providers_only() {
+    let text = |protocol: &str| {
+        format!("version: 1\nproviders:\n  p: {{ base_url: 'http://127.0.0.1:9/v1', protocol: {protocol}, responses: true }}\ntargets:\n  t: {{ provider: p, model: m }}\ntasks:\n  chat:\n    chain: [t]\n")
+    };
+    let openai = text("openai");
+    let parsed = switchyard::config::parse(&openai).unwrap();
+    let compiled = switchyard::snapshot::compile::compile(
+        &parsed,
+        &openai,
+        &switchyard::snapshot::LiveState::default(),
+        switchyard::snapshot::CompileOptions::default(),
+    );
+    assert!(compiled.is_ok());
+    let diags = compile_errors(&text("anthropic"));
+    let all: Vec<String> = diags.iter().map(ToString::to_string).collect();
+    assert_eq!(diags.len(), 1, "{all:#?}");
+    assert!(
+        all[0].starts_with("3:") && all[0].contains("`responses: true` is for `protocol: openai`"),
+        "{all:#?}"
+    );
+}

@@ -739,6 +739,24 @@ async fn a_server_tool_skips_targets_of_the_other_protocol() {
         "{}",
         ans.text()
     );
+    // A built-in tool's call of an earlier turn, likewise.
+    let input = json!([{"type": "web_search_call", "id": "ws_1", "status": "completed"},
+                       {"role": "user", "content": "and?"}]);
+    let ans = responses(&gw, json!({"model": "gpt-4o", "input": input})).await;
+    assert_eq!(ans.status, 400, "{}", ans.text());
+    assert!(ans.text().contains("input[0].type"), "{}", ans.text());
+    assert_eq!(b.calls(), 0);
+    // With a target that speaks Responses first, it is that target's.
+    let a = Fake::always(fake::json(200, RESPONSES_ANSWER)).await;
+    let gw = gateway(&routes(
+        &[responses_hop("a", &a.url()), hop("b", &b.url())],
+        "",
+        "",
+    ))
+    .await;
+    let ans = responses(&gw, json!({"model": "gpt-4o", "input": input})).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(a.seen()[0].body["input"], input);
     assert_eq!(b.calls(), 0);
 }
 
@@ -790,4 +808,208 @@ async fn explain_reads_each_front_doors_body_and_shows_the_protocol_skip() {
     .await;
     assert_eq!(ans.status, 400);
     assert_eq!((a.calls(), b.calls()), (0, 0));
+}
+
+const RESPONSES_ANSWER: &str = include_str!("fixtures/responses/answer_reasoning_text.json");
+const RESPONSES_STREAM: &str = include_str!("fixtures/responses/stream_reasoning_text.sse");
+
+/// A hop whose provider also serves the Responses API.
+fn responses_hop(name: &str, url: &str) -> Hop {
+    hop(name, url).provider("responses: true\n")
+}
+
+/// A Responses request as an SDK sends it, with fields switchyard does not
+/// read and a built-in tool only a Responses target runs.
+const RESPONSES_REQUEST: &str = r#"{"model":"gpt-4o","input":[{"role":"user","content":[{"type":"input_text","text":"How should I retry?"}]}],"include":["reasoning.encrypted_content"],"reasoning":{"effort":"low"},"tools":[{"type":"web_search"}],"text":{"verbosity":"medium"},"store":true}"#;
+
+#[tokio::test]
+async fn a_responses_client_is_served_by_a_responses_target_as_sent() {
+    let a = Fake::start(|_, seen| match seen.body["stream"].as_bool() {
+        Some(true) => anthropic_stream(RESPONSES_STREAM, None),
+        _ => fake::json(200, RESPONSES_ANSWER),
+    })
+    .await;
+    let gw = tool_gateway(vec![responses_hop("a", &a.url())], "").await;
+    let ans = post_raw(gw.addr, "/v1/responses", RESPONSES_REQUEST.to_owned(), &[]).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    // The target's bytes: encrypted reasoning, citations, fields switchyard
+    // does not know.
+    assert_eq!(ans.text(), RESPONSES_ANSWER);
+    let seen = &a.seen()[0];
+    assert_eq!(seen.uri, "/v1/responses");
+    let sent = with_model(RESPONSES_REQUEST, "gpt-4o", "upstream-a");
+    assert_eq!(std::str::from_utf8(&seen.raw).unwrap(), sent);
+
+    let streamed = RESPONSES_REQUEST.replacen("\"store\":true", "\"stream\":true", 1);
+    let ans = post_raw(gw.addr, "/v1/responses", streamed, &[]).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let body = ans.text();
+    assert_eq!(data_lines(&body), data_lines(RESPONSES_STREAM), "{body}");
+    assert_eq!(event_names(&body), event_names(RESPONSES_STREAM));
+    assert!(!body.contains(":native:"), "{body}");
+    // Both answers were kept under the target's own ids.
+    for id in [
+        "resp_68af0c1e2b5c8190a1b2c3d4e5f60718",
+        "resp_68af0c1e2b5c8190a1b2c3d4e5f60719",
+    ] {
+        let got = get(gw.addr, &format!("/v1/responses/{id}")).await;
+        assert_eq!(got.status, 200, "{id}: {}", got.text());
+        assert_eq!(
+            got.json()["output"][1]["content"][0]["text"],
+            "Retry with jittered backoff."
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_chat_client_of_a_responses_provider_goes_to_chat_completions() {
+    let a = Fake::start(|_, seen| match seen.uri.as_str() {
+        "/v1/responses" => fake::json(200, RESPONSES_ANSWER),
+        _ => fake::completion("model-a", "hi"),
+    })
+    .await;
+    let gw = gateway(&routes(&[responses_hop("a", &a.url())], "", "")).await;
+    let ans = chat(
+        gw.addr,
+        json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(a.seen()[0].uri, "/v1/chat/completions");
+    // A Responses client without a built-in tool: the Responses road.
+    let ans = responses(&gw, json!({"model": "gpt-4o", "input": "hi"})).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.text(), RESPONSES_ANSWER);
+    assert_eq!(a.seen()[1].uri, "/v1/responses");
+}
+
+#[tokio::test]
+async fn a_responses_client_fails_over_from_a_responses_target_to_a_chat_one_and_keeps_its_conversation(
+) {
+    let a = Fake::start(|n, _| match n {
+        0 => fake::json(200, RESPONSES_ANSWER),
+        _ => fake::error(503, "overloaded"),
+    })
+    .await;
+    let b = Fake::always(fake::completion("model-b", "Use a budget.")).await;
+    let gw = gateway(&routes(
+        &[responses_hop("a", &a.url()), hop("b", &b.url())],
+        "",
+        "",
+    ))
+    .await;
+    let first = responses(
+        &gw,
+        json!({"model": "gpt-4o", "input": "How should I retry?"}),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    // The next turn: the Responses target is down, the chat one gets the
+    // whole conversation (the id is none it knows).
+    let second = responses(
+        &gw,
+        json!({"model": "gpt-4o", "input": "And a cap?", "previous_response_id": id}),
+    )
+    .await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(second.header("x-switchyard-target"), "b");
+    assert_eq!(
+        second.json()["output"][0]["content"][0]["text"],
+        "Use a budget."
+    );
+    assert_eq!(
+        b.seen()[0].body["messages"],
+        json!([{"role": "user", "content": "How should I retry?"},
+               {"role": "assistant", "content": "Retry with jittered backoff."},
+               {"role": "user", "content": "And a cap?"}])
+    );
+    // The turn after, back on the Responses target: the conversation goes
+    // as input items, without an id it never made.
+    a.set(|_, _| fake::json(200, RESPONSES_ANSWER));
+    let second_id = second.json()["id"].as_str().unwrap().to_owned();
+    let third = responses(
+        &gw,
+        json!({"model": "gpt-4o", "input": "Thanks", "previous_response_id": second_id, "store": false}),
+    )
+    .await;
+    assert_eq!(third.status, 200, "{}", third.text());
+    let sent = a.seen().last().unwrap().body.clone();
+    assert!(sent.get("previous_response_id").is_none(), "{sent}");
+    assert_eq!(sent["store"], false);
+    let texts: Vec<_> = sent["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["role"].as_str().unwrap(), i["content"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            ("user", "How should I retry?"),
+            ("assistant", "Retry with jittered backoff."),
+            ("user", "And a cap?"),
+            ("assistant", "Use a budget."),
+            ("user", "Thanks"),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_responses_stream_broken_mid_text_is_finished_by_a_chat_target_in_the_same_item() {
+    // Cut after the second text delta ("Retry", " with").
+    let a = Fake::always(anthropic_stream(RESPONSES_STREAM, Some(8))).await;
+    let b = Fake::always(fake::stream(
+        "model-b",
+        &["Retry", " with", " jittered", " backoff."],
+    ))
+    .await;
+    let gw = gateway(&routes(
+        &[responses_hop("a", &a.url()), hop("b", &b.url())],
+        "stream_recovery: { mode: continue }",
+        "",
+    ))
+    .await;
+    let ans = responses(
+        &gw,
+        json!({"model": "gpt-4o", "input": "How should I retry?", "stream": true}),
+    )
+    .await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let body = ans.text();
+    assert_eq!(
+        data_lines(&body)[..8],
+        data_lines(RESPONSES_STREAM)[..8],
+        "{body}"
+    );
+    let events = named_events(&body);
+    let sequence: Vec<u64> = events
+        .iter()
+        .map(|(_, d)| d["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        sequence,
+        (0..events.len() as u64).collect::<Vec<_>>(),
+        "{body}"
+    );
+    let item = "msg_68af0c22c1a08190a9b8c7d6e5f4a3b3";
+    let text: String = events
+        .iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .inspect(|(_, d)| assert_eq!(d["item_id"], item, "{body}"))
+        .map(|(_, d)| d["delta"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(text, "Retry with jittered backoff.");
+    let (last, done) = events.last().unwrap();
+    assert_eq!(last, "response.completed", "{body}");
+    assert_eq!(
+        done["response"]["id"],
+        "resp_68af0c1e2b5c8190a1b2c3d4e5f60719"
+    );
+    assert_eq!(done["response"]["output"][0]["type"], "reasoning");
+    assert_eq!(
+        done["response"]["output"][1]["content"][0]["text"],
+        "Retry with jittered backoff."
+    );
+    assert_eq!(b.calls(), 1);
 }

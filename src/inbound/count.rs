@@ -55,6 +55,7 @@ pub async fn at_provider(
         request_id: Some(request_id),
         client: Some(client),
         stream: false,
+        native: true,
         resends: &resends,
     });
     let read = async {

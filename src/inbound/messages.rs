@@ -229,6 +229,7 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
     }
     Ok(Translated {
         chat: Bytes::from(Value::Object(chat).to_string()),
+        native: None,
         render: Render::Messages(Reply {
             model: request.model.unwrap_or_default(),
         }),
@@ -670,15 +671,7 @@ impl StreamReply {
             // `ping`, a delta of its block, and what switchyard does not know.
             _ => {}
         }
-        out.extend_from_slice(b"event: ");
-        out.extend_from_slice(head.kind.as_bytes());
-        out.extend_from_slice(b"\n");
-        for line in data.split('\n') {
-            out.extend_from_slice(b"data: ");
-            out.extend_from_slice(line.as_bytes());
-            out.extend_from_slice(b"\n");
-        }
-        out.extend_from_slice(b"\n");
+        super::write_native_event(out, &head.kind, data);
     }
 
     fn start(&mut self, chunk: &Chunk, out: &mut BytesMut) {

@@ -6,9 +6,13 @@
 //! `sequence_number`; what was produced kept in the [`ResponseStore`] unless
 //! `store: false`.
 //!
-//! Built-in tools (`web_search`, `file_search`, ...) are refused with a 400
-//! naming the field: no chat target runs them. `reasoning` input items are
-//! dropped (a chat target cannot take them back).
+//! Built-in tools (`web_search`, `file_search`, ...) and input items chat
+//! cannot carry leave the request to targets that speak Responses (the
+//! others are skipped, reason `protocol`). `reasoning` input items are
+//! dropped from the chat translation (a chat target cannot take them back).
+//! A Responses target gets the client's body ([`Translated::native`]: with
+//! a stored conversation as items instead of `previous_response_id`), and its
+//! own answer and events go back as sent and are kept under its ids.
 
 use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
@@ -181,9 +185,11 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
             })?,
         None => Vec::new(),
     };
+    let earlier = conversation.len();
+    let mut untranslated = None;
     match &request.input {
         Some(Input::Text(text)) => conversation.push(json!({"role": "user", "content": text})),
-        Some(Input::Items(items)) => input_items(items, &mut conversation)?,
+        Some(Input::Items(items)) => untranslated = input_items(items, &mut conversation)?,
         None => {}
     }
     if conversation.is_empty() {
@@ -195,10 +201,17 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
     }
     messages.extend(conversation.iter().cloned());
     let chat = chat_request(&request, messages)?;
-    let untranslatable = built_in_tool(request.tools.as_deref());
+    let untranslatable = built_in_tool(request.tools.as_deref()).or(untranslated);
     let echo = Echo::of(&request);
+    // A target of the client's own protocol gets the conversation whole: a
+    // response switchyard keeps is no id that target knows.
+    let native = request
+        .previous_response_id
+        .as_ref()
+        .and_then(|_| native_body(body, &conversation[..earlier]));
     Ok(Translated {
         chat: Bytes::from(Value::Object(chat).to_string()),
+        native,
         render: Render::Responses(Reply {
             id: fresh_id("resp_"),
             created_at: now_secs(),
@@ -209,6 +222,71 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
         }),
         untranslatable,
     })
+}
+
+/// The client's body for a Responses target when it continues a stored
+/// conversation: `previous_response_id` replaced by the conversation's items
+/// before the input, the rest as sent.
+fn native_body(body: &[u8], earlier: &[Value]) -> Option<Bytes> {
+    let mut object: Map<String, Value> = serde_json::from_slice(body).ok()?;
+    object.remove("previous_response_id");
+    let mut input = input_items_of(earlier);
+    match object.remove("input") {
+        Some(Value::String(text)) => {
+            input.push(json!({"type": "message", "role": "user", "content": text}));
+        }
+        Some(Value::Array(items)) => input.extend(items),
+        Some(_) | None => {}
+    }
+    object.insert("input".into(), Value::Array(input));
+    Some(Bytes::from(Value::Object(object).to_string()))
+}
+
+/// Chat messages (a stored conversation) as Responses input items.
+fn input_items_of(messages: &[Value]) -> Vec<Value> {
+    let mut items = Vec::with_capacity(messages.len());
+    for m in messages {
+        let role = m["role"].as_str().unwrap_or("user");
+        if role == "tool" {
+            items.push(json!({"type": "function_call_output",
+                "call_id": m["tool_call_id"], "output": m["content"]}));
+            continue;
+        }
+        match &m["content"] {
+            Value::String(text) => {
+                items.push(json!({"type": "message", "role": role, "content": text}));
+            }
+            Value::Array(parts) => {
+                let parts: Vec<Value> = parts.iter().filter_map(input_part_of).collect();
+                items.push(json!({"type": "message", "role": role, "content": parts}));
+            }
+            // An assistant turn of calls only has no text.
+            Value::Null | Value::Bool(_) | Value::Number(_) | Value::Object(_) => {}
+        }
+        for call in m["tool_calls"].as_array().into_iter().flatten() {
+            let f = &call["function"];
+            items.push(json!({"type": "function_call", "call_id": call["id"],
+                "name": f["name"], "arguments": f["arguments"]}));
+        }
+    }
+    items
+}
+
+/// A chat content part as a Responses input part.
+fn input_part_of(part: &Value) -> Option<Value> {
+    match part["type"].as_str()? {
+        "text" => Some(json!({"type": "input_text", "text": part["text"]})),
+        "image_url" => {
+            let mut image = json!({"type": "input_image", "image_url": part["image_url"]["url"]});
+            if let Some(detail) = part["image_url"]["detail"].as_str() {
+                image["detail"] = json!(detail);
+            }
+            Some(image)
+        }
+        "file" => Some(json!({"type": "input_file",
+            "file_data": part["file"]["file_data"], "filename": part["file"]["filename"]})),
+        _ => None,
+    }
 }
 
 /// A built-in tool (`web_search`, `file_search`, ...): only a target that
@@ -280,7 +358,11 @@ fn chat_request(request: &Request, messages: Vec<Value>) -> Result<Map<String, V
 
 /// Input items as chat messages, appended to `out`: consecutive
 /// `function_call` items become one assistant turn's calls.
-fn input_items(items: &[Item], out: &mut Vec<Value>) -> Result<(), Invalid> {
+/// The items as chat messages, and why the first item chat cannot carry (a
+/// built-in tool's call, an item reference) leaves the request to a target
+/// of the client's protocol, if one is there.
+fn input_items(items: &[Item], out: &mut Vec<Value>) -> Result<Option<String>, Invalid> {
+    let mut untranslated = None;
     for (i, item) in items.iter().enumerate() {
         let at = format!("input[{i}]");
         match item.kind.as_deref() {
@@ -320,16 +402,13 @@ fn input_items(items: &[Item], out: &mut Vec<Value>) -> Result<(), Invalid> {
             // Reasoning of earlier turns cannot be given back to a chat target.
             Some("reasoning") => {}
             Some(other) => {
-                return Err(Invalid::field(
-                    format!("{at}.type"),
-                    format!(
-                        "input items of type `{other}` cannot go through switchyard's translation"
-                    ),
-                ))
+                untranslated.get_or_insert_with(|| {
+                    format!("input item of type `{other}` ({at}.type) goes only to a target that speaks OpenAI Responses")
+                });
             }
         }
     }
-    Ok(())
+    Ok(untranslated)
 }
 
 fn required<'a>(value: Option<&'a String>, at: &str, field: &str) -> Result<&'a String, Invalid> {
@@ -592,6 +671,34 @@ fn usage_of(usage: Option<&Usage>) -> Value {
     })
 }
 
+/// The assistant turn a response's output items make, as a chat message.
+fn assistant_of(output: &[Value]) -> Value {
+    let text: String = output
+        .iter()
+        .filter(|i| i["type"] == "message")
+        .flat_map(|i| i["content"].as_array().into_iter().flatten())
+        .filter_map(|p| p["text"].as_str().or(p["refusal"].as_str()))
+        .collect();
+    let calls: Vec<Value> = output
+        .iter()
+        .filter(|i| i["type"] == "function_call")
+        .map(|i| {
+            json!({"id": i["call_id"], "type": "function",
+            "function": {"name": i["name"], "arguments": i["arguments"]}})
+        })
+        .collect();
+    let content = if text.is_empty() {
+        Value::Null
+    } else {
+        json!(text)
+    };
+    let mut assistant = json!({"role": "assistant", "content": content});
+    if !calls.is_empty() {
+        assistant["tool_calls"] = Value::Array(calls);
+    }
+    assistant
+}
+
 fn message_item_out(id: &str, text: &str, status: &str) -> Value {
     json!({"type": "message", "id": id, "status": status, "role": "assistant",
         "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]})
@@ -640,6 +747,28 @@ impl Reply {
                 conversation,
             },
         );
+    }
+
+    /// A Responses target's own answer, as it sent it (kept in the store
+    /// under its id).
+    #[must_use]
+    pub fn native_answer(&mut self, native: Bytes) -> Bytes {
+        if self.store.is_some() {
+            if let Ok(response) = serde_json::from_slice::<Value>(&native) {
+                self.keep_native(&response);
+            }
+        }
+        native
+    }
+
+    /// Keeps a response a Responses target made, under its own id.
+    fn keep_native(&mut self, response: &Value) {
+        let Some(id) = response["id"].as_str() else {
+            return;
+        };
+        id.clone_into(&mut self.id);
+        let output = response["output"].as_array().map_or(&[][..], Vec::as_slice);
+        self.keep(response, assistant_of(output));
     }
 
     /// A chat completion as a `response` object (kept in the store).
@@ -742,7 +871,152 @@ pub struct StreamReply {
     ended: bool,
 }
 
+/// What the stream state needs of an upstream Responses event.
+#[derive(Deserialize)]
+struct EventHead<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
+    #[serde(default)]
+    sequence_number: Option<u64>,
+    #[serde(default)]
+    output_index: Option<usize>,
+    #[serde(borrow, default)]
+    item_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    delta: Option<String>,
+    #[serde(borrow, default)]
+    item: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    response: Option<&'a serde_json::value::RawValue>,
+}
+
+/// What the stream state needs of an output item.
+#[derive(Deserialize)]
+struct ItemHead {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    id: String,
+    #[serde(default)]
+    call_id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+}
+
 impl StreamReply {
+    /// An upstream Responses event (its target speaks Responses), written as
+    /// it came. The state follows it, so that what another target adds after
+    /// a break (rendered from chat) carries on from it: the same response id,
+    /// the next sequence numbers, the open message item.
+    pub(super) fn native(&mut self, data: &str, out: &mut BytesMut) {
+        let Ok(head) = serde_json::from_str::<EventHead<'_>>(data) else {
+            return;
+        };
+        if self.ended {
+            return;
+        }
+        super::write_native_event(out, &head.kind, data);
+        if let Some(n) = head.sequence_number {
+            self.sequence = n + 1;
+        }
+        let item = || {
+            head.item
+                .and_then(|i| serde_json::from_str::<ItemHead>(i.get()).ok())
+        };
+        match head.kind.as_ref() {
+            "response.created" => {
+                self.started = true;
+                let response = head
+                    .response
+                    .and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
+                if let Some(response) = response {
+                    if let Some(id) = response["id"].as_str() {
+                        id.clone_into(&mut self.reply.id);
+                    }
+                    if let Some(model) = response["model"].as_str() {
+                        model.clone_into(&mut self.model);
+                    }
+                }
+            }
+            "response.output_item.added" => {
+                if let (Some(item), Some(index)) = (item(), head.output_index) {
+                    self.native_item(item, index);
+                }
+            }
+            "response.output_text.delta" => {
+                let open = self
+                    .text
+                    .as_mut()
+                    .filter(|t| head.item_id.as_deref() == Some(t.id.as_str()));
+                if let (Some(text), Some(delta)) = (open, head.delta.as_deref()) {
+                    text.text.push_str(delta);
+                }
+            }
+            "response.function_call_arguments.delta" => {
+                let id = head.item_id.as_deref();
+                let call = self.calls.iter_mut().find(|c| Some(c.id.as_str()) == id);
+                if let (Some(call), Some(delta)) = (call, head.delta.as_deref()) {
+                    call.arguments.push_str(delta);
+                }
+            }
+            "response.output_item.done" => {
+                let done = head
+                    .item
+                    .and_then(|i| serde_json::from_str::<Value>(i.get()).ok());
+                if let (Some(done), Some(index)) = (done, head.output_index) {
+                    let id = done["id"].as_str().unwrap_or_default();
+                    if self.text.as_ref().is_some_and(|t| t.id == id) {
+                        self.text = None;
+                    }
+                    self.calls.retain(|c| c.id != id);
+                    if let Some(slot) = self.output.get_mut(index) {
+                        *slot = Some(done);
+                    }
+                }
+            }
+            "response.completed" | "response.incomplete" => {
+                self.ended = true;
+                let response = head
+                    .response
+                    .and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
+                if let Some(response) = response {
+                    self.reply.keep_native(&response);
+                }
+            }
+            "response.failed" | "error" => self.ended = true,
+            _ => {}
+        }
+    }
+
+    /// An output item the upstream opened: its place in the output, and the
+    /// message or call that a continuation's deltas would go on in.
+    fn native_item(&mut self, item: ItemHead, index: usize) {
+        if self.output.len() <= index {
+            self.output.resize(index + 1, None);
+        }
+        match item.kind.as_str() {
+            "message" => {
+                self.text = Some(TextItem {
+                    id: item.id,
+                    output_index: index,
+                    text: String::new(),
+                });
+            }
+            "function_call" => {
+                let chat_index = u32::try_from(self.calls.len()).unwrap_or(u32::MAX);
+                self.calls.push(CallItem {
+                    chat_index,
+                    id: item.id,
+                    output_index: index,
+                    call_id: item.call_id.unwrap_or_default(),
+                    name: item.name.unwrap_or_default(),
+                    arguments: String::new(),
+                });
+            }
+            _ => {}
+        }
+    }
+
     fn emit(&mut self, out: &mut BytesMut, kind: &str, mut data: Value) {
         data["type"] = json!(kind);
         data["sequence_number"] = json!(self.sequence);
@@ -882,7 +1156,6 @@ impl StreamReply {
         }
         self.ended = true;
         self.close_text(out);
-        let mut calls = Vec::new();
         for item in std::mem::take(&mut self.calls) {
             self.emit(out, "response.function_call_arguments.done", json!({"item_id": item.id, "output_index": item.output_index, "name": item.name, "arguments": item.arguments}));
             let done = call_item(
@@ -898,22 +1171,13 @@ impl StreamReply {
                 json!({"output_index": item.output_index, "item": done}),
             );
             self.output[item.output_index] = Some(done);
-            calls.push(json!({"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}));
         }
         let output: Vec<Value> = self.output.iter().flatten().cloned().collect();
-        let text: String = output
-            .iter()
-            .filter(|i| i["type"] == "message")
-            .filter_map(|i| i["content"][0]["text"].as_str())
-            .collect();
+        let assistant = assistant_of(&output);
         let status = Status::of(self.finish);
         let response =
             self.reply
                 .object(&self.model, status, output, usage_of(self.usage.as_ref()));
-        let mut assistant = json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { json!(text) }});
-        if !calls.is_empty() {
-            assistant["tool_calls"] = Value::Array(calls);
-        }
         self.reply.keep(&response, assistant);
         let kind = match status {
             Status::Incomplete(_) => "response.incomplete",

@@ -398,6 +398,7 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
         request_id: Some(call.request_id),
         client: Some(call.client_headers),
         stream: call.stream,
+        native: call.native,
         resends: call.resends,
     });
     let response = match timeout_at(first_deadline, sent).await {
@@ -508,7 +509,7 @@ fn answered(
     permit: Permit,
 ) -> Attempt {
     let target = call.target;
-    let adapter = target.provider.endpoint.adapter;
+    let adapter = target.provider.endpoint.adapter_for(call.native);
     let code = status.as_u16();
     if !status.is_success() {
         let bytes = adapter.decode_error(bytes);
@@ -802,7 +803,7 @@ async fn hold(
     let provider = &target.provider;
     let events = Coding::of(headers).and_then(|coding| {
         Events::new(
-            provider.endpoint.adapter,
+            provider.endpoint.adapter_for(call.native),
             call.include_usage,
             coding,
             call.native,

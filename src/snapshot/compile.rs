@@ -831,10 +831,11 @@ fn endpoint(
             );
         }
     }
+    let native = second_api(p, adapter, path, c);
     let query = query_string(&p.query);
     // A base URL already refused is not refused again with its paths.
     let urls = base.and_then(|_| {
-        urls(base_url, adapter, &query)
+        urls(base_url, adapter, native, &query)
             .map_err(|e| c.error(&url_path, format!("bad URL: {e}")))
             .ok()
     })?;
@@ -850,6 +851,7 @@ fn endpoint(
     });
     Some(Endpoint {
         adapter,
+        native,
         urls,
         headers,
         host_is_name,
@@ -857,10 +859,35 @@ fn endpoint(
     })
 }
 
+/// The provider's second API (`responses: true`: an `openai` provider that
+/// also serves the Responses API).
+fn second_api(
+    p: &RawProvider,
+    adapter: &'static dyn upstream::Adapter,
+    path: &str,
+    c: &mut Checks<'_>,
+) -> Option<&'static dyn upstream::Adapter> {
+    if !p.responses {
+        return None;
+    }
+    if adapter.name() != "openai" {
+        c.error(
+            &format!("{path}.responses"),
+            format!(
+                "`responses: true` is for `protocol: openai` providers, not `{}`",
+                adapter.name()
+            ),
+        );
+        return None;
+    }
+    Some(&upstream::responses::Responses)
+}
+
 /// The URLs of a provider's operations, with `query` (already encoded) appended.
 fn urls(
     base_url: &str,
     adapter: &dyn upstream::Adapter,
+    native: Option<&dyn upstream::Adapter>,
     query: &str,
 ) -> Result<Urls, http::uri::InvalidUri> {
     let url = |path: &str| {
@@ -871,6 +898,7 @@ fn urls(
         chat: url(adapter.chat_path())?,
         embeddings: adapter.embeddings_path().map(url).transpose()?,
         count_tokens: adapter.count_tokens_path().map(url).transpose()?,
+        native: native.map(|a| url(a.chat_path())).transpose()?,
     })
 }
 
@@ -1134,9 +1162,14 @@ fn credential(
         let mut params = p.query.clone();
         params.insert(param.clone(), secret.expose().to_owned());
         let base_url = p.base_url.trim_end_matches('/');
-        return urls(base_url, endpoint.adapter, &query_string(&params))
-            .ok()
-            .map(Credential::Query);
+        return urls(
+            base_url,
+            endpoint.adapter,
+            endpoint.native,
+            &query_string(&params),
+        )
+        .ok()
+        .map(|urls| Credential::Query(Box::new(urls)));
     }
     let (default_name, default_prefix) = endpoint.adapter.key_header();
     let name = p.key_header.as_deref().unwrap_or(default_name);

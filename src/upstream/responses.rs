@@ -1,0 +1,780 @@
+//! OpenAI Responses (`POST {base_url}/responses`), the second API of an
+//! `openai` provider declared with `responses: true`: only a Responses
+//! client's request goes this way (as sent, `model` rewritten), and its
+//! answer and events come back as sent beside their chat reading
+//! ([`crate::native`]). Every other request to the provider is chat.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::{Adapter, Malformed, StreamTranslator, TargetModel, Unsupported};
+use crate::native::Protocol;
+use crate::request::{ChatRequest, EmbeddingsRequest};
+
+/// The Responses road of an OpenAI provider.
+#[derive(Debug)]
+pub struct Responses;
+
+impl Adapter for Responses {
+    fn name(&self) -> &'static str {
+        "openai"
+    }
+
+    fn chat_path(&self) -> &'static str {
+        "responses"
+    }
+
+    fn required_headers(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
+
+    fn key_header(&self) -> (&'static str, &'static str) {
+        ("authorization", "Bearer ")
+    }
+
+    fn embeddings_path(&self) -> Option<&'static str> {
+        None
+    }
+
+    fn native(&self) -> Option<Protocol> {
+        Some(Protocol::Responses)
+    }
+
+    fn encode(
+        &self,
+        request: &ChatRequest<'_>,
+        target: TargetModel<'_>,
+    ) -> Result<Bytes, Unsupported> {
+        request
+            .native
+            .filter(|n| n.protocol == Protocol::Responses)
+            .and_then(|n| crate::request::object_with_model(n.body, target.model))
+            .ok_or_else(|| Unsupported("only a Responses request goes to /responses".into()))
+    }
+
+    fn encode_embeddings(
+        &self,
+        _request: &EmbeddingsRequest<'_>,
+        _model: &str,
+    ) -> Result<Bytes, Unsupported> {
+        Err(Unsupported("the Responses API has no embeddings".into()))
+    }
+
+    fn decode_answer(&self, body: Bytes) -> Result<Bytes, Malformed> {
+        let response: Response<'_> =
+            serde_json::from_slice(&body).map_err(|e| Malformed(format!("not a response: {e}")))?;
+        completion_of(&response)
+    }
+
+    fn decode_error(&self, body: Bytes) -> Bytes {
+        body
+    }
+
+    fn stream_translator(&self, include_usage: bool) -> Option<Box<dyn StreamTranslator>> {
+        Some(Box::new(ResponsesStream {
+            include_usage,
+            ..ResponsesStream::default()
+        }))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The Responses wire (what the chat reading needs of it)
+// ---------------------------------------------------------------------------
+
+#[derive(Deserialize)]
+struct Response<'a> {
+    #[serde(borrow, default)]
+    id: &'a str,
+    #[serde(default)]
+    created_at: u64,
+    #[serde(borrow, default)]
+    model: &'a str,
+    #[serde(borrow, default)]
+    status: Option<&'a str>,
+    #[serde(default)]
+    incomplete_details: Option<IncompleteDetails<'a>>,
+    #[serde(borrow)]
+    output: Vec<Item<'a>>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+struct IncompleteDetails<'a> {
+    #[serde(borrow, default)]
+    reason: Option<&'a str>,
+}
+
+#[derive(Deserialize)]
+struct Item<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: &'a str,
+    #[serde(borrow, default)]
+    id: Option<&'a str>,
+    #[serde(borrow, default)]
+    call_id: Option<&'a str>,
+    #[serde(borrow, default)]
+    name: Option<&'a str>,
+    #[serde(default)]
+    arguments: Option<String>,
+    #[serde(default)]
+    content: Vec<Part>,
+}
+
+#[derive(Deserialize)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    refusal: Option<String>,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+struct WireUsage {
+    #[serde(default)]
+    input_tokens: u64,
+    #[serde(default)]
+    output_tokens: u64,
+    #[serde(default)]
+    input_tokens_details: Option<CachedDetails>,
+    #[serde(default)]
+    output_tokens_details: Option<ReasoningDetails>,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+struct CachedDetails {
+    #[serde(default)]
+    cached_tokens: u64,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+struct ReasoningDetails {
+    #[serde(default)]
+    reasoning_tokens: u64,
+}
+
+/// One stream event: its type and the fields any type needs.
+#[derive(Deserialize)]
+struct Event<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: &'a str,
+    #[serde(borrow, default)]
+    response: Option<Response<'a>>,
+    #[serde(borrow, default)]
+    item: Option<Item<'a>>,
+    #[serde(borrow, default)]
+    item_id: Option<&'a str>,
+    #[serde(default)]
+    output_index: Option<u64>,
+    #[serde(default)]
+    delta: Option<String>,
+    #[serde(default)]
+    arguments: Option<String>,
+    #[serde(default)]
+    code: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+/// A failed response's `error`, inside a `response.failed` event.
+#[derive(Deserialize)]
+struct Failure<'a> {
+    #[serde(borrow)]
+    response: FailedResponse<'a>,
+}
+
+#[derive(Deserialize)]
+struct FailedResponse<'a> {
+    #[serde(borrow, default)]
+    error: Option<WireError<'a>>,
+}
+
+#[derive(Deserialize)]
+struct WireError<'a> {
+    #[serde(borrow, default)]
+    code: Option<&'a str>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+// ---------------------------------------------------------------------------
+// The chat reading
+// ---------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct Completion<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [Choice<'a>; 1],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<ChatUsage>,
+}
+
+#[derive(Serialize)]
+struct Choice<'a> {
+    index: u32,
+    message: Message<'a>,
+    finish_reason: &'static str,
+}
+
+#[derive(Serialize)]
+struct Message<'a> {
+    role: &'static str,
+    content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refusal: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<ToolCall<'a>>,
+}
+
+#[derive(Serialize)]
+struct ToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: Function<'a>,
+}
+
+#[derive(Serialize)]
+struct Function<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+#[derive(Serialize, Clone, Copy)]
+struct ChatUsage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+    prompt_tokens_details: Cached,
+    completion_tokens_details: Reasoning,
+}
+
+#[derive(Serialize, Clone, Copy)]
+struct Cached {
+    cached_tokens: u64,
+}
+
+#[derive(Serialize, Clone, Copy)]
+struct Reasoning {
+    reasoning_tokens: u64,
+}
+
+impl From<WireUsage> for ChatUsage {
+    fn from(u: WireUsage) -> Self {
+        Self {
+            prompt_tokens: u.input_tokens,
+            completion_tokens: u.output_tokens,
+            total_tokens: u.input_tokens.saturating_add(u.output_tokens),
+            prompt_tokens_details: Cached {
+                cached_tokens: u.input_tokens_details.unwrap_or_default().cached_tokens,
+            },
+            completion_tokens_details: Reasoning {
+                reasoning_tokens: u.output_tokens_details.unwrap_or_default().reasoning_tokens,
+            },
+        }
+    }
+}
+
+/// The chat `finish_reason` of a finished response.
+fn finish_reason(response: &Response<'_>, called: bool) -> &'static str {
+    let reason = response.incomplete_details.as_ref().and_then(|d| d.reason);
+    match (response.status, reason) {
+        (Some("incomplete"), Some("content_filter")) => "content_filter",
+        (Some("incomplete"), _) => "length",
+        _ if called => "tool_calls",
+        _ => "stop",
+    }
+}
+
+/// A whole response as a `chat.completion`.
+fn completion_of(response: &Response<'_>) -> Result<Bytes, Malformed> {
+    match response.status {
+        Some("completed" | "incomplete") | None => {}
+        Some(other) => return Err(Malformed(format!("a response with status `{other}`"))),
+    }
+    let mut text: Option<String> = None;
+    let mut refusal: Option<String> = None;
+    let mut tool_calls = Vec::new();
+    for item in &response.output {
+        match item.kind {
+            "message" => {
+                for part in &item.content {
+                    match (part.kind.as_str(), &part.text, &part.refusal) {
+                        ("output_text", Some(t), _) => {
+                            text.get_or_insert_with(String::new).push_str(t)
+                        }
+                        ("refusal", _, Some(r)) => {
+                            refusal.get_or_insert_with(String::new).push_str(r);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            "function_call" => {
+                let (Some(id), Some(name)) = (item.call_id, item.name) else {
+                    return Err(Malformed("a function_call without call_id or name".into()));
+                };
+                let arguments = item.arguments.as_deref().unwrap_or("{}");
+                tool_calls.push(ToolCall {
+                    id,
+                    kind: "function",
+                    function: Function { name, arguments },
+                });
+            }
+            // Reasoning and built-in tool items have no chat reading.
+            _ => {}
+        }
+    }
+    let finish_reason = finish_reason(response, !tool_calls.is_empty());
+    let completion = Completion {
+        id: response.id,
+        object: "chat.completion",
+        created: response.created_at,
+        model: response.model,
+        choices: [Choice {
+            index: 0,
+            message: Message {
+                role: "assistant",
+                content: text,
+                refusal,
+                tool_calls,
+            },
+            finish_reason,
+        }],
+        usage: response.usage.map(ChatUsage::from),
+    };
+    serde_json::to_vec(&completion)
+        .map(Bytes::from)
+        .map_err(|e| Malformed(e.to_string()))
+}
+
+// ---------------------------------------------------------------------------
+// Streams: Responses events -> OpenAI chunks
+// ---------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct Chunk<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: Vec<ChunkChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<ChatUsage>,
+}
+
+#[derive(Serialize)]
+struct ChunkChoice<'a> {
+    index: u32,
+    delta: Delta<'a>,
+    finish_reason: Option<&'static str>,
+}
+
+#[derive(Serialize, Default)]
+struct Delta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refusal: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<CallDelta<'a>>,
+}
+
+#[derive(Serialize)]
+struct CallDelta<'a> {
+    index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    function: FunctionDelta<'a>,
+}
+
+#[derive(Serialize)]
+struct FunctionDelta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    arguments: &'a str,
+}
+
+/// An in-band error, as the engine reads one: OpenAI's shape with the
+/// status beside it.
+#[derive(Serialize)]
+struct InBand<'a> {
+    error: InBandError<'a>,
+}
+
+#[derive(Serialize)]
+struct InBandError<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    code: &'a str,
+    status: u16,
+}
+
+/// A function call item of the stream.
+#[derive(Debug)]
+struct Call {
+    item_id: String,
+    output_index: Option<u64>,
+    sent_arguments: bool,
+}
+
+/// Translates a Responses event stream, event by event, into chat chunks.
+#[derive(Debug, Default)]
+struct ResponsesStream {
+    include_usage: bool,
+    id: String,
+    model: String,
+    created: u64,
+    calls: Vec<Call>,
+    finished: bool,
+}
+
+impl StreamTranslator for ResponsesStream {
+    fn on_event(&mut self, data: &str) -> Result<Vec<Bytes>, Malformed> {
+        let event: Event<'_> =
+            serde_json::from_str(data).map_err(|e| Malformed(format!("not an event: {e}")))?;
+        if self.finished {
+            return Ok(Vec::new());
+        }
+        let out = match event.kind {
+            "response.created" => {
+                let response = event
+                    .response
+                    .as_ref()
+                    .ok_or_else(|| Malformed("response.created without `response`".into()))?;
+                response.id.clone_into(&mut self.id);
+                response.model.clone_into(&mut self.model);
+                self.created = response.created_at;
+                let role = Delta {
+                    role: Some("assistant"),
+                    content: Some(""),
+                    ..Delta::default()
+                };
+                vec![self.chunk(role, None, None)]
+            }
+            "response.output_item.added" => self.item_added(&event)?,
+            "response.output_text.delta" => self.text(event.delta.as_deref(), false),
+            "response.refusal.delta" => self.text(event.delta.as_deref(), true),
+            "response.function_call_arguments.delta" => {
+                self.arguments(&event, event.delta.as_deref())
+            }
+            "response.function_call_arguments.done" => match self.call_of(&event) {
+                Some(i) if !self.calls[i].sent_arguments => {
+                    self.arguments(&event, Some(event.arguments.as_deref().unwrap_or("{}")))
+                }
+                _ => Vec::new(),
+            },
+            "response.completed" | "response.incomplete" => self.finish(event.response.as_ref()),
+            "response.failed" => {
+                let failure: Failure<'_> = serde_json::from_str(data)
+                    .map_err(|e| Malformed(format!("bad response.failed: {e}")))?;
+                let error = failure.response.error;
+                let code = error
+                    .as_ref()
+                    .and_then(|e| e.code)
+                    .unwrap_or("server_error");
+                let message = error.as_ref().and_then(|e| e.message.as_deref());
+                self.finished = true;
+                vec![in_band(code, message.unwrap_or("the response failed"))]
+            }
+            "error" => {
+                self.finished = true;
+                let code = event.code.as_deref().unwrap_or("server_error");
+                vec![in_band(
+                    code,
+                    event.message.as_deref().unwrap_or("upstream error"),
+                )]
+            }
+            // Lifecycle, part and reasoning events, and types added later.
+            _ => Vec::new(),
+        };
+        Ok(out)
+    }
+}
+
+impl ResponsesStream {
+    fn chunk(
+        &self,
+        delta: Delta<'_>,
+        finish: Option<&'static str>,
+        usage: Option<ChatUsage>,
+    ) -> Bytes {
+        let choices = if usage.is_some() {
+            Vec::new()
+        } else {
+            vec![ChunkChoice {
+                index: 0,
+                delta,
+                finish_reason: finish,
+            }]
+        };
+        sse(&Chunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            choices,
+            usage,
+        })
+    }
+
+    fn text(&self, delta: Option<&str>, refusal: bool) -> Vec<Bytes> {
+        let Some(text) = delta.filter(|t| !t.is_empty()) else {
+            return Vec::new();
+        };
+        let delta = if refusal {
+            Delta {
+                refusal: Some(text),
+                ..Delta::default()
+            }
+        } else {
+            Delta {
+                content: Some(text),
+                ..Delta::default()
+            }
+        };
+        vec![self.chunk(delta, None, None)]
+    }
+
+    /// A function call's opening chunk (other items open nothing).
+    fn item_added(&mut self, event: &Event<'_>) -> Result<Vec<Bytes>, Malformed> {
+        let Some(item) = event.item.as_ref().filter(|i| i.kind == "function_call") else {
+            return Ok(Vec::new());
+        };
+        let (Some(call_id), Some(name)) = (item.call_id, item.name) else {
+            return Err(Malformed("a function_call without call_id or name".into()));
+        };
+        let index = self.calls.len();
+        self.calls.push(Call {
+            item_id: item.id.unwrap_or_default().to_owned(),
+            output_index: event.output_index,
+            sent_arguments: false,
+        });
+        let call = CallDelta {
+            index,
+            id: Some(call_id),
+            kind: Some("function"),
+            function: FunctionDelta {
+                name: Some(name),
+                arguments: "",
+            },
+        };
+        let delta = Delta {
+            tool_calls: vec![call],
+            ..Delta::default()
+        };
+        Ok(vec![self.chunk(delta, None, None)])
+    }
+
+    /// The call an arguments event is about: by item id, else by output index.
+    fn call_of(&self, event: &Event<'_>) -> Option<usize> {
+        self.calls.iter().position(|c| {
+            event.item_id.is_some_and(|id| id == c.item_id)
+                || (event.item_id.is_none() && event.output_index == c.output_index)
+        })
+    }
+
+    fn arguments(&mut self, event: &Event<'_>, piece: Option<&str>) -> Vec<Bytes> {
+        let (Some(index), Some(piece)) = (self.call_of(event), piece.filter(|p| !p.is_empty()))
+        else {
+            return Vec::new();
+        };
+        self.calls[index].sent_arguments = true;
+        let call = CallDelta {
+            index,
+            id: None,
+            kind: None,
+            function: FunctionDelta {
+                name: None,
+                arguments: piece,
+            },
+        };
+        let delta = Delta {
+            tool_calls: vec![call],
+            ..Delta::default()
+        };
+        vec![self.chunk(delta, None, None)]
+    }
+
+    /// The finish chunk, the usage chunk when asked for, and `[DONE]`.
+    fn finish(&mut self, response: Option<&Response<'_>>) -> Vec<Bytes> {
+        self.finished = true;
+        let called = !self.calls.is_empty();
+        let reason = response.map_or(if called { "tool_calls" } else { "stop" }, |r| {
+            finish_reason(r, called)
+        });
+        let mut out = vec![self.chunk(Delta::default(), Some(reason), None)];
+        let usage = response.and_then(|r| r.usage).map(ChatUsage::from);
+        if let (true, Some(usage)) = (self.include_usage, usage) {
+            out.push(self.chunk(Delta::default(), None, Some(usage)));
+        }
+        out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        out
+    }
+}
+
+/// A failed response or an `error` event as an in-band error: its code's
+/// status, so the error table judges it as it would the same error whole.
+fn in_band(code: &str, message: &str) -> Bytes {
+    let (kind, status) = match code {
+        "rate_limit_exceeded" => ("rate_limit_error", 429),
+        "invalid_prompt" | "invalid_request_error" | "context_length_exceeded" => {
+            ("invalid_request_error", 400)
+        }
+        "server_is_overloaded" | "slow_down" => ("server_error", 503),
+        _ => ("server_error", 500),
+    };
+    sse(&InBand {
+        error: InBandError {
+            message,
+            kind,
+            code,
+            status,
+        },
+    })
+}
+
+/// One SSE event carrying `v`.
+fn sse(v: &impl Serialize) -> Bytes {
+    let mut out = b"data: ".to_vec();
+    // Serializing these structs cannot fail (string keys, no maps).
+    let _ = serde_json::to_writer(&mut out, v);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: &str) -> serde_json::Value {
+        let bytes = Responses
+            .decode_answer(Bytes::from(body.to_owned()))
+            .unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[test]
+    fn a_whole_response_reads_as_a_completion() {
+        let c = chat(
+            r#"{"id":"resp_1","object":"response","created_at":7,"model":"gpt-x","status":"completed",
+            "output":[{"type":"reasoning","id":"rs_1","summary":[]},
+              {"type":"message","id":"msg_1","role":"assistant","content":[{"type":"output_text","text":"Hel"},{"type":"output_text","text":"lo"}]},
+              {"type":"function_call","id":"fc_1","call_id":"call_1","name":"f","arguments":"{\"a\":1}"}],
+            "usage":{"input_tokens":5,"output_tokens":3,"input_tokens_details":{"cached_tokens":2}},"extra":{"kept":true}}"#,
+        );
+        assert_eq!(c["id"], "resp_1");
+        assert_eq!(c["choices"][0]["message"]["content"], "Hello");
+        assert_eq!(c["choices"][0]["message"]["tool_calls"][0]["id"], "call_1");
+        assert_eq!(
+            c["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            "{\"a\":1}"
+        );
+        assert_eq!(c["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(c["usage"]["prompt_tokens"], 5);
+        assert_eq!(c["usage"]["total_tokens"], 8);
+        assert_eq!(c["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
+    }
+
+    #[test]
+    fn an_incomplete_response_finishes_by_its_reason_and_a_failed_one_is_no_answer() {
+        let c = chat(
+            r#"{"id":"r","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"output":[]}"#,
+        );
+        assert_eq!(c["choices"][0]["finish_reason"], "length");
+        assert!(c["choices"][0]["message"]["content"].is_null());
+        let failed = Responses.decode_answer(Bytes::from_static(
+            br#"{"id":"r","status":"failed","output":[]}"#,
+        ));
+        assert!(failed.is_err());
+        let junk = Responses.decode_answer(Bytes::from_static(b"{\"id\":1}"));
+        assert!(junk.is_err());
+    }
+
+    fn run(events: &[&str], include_usage: bool) -> Vec<String> {
+        let mut t = Responses.stream_translator(include_usage).unwrap();
+        events
+            .iter()
+            .flat_map(|e| t.on_event(e).unwrap())
+            .map(|b| String::from_utf8(b.to_vec()).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_stream_reads_as_chunks_with_calls_usage_and_done() {
+        let out = run(
+            &[
+                r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_9","created_at":3,"model":"m","status":"in_progress","output":[]}}"#,
+                r#"{"type":"response.in_progress","sequence_number":1,"response":{"id":"resp_9","output":[]}}"#,
+                r#"{"type":"response.output_text.delta","sequence_number":2,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"Hi"}"#,
+                r#"{"type":"response.output_item.added","sequence_number":3,"output_index":1,"item":{"type":"function_call","id":"fc_1","call_id":"call_1","name":"f","arguments":""}}"#,
+                r#"{"type":"response.function_call_arguments.delta","sequence_number":4,"item_id":"fc_1","output_index":1,"delta":"{\"a\":"}"#,
+                r#"{"type":"response.function_call_arguments.delta","sequence_number":5,"item_id":"fc_1","output_index":1,"delta":"1}"}"#,
+                r#"{"type":"response.function_call_arguments.done","sequence_number":6,"item_id":"fc_1","output_index":1,"arguments":"{\"a\":1}"}"#,
+                r#"{"type":"response.completed","sequence_number":7,"response":{"id":"resp_9","status":"completed","output":[],"usage":{"input_tokens":4,"output_tokens":2}}}"#,
+                r#"{"type":"response.output_text.delta","sequence_number":8,"delta":"after the end"}"#,
+            ],
+            true,
+        );
+        let data: Vec<serde_json::Value> = out
+            .iter()
+            .filter(|e| !e.contains("[DONE]"))
+            .map(|e| serde_json::from_str(e.trim().trim_start_matches("data: ")).unwrap())
+            .collect();
+        assert_eq!(data[0]["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(data[0]["id"], "resp_9");
+        assert_eq!(data[1]["choices"][0]["delta"]["content"], "Hi");
+        let call = &data[2]["choices"][0]["delta"]["tool_calls"][0];
+        assert_eq!(
+            (call["index"].as_u64(), call["id"].as_str()),
+            (Some(0), Some("call_1"))
+        );
+        assert_eq!(
+            data[3]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"],
+            "{\"a\":"
+        );
+        assert_eq!(
+            data.len(),
+            7,
+            "the done event repeats no arguments: {out:?}"
+        );
+        assert_eq!(data[5]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(data[6]["usage"]["completion_tokens"], 2);
+        assert_eq!(out.last().map(String::as_str), Some("data: [DONE]\n\n"));
+    }
+
+    fn status(event: &str) -> Option<u16> {
+        let v: serde_json::Value =
+            serde_json::from_str(event.trim().trim_start_matches("data: ")).unwrap();
+        crate::sse::error_code(&v["error"].to_string())
+    }
+
+    #[test]
+    fn a_failed_stream_is_an_in_band_error_with_its_status() {
+        let out = run(
+            &[
+                r#"{"type":"response.created","response":{"id":"r","output":[]}}"#,
+                r#"{"type":"response.failed","response":{"id":"r","status":"failed","output":[],"error":{"code":"rate_limit_exceeded","message":"slow down"}}}"#,
+            ],
+            false,
+        );
+        assert_eq!(out.len(), 2);
+        assert_eq!(status(&out[1]), Some(429));
+        let out = run(
+            &[r#"{"type":"error","code":"server_error","message":"boom"}"#],
+            false,
+        );
+        assert_eq!(status(&out[0]), Some(500));
+    }
+}
