@@ -10,6 +10,14 @@ on HOST:PORT` on stdout. Used by tests/sdk/run.sh; also handy by hand.
 Endpoints
   POST .../chat/completions   an OpenAI chat completion, plain or streamed (SSE,
                               chunked transfer encoding), text or tool calls
+  POST .../responses          an OpenAI Responses answer (a `response` object, or
+                              the typed event stream): "Hello from NAME over
+                              Responses", or one `function_call` per function
+                              tool (at most two); `fake_upstream` scripts
+                              `status` and `cut_after` as for chat. A request
+                              with `previous_response_id` is a 400
+                              `previous_response_not_found`: this fake keeps
+                              nothing, so a gateway must send the conversation.
   GET  .../models             one model object
   GET  /_calls                every chat request seen so far (newest last):
                               {"name", "path", "headers", "body"}
@@ -190,7 +198,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        if not self.path.endswith("/chat/completions"):
+        if not self.path.endswith(("/chat/completions", "/responses")):
             return self.send_bytes(404, error_json(404, f"no route for POST {self.path}"))
         try:
             req = json.loads(raw or b"null")
@@ -201,6 +209,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_bytes(400, error_json(400, "fake upstream: body is not a JSON object"))
         n = self.state.record(self.path, self.headers, req)
         try:
+            if self.path.endswith("/responses"):
+                return self.responses_api(req, n)
             self.chat(req, n)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
@@ -279,6 +289,82 @@ class Handler(BaseHTTPRequestHandler):
             },
         }
         self.send_bytes(200, json.dumps(body).encode(), headers={"x-fake-upstream": name})
+
+    def responses_api(self, req: dict, n: int) -> None:
+        name = self.state.name
+        scripts = req.get("fake_upstream") or {}
+        script = dict(scripts.get("*") or {}) if isinstance(scripts, dict) else {}
+        if isinstance(scripts, dict):
+            script.update(scripts.get(name) or {})
+        if script.get("status"):
+            status = int(script["status"])
+            return self.send_bytes(status, error_json(status, f"fake {name} error {status}"))
+        if req.get("previous_response_id"):
+            body = error_json(400, "Previous response not found.", code="previous_response_not_found")
+            return self.send_bytes(400, body)
+        rid, created, model = f"resp_{name}_{n}", int(time.time()), str(req.get("model") or "")
+        reply = script.get("reply", f"Hello from {name} over Responses")
+        tools = [t for t in req.get("tools") or [] if (t or {}).get("type") == "function"]
+        if tools and req.get("tool_choice") != "none":
+            output = []
+            for i, tool in enumerate(tools[:2]):
+                args = json.dumps({"location": "Paris, France", "unit": "celsius", "call": i})
+                output.append({"type": "function_call", "id": f"fc_{name}{n}_{i}", "call_id": f"call_{name}{n}_{i}",
+                               "name": tool.get("name", f"tool_{i}"), "arguments": args, "status": "completed"})
+        else:
+            part = {"type": "output_text", "text": reply, "annotations": [], "logprobs": []}
+            output = [{"type": "message", "id": f"msg_{name}{n}", "status": "completed", "role": "assistant",
+                       "content": [part]}]
+        response = {"id": rid, "object": "response", "created_at": created, "status": "completed", "error": None,
+                    "incomplete_details": None, "model": model, "output": output, "parallel_tool_calls": True,
+                    "tool_choice": "auto", "tools": req.get("tools") or [], "store": True, "text": {"format": {"type": "text"}},
+                    "usage": {"input_tokens": 5, "input_tokens_details": {"cached_tokens": 0},
+                              "output_tokens": len(words(reply)), "output_tokens_details": {"reasoning_tokens": 0},
+                              "total_tokens": 5 + len(words(reply))}}
+        if not req.get("stream"):
+            return self.send_bytes(200, json.dumps(response).encode(), headers={"x-fake-upstream": name})
+        self.responses_stream(response, script)
+
+    def responses_stream(self, response: dict, script: dict) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        seq = [0]
+
+        def emit(kind: str, **fields) -> None:
+            data = {"type": kind, "sequence_number": seq[0], **fields}
+            seq[0] += 1
+            self.chunk(f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode())
+
+        begun = dict(response, status="in_progress", output=[], usage=None)
+        emit("response.created", response=begun)
+        emit("response.in_progress", response=begun)
+        cut_after = script.get("cut_after")
+        sent = 0
+        for i, item in enumerate(response["output"]):
+            if item["type"] == "function_call":
+                emit("response.output_item.added", output_index=i, item=dict(item, arguments="", status="in_progress"))
+                args = item["arguments"]
+                for j in range(0, len(args), 7):
+                    emit("response.function_call_arguments.delta", item_id=item["id"], output_index=i, delta=args[j : j + 7])
+                emit("response.function_call_arguments.done", item_id=item["id"], output_index=i, arguments=args)
+                emit("response.output_item.done", output_index=i, item=item)
+                continue
+            part = item["content"][0]
+            emit("response.output_item.added", output_index=i, item=dict(item, status="in_progress", content=[]))
+            emit("response.content_part.added", item_id=item["id"], output_index=i, content_index=0, part=dict(part, text=""))
+            for w in words(part["text"]):
+                if cut_after is not None and sent == int(cut_after):
+                    return self.drop()
+                emit("response.output_text.delta", item_id=item["id"], output_index=i, content_index=0, delta=w, logprobs=[])
+                sent += 1
+            emit("response.output_text.done", item_id=item["id"], output_index=i, content_index=0, text=part["text"], logprobs=[])
+            emit("response.content_part.done", item_id=item["id"], output_index=i, content_index=0, part=part)
+            emit("response.output_item.done", output_index=i, item=item)
+        emit("response.completed", response=response)
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
 
     def stream(self, req, script, cid, created, model, reply, use_tools, tools, n) -> None:
         self.send_response(200)

@@ -313,6 +313,66 @@ class ResponsesFrontDoor(unittest.TestCase):
         self.assertEqual(raw.parse().output_text, "Hello from fallback")
 
 
+class ResponsesTarget(unittest.TestCase):
+    """openai.OpenAI().responses against a provider's own Responses API
+    (`responses: true`, fake_upstream.py's /responses), failing over to chat."""
+
+    def test_a_plain_response_is_the_targets(self):
+        request_id = rid()
+        r = oai().responses.create(model="responses-road", input="hello", extra_headers={"x-request-id": request_id})
+        self.assertEqual(r.output_text, "Hello from primary over Responses")
+        self.assertTrue(r.id.startswith("resp_primary_"), r.id)
+        self.assertEqual(upstream_calls(PRIMARY, request_id)[-1]["path"], "/v1/responses")
+        self.assertEqual(oai().responses.retrieve(r.id).output_text, "Hello from primary over Responses")
+
+    def test_the_stream_helper_parses_the_targets_events(self):
+        with oai().responses.stream(model="responses-road", input="hello") as stream:
+            events = list(stream)
+            final = stream.get_final_response()
+        self.assertEqual([e.sequence_number for e in events], list(range(len(events))))
+        self.assertEqual(final.output_text, "Hello from primary over Responses")
+
+    def test_a_tool_round_trip_continues_with_the_conversation_not_the_id(self):
+        tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER["input_schema"]}]
+        first = oai().responses.create(model="responses-road", input="weather?", tools=tools)
+        calls = [o for o in first.output if o.type == "function_call"]
+        self.assertEqual(json.loads(calls[0].arguments), FAKE_ARGS)
+        request_id = rid()
+        second = oai().responses.create(
+            model="responses-road",
+            previous_response_id=first.id,
+            input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "18 C"}],
+            extra_headers={"x-request-id": request_id},
+        )
+        # The fake refuses any previous_response_id: switchyard sent the turns.
+        self.assertEqual(second.output_text, "Hello from primary over Responses")
+        sent = upstream_calls(PRIMARY, request_id)[-1]["body"]
+        self.assertNotIn("previous_response_id", sent)
+        kinds = [i.get("type") for i in sent["input"]]
+        self.assertEqual(kinds, ["message", "function_call", "function_call_output"])
+        self.assertEqual(sent["input"][1]["call_id"], calls[0].call_id)
+
+    def test_failover_to_a_chat_target(self):
+        raw = oai().responses.with_raw_response.create(
+            model="responses-road", input="hi", extra_body={"fake_upstream": {"primary": {"status": 503}}}
+        )
+        self.assertEqual(raw.headers.get("x-switchyard-target"), "fallback-chat")
+        self.assertEqual(raw.parse().output_text, "Hello from fallback")
+
+    def test_a_cut_stream_is_finished_by_the_chat_target(self):
+        stream = oai().responses.create(
+            model="responses-road",
+            input="hello",
+            stream=True,
+            extra_body={"fake_upstream": {"primary": {"cut_after": 2, "reply": "Hello from fallback"}}},
+        )
+        events = list(stream)
+        self.assertEqual([e.sequence_number for e in events], list(range(len(events))))
+        self.assertEqual(events[-1].type, "response.completed")
+        self.assertTrue(events[-1].response.id.startswith("resp_primary_"))
+        self.assertEqual(events[-1].response.output_text, "Hello from fallback")
+
+
 class VercelAiSdk(unittest.TestCase):
     """The Vercel AI SDK's default provider, `openai(model)` (the Responses API),
     run by node (tests/sdk/vercel/front_door.mjs, installed by run.sh)."""

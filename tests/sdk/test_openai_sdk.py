@@ -868,7 +868,7 @@ class Reload(unittest.TestCase):
 # ---- an Anthropic-protocol upstream (fakellm), in its own file ----------------------
 
 from test_anthropic_upstream import AnthropicUpstream  # noqa: E402,F401  (run with the rest)
-from test_front_door import AnthropicFrontDoor, ResponsesFrontDoor, VercelAiSdk  # noqa: E402,F401
+from test_front_door import AnthropicFrontDoor, ResponsesFrontDoor, ResponsesTarget, VercelAiSdk  # noqa: E402,F401
 
 
 # ---- runner -----------------------------------------------------------------------
