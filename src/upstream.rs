@@ -8,6 +8,7 @@
 //! [`ADAPTERS`]. Nothing outside this module matches on a protocol.
 
 pub mod anthropic;
+pub mod chunk;
 pub mod decode;
 pub mod openai;
 pub mod pool;

@@ -29,6 +29,9 @@
 #                          Anthropic answers): the pass-through, as sent both ways
 #   switchyard-neutral-responses  a Responses client (/v1/responses) and the
 #                          chat target: translated both ways
+#   switchyard-neutral-responses-native  a Responses client and a provider with
+#                          `responses: true` on the neutral upstream (static
+#                          Responses answers): the pass-through, as sent both ways
 # Every row has the proxy's CPU per request (user+system from /proc): the
 # number a sidecar is judged by.
 # plus, for streams, TTFT per path with the `bench` example; switchyard's RSS
@@ -45,7 +48,7 @@
 # Env: DURATION (5) REPEAT (3) CONCURRENCY ("1 16 64") MODES ("plain stream")
 #      PATHS ("direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral
 #             switchyard-neutral switchyard-neutral-3 switchyard-neutral-messages
-#             switchyard-neutral-responses")
+#             switchyard-neutral-responses switchyard-neutral-responses-native")
 #      LONG_CHUNKS (1000) LONG_DELAY (5ms) LONG_STREAMS (128; 0 skips the long stream)
 #      CHUNKS (16) CHUNK_DELAY (0ms) per stream; OPEN_STREAMS (1000) TTFT_DURATION (3)
 #      OUT (/tmp/switchyard-bench/DATE) PORT_BASE (19000) PEERS_VENV (~/.cache/switchyard-peers/venv)
@@ -60,7 +63,7 @@ DURATION="${DURATION:-5}"
 REPEAT="${REPEAT:-3}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
 MODES="${MODES:-plain stream}"
-PATHS="${PATHS:-direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral switchyard-neutral switchyard-neutral-3 switchyard-neutral-messages switchyard-neutral-responses}"
+PATHS="${PATHS:-direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral switchyard-neutral switchyard-neutral-3 switchyard-neutral-messages switchyard-neutral-responses switchyard-neutral-responses-native}"
 LONG_CHUNKS="${LONG_CHUNKS:-1000}"
 LONG_DELAY="${LONG_DELAY:-5ms}"
 LONG_STREAMS="${LONG_STREAMS:-128}"
@@ -152,6 +155,17 @@ if has_neutral; then
     a_event content_block_stop '{"type":"content_block_stop","index":0}'
     a_event message_delta '{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":16}}'
     a_event message_stop '{"type":"message_stop"}'; }; printf '\n')
+  # And as the Responses API sends it, for the Responses pass-through.
+  R_OBJ='"object":"response","created_at":1,"model":"up","error":null,"incomplete_details":null'
+  R_MSG='{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{"type":"output_text","text":"hello there, this is a short answer","annotations":[]}]}'
+  R_USAGE='"usage":{"input_tokens":5,"output_tokens":8,"total_tokens":13}'
+  R_PLAIN="{\"id\":\"resp_1\",$R_OBJ,\"status\":\"completed\",\"output\":[$R_MSG],$R_USAGE}"
+  r_event() { printf 'event: %s\ndata: {"type":"%s","sequence_number":%s,%s}\n\n' "$1" "$1" "$2" "$3"; }
+  R_SSE=$({ r_event response.created 0 "\"response\":{\"id\":\"resp_1\",$R_OBJ,\"status\":\"in_progress\",\"output\":[]}"
+    r_event response.output_item.added 1 '"output_index":0,"item":{"type":"message","id":"msg_1","status":"in_progress","role":"assistant","content":[]}'
+    for i in $(seq 1 16); do r_event response.output_text.delta $((i + 1)) "\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"tok$i \""; done
+    r_event response.output_item.done 18 "\"output_index\":0,\"item\":$R_MSG"
+    r_event response.completed 19 "\"response\":{\"id\":\"resp_1\",$R_OBJ,\"status\":\"completed\",\"output\":[$R_MSG],$R_USAGE}"; }; printf '\n')
   cat > "$OUT/neutral/nginx.conf" <<EOF
 worker_processes 1;
 pid $OUT/neutral/nginx.pid;
@@ -172,6 +186,8 @@ http {
     location /sse/v1/chat/completions { default_type text/event-stream; return 200 '$N_SSE'; }
     location /anthropic-plain/v1/messages { default_type application/json; return 200 '$A_PLAIN'; }
     location /anthropic-sse/v1/messages { default_type text/event-stream; return 200 '$A_SSE'; }
+    location /responses-plain/v1/responses { default_type application/json; return 200 '$R_PLAIN'; }
+    location /responses-sse/v1/responses { default_type text/event-stream; return 200 '$R_SSE'; }
   }
 }
 EOF
@@ -194,6 +210,8 @@ providers:
   neutral-sse: { base_url: 'http://127.0.0.1:$P_NEUTRAL/sse/v1' }
   neutral-anthropic-plain: { base_url: 'http://127.0.0.1:$P_NEUTRAL/anthropic-plain/v1', protocol: anthropic, api_key_env: BENCH_ANTHROPIC_KEY }
   neutral-anthropic-sse: { base_url: 'http://127.0.0.1:$P_NEUTRAL/anthropic-sse/v1', protocol: anthropic, api_key_env: BENCH_ANTHROPIC_KEY }
+  neutral-responses-plain: { base_url: 'http://127.0.0.1:$P_NEUTRAL/responses-plain/v1', responses: true }
+  neutral-responses-sse: { base_url: 'http://127.0.0.1:$P_NEUTRAL/responses-sse/v1', responses: true }
 targets:
   live: { provider: live, model: fake-model }
   dead1: { provider: dead1, model: fake-model }
@@ -204,6 +222,8 @@ targets:
   neutral-sse: { provider: neutral-sse, model: up }
   neutral-anthropic-plain: { provider: neutral-anthropic-plain, model: up }
   neutral-anthropic-sse: { provider: neutral-anthropic-sse, model: up }
+  neutral-responses-plain: { provider: neutral-responses-plain, model: up }
+  neutral-responses-sse: { provider: neutral-responses-sse, model: up }
 tasks:
   one: { chain: [live] }
   three: { chain: [dead1, dead2, live] }
@@ -215,6 +235,8 @@ tasks:
   neutral-sse-3: { chain: [dead1, dead2, neutral-sse] }
   neutral-anthropic-plain: { chain: [neutral-anthropic-plain] }
   neutral-anthropic-sse: { chain: [neutral-anthropic-sse] }
+  neutral-responses-plain: { chain: [neutral-responses-plain] }
+  neutral-responses-sse: { chain: [neutral-responses-sse] }
 EOF
 }
 mkdir -p "$OUT/sy"
@@ -325,7 +347,7 @@ mem_kib() { # field (VmRSS|VmHWM) summed over a process tree
 # ---- targets ----
 body() { # model stream [path]: a Chat Completions body (also a valid Messages one), or a Responses one
   case "${3:-}" in
-    *responses) printf '{"model":"%s","stream":%s,"max_output_tokens":16,"input":"hello"}' "$1" "$2" ;;
+    *responses*) printf '{"model":"%s","stream":%s,"max_output_tokens":16,"input":"hello"}' "$1" "$2" ;;
     *) printf '{"model":"%s","stream":%s,"max_tokens":16,"messages":[{"role":"user","content":"hello"}]}' "$1" "$2" ;;
   esac
 }
@@ -338,6 +360,7 @@ path_info() { # path mode -> "url model pid"
     switchyard-neutral-3) echo "http://127.0.0.1:$P_SY/v1/chat/completions neutral-$sub-3 $SY_PID" ;;
     switchyard-neutral-messages) echo "http://127.0.0.1:$P_SY/v1/messages neutral-anthropic-$sub $SY_PID" ;;
     switchyard-neutral-responses) echo "http://127.0.0.1:$P_SY/v1/responses neutral-$sub $SY_PID" ;;
+    switchyard-neutral-responses-native) echo "http://127.0.0.1:$P_SY/v1/responses neutral-responses-$sub $SY_PID" ;;
     direct) echo "http://127.0.0.1:$P_FAKE/v1/chat/completions fake-model $FAKE_PID" ;;
     switchyard-1) echo "http://127.0.0.1:$P_SY/v1/chat/completions one $SY_PID" ;;
     switchyard-3) echo "http://127.0.0.1:$P_SY/v1/chat/completions three $SY_PID" ;;

@@ -14,11 +14,14 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use http::HeaderName;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use super::chunk::{self, Delta, Head};
 use super::{Adapter, Malformed, TargetModel, Unsupported};
 use crate::native::Protocol;
 use crate::request::{ChatRequest, EmbeddingsRequest};
@@ -733,13 +736,17 @@ fn usage_json(prompt: u64, completion: u64, cached: u64) -> Value {
 
 /// Anthropic `stop_reason` -> OpenAI `finish_reason`.
 fn finish_reason(stop_reason: Option<&str>) -> Value {
-    match stop_reason {
-        None => Value::Null,
-        Some("max_tokens" | "model_context_window_exceeded") => Value::from("length"),
-        Some("tool_use") => Value::from("tool_calls"),
-        Some("refusal") => Value::from("content_filter"),
+    finish_reason_str(stop_reason).map_or(Value::Null, Value::from)
+}
+
+/// Anthropic `stop_reason` -> OpenAI `finish_reason`, as text.
+fn finish_reason_str(stop_reason: Option<&str>) -> Option<&'static str> {
+    match stop_reason? {
+        "max_tokens" | "model_context_window_exceeded" => Some("length"),
+        "tool_use" => Some("tool_calls"),
+        "refusal" => Some("content_filter"),
         // end_turn, stop_sequence, pause_turn and anything newer.
-        Some(_) => Value::from("stop"),
+        _ => Some("stop"),
     }
 }
 
@@ -953,13 +960,63 @@ struct ToolBlock {
     sent_arguments: bool,
 }
 
+/// One stream event: its type and what any type needs, borrowed from the
+/// event's text (no tree is built).
+#[derive(Deserialize)]
+struct StreamEvent<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(borrow, default)]
+    message: Option<StartMessage<'a>>,
+    #[serde(borrow, default)]
+    content_block: Option<BlockStart<'a>>,
+    #[serde(borrow, default)]
+    delta: Option<EventDelta<'a>>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct StartMessage<'a> {
+    #[serde(borrow, default)]
+    id: Cow<'a, str>,
+    #[serde(borrow, default)]
+    model: Cow<'a, str>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct BlockStart<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Cow<'a, str>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct EventDelta<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    partial_json: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    stop_reason: Option<Cow<'a, str>>,
+}
+
 /// Translates an Anthropic SSE stream, event by event, into OpenAI `chat.completion.chunk` SSE events.
 #[derive(Debug)]
 pub struct MessagesStream {
     include_usage: bool,
-    created: u64,
-    id: String,
-    model: String,
+    head: Head,
     prompt_tokens: u64,
     completion_tokens: u64,
     cached_tokens: u64,
@@ -982,9 +1039,10 @@ impl MessagesStream {
     pub fn new(include_usage: bool) -> Self {
         Self {
             include_usage,
-            created: now_secs(),
-            id: String::new(),
-            model: String::new(),
+            head: Head {
+                created: now_secs(),
+                ..Head::default()
+            },
             prompt_tokens: 0,
             completion_tokens: 0,
             cached_tokens: 0,
@@ -1003,24 +1061,19 @@ impl MessagesStream {
     /// `message_stop` produce nothing. A tool call whose input streamed no
     /// JSON at all gets `"{}"` as its arguments when its block stops.
     pub fn on_event(&mut self, data: &str) -> Result<Vec<Bytes>, TranslateError> {
-        let event: Value = serde_json::from_str(data)?;
-        let kind = event
-            .get("type")
-            .and_then(Value::as_str)
-            .ok_or_else(|| TranslateError::InvalidResponse("stream event without `type`".into()))?;
+        let event: StreamEvent<'_> = serde_json::from_str(data)?;
         if self.finished {
             return Ok(Vec::new());
         }
-        let out = match kind {
+        let out = match event.kind.as_ref() {
             "message_start" => {
-                let message = event.get("message").ok_or_else(|| {
+                let message = event.message.ok_or_else(|| {
                     TranslateError::InvalidResponse("message_start without `message`".into())
                 })?;
-                let field = |k: &str| message.get(k).and_then(Value::as_str).unwrap_or_default();
-                self.id = field("id").to_owned();
-                self.model = field("model").to_owned();
-                self.take_usage(message.get("usage"))?;
-                vec![self.chunk(json!({ "role": "assistant", "content": "" }), Value::Null)]
+                message.id.as_ref().clone_into(&mut self.head.id);
+                message.model.as_ref().clone_into(&mut self.head.model);
+                self.take_usage(message.usage.as_ref());
+                vec![self.head.role()]
             }
             "content_block_start" => self.block_start(&event)?,
             "content_block_delta" => self.block_delta(&event)?,
@@ -1029,42 +1082,36 @@ impl MessagesStream {
                 match self.tools.iter_mut().find(|t| t.block == block) {
                     Some(tool) if !tool.sent_arguments => {
                         tool.sent_arguments = true;
-                        let index = tool.index;
-                        vec![self.arguments(index, "{}")]
+                        vec![self.head.arguments(tool.index, "{}")]
                     }
                     _ => Vec::new(),
                 }
             }
             "message_delta" => {
-                self.take_usage(event.get("usage"))?;
-                let stop = event
-                    .get("delta")
-                    .and_then(|d| d.get("stop_reason"))
-                    .and_then(Value::as_str);
-                vec![self.chunk(json!({}), finish_reason(stop))]
+                self.take_usage(event.usage.as_ref());
+                let stop = event.delta.as_ref().and_then(|d| d.stop_reason.as_deref());
+                vec![self.head.delta(Delta::default(), finish_reason_str(stop))]
             }
             "message_stop" => {
                 self.finished = true;
                 let mut out = Vec::new();
                 if self.include_usage && self.usage_seen {
-                    let chunk = json!({
-                        "id": self.id,
-                        "object": "chat.completion.chunk",
-                        "created": self.created,
-                        "model": self.model,
-                        "choices": [],
-                        "usage": usage_json(self.prompt_tokens, self.completion_tokens, self.cached_tokens),
-                    });
-                    out.push(sse(&chunk));
+                    let usage = chunk::Usage::new(
+                        self.prompt_tokens,
+                        self.completion_tokens,
+                        self.cached_tokens,
+                        0,
+                    );
+                    out.push(self.head.usage(usage));
                 }
-                out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+                out.push(chunk::DONE);
                 out
             }
             "error" => {
                 let (kind, message) = anthropic_error(data.as_bytes()).ok_or_else(|| {
                     TranslateError::InvalidResponse("malformed error event".into())
                 })?;
-                vec![sse(&in_band_error(&kind, message))]
+                vec![chunk::sse(&in_band_error(&kind, message))]
             }
             // "ping" and event types added later.
             _ => Vec::new(),
@@ -1073,28 +1120,34 @@ impl MessagesStream {
     }
 
     /// `content_block_start`: a text block's first text, or a tool call's opening chunk.
-    fn block_start(&mut self, event: &Value) -> Result<Vec<Bytes>, TranslateError> {
-        let block = event.get("content_block").unwrap_or(&Value::Null);
-        let out = match block.get("type").and_then(Value::as_str) {
-            Some("text") => match block.get("text").and_then(Value::as_str) {
-                Some(t) if !t.is_empty() => vec![self.content(t)],
+    fn block_start(&mut self, event: &StreamEvent<'_>) -> Result<Vec<Bytes>, TranslateError> {
+        let Some(block) = &event.content_block else {
+            return Ok(Vec::new());
+        };
+        let out = match block.kind.as_ref() {
+            "text" => match block.text.as_deref() {
+                Some(t) if !t.is_empty() => vec![self.head.text(t)],
                 _ => Vec::new(),
             },
-            Some("tool_use") => {
+            "tool_use" => {
+                let named = |v: &Option<Cow<'_, str>>, k: &str| {
+                    v.as_deref()
+                        .filter(|v| !v.is_empty())
+                        .map(str::to_owned)
+                        .ok_or_else(|| {
+                            TranslateError::InvalidResponse(format!(
+                                "a tool_use block without `{k}`"
+                            ))
+                        })
+                };
                 let index = self.tools.len();
                 self.tools.push(ToolBlock {
                     block: block_index(event)?,
                     index,
                     sent_arguments: false,
                 });
-                let (id, name) = tool_names(block)?;
-                let call = json!({
-                    "index": index,
-                    "id": id,
-                    "type": "function",
-                    "function": { "name": name, "arguments": "" },
-                });
-                vec![self.chunk(json!({ "tool_calls": [call] }), Value::Null)]
+                let (id, name) = (named(&block.id, "id")?, named(&block.name, "name")?);
+                vec![self.head.call(index, &id, &name)]
             }
             _ => Vec::new(),
         };
@@ -1102,24 +1155,22 @@ impl MessagesStream {
     }
 
     /// `content_block_delta`: text, or a piece of a tool call's arguments.
-    fn block_delta(&mut self, event: &Value) -> Result<Vec<Bytes>, TranslateError> {
-        let delta = event.get("delta").unwrap_or(&Value::Null);
-        let out = match delta.get("type").and_then(Value::as_str) {
-            Some("text_delta") => match delta.get("text").and_then(Value::as_str) {
-                Some(t) if !t.is_empty() => vec![self.content(t)],
+    fn block_delta(&mut self, event: &StreamEvent<'_>) -> Result<Vec<Bytes>, TranslateError> {
+        let Some(delta) = &event.delta else {
+            return Ok(Vec::new());
+        };
+        let out = match delta.kind.as_deref() {
+            Some("text_delta") => match delta.text.as_deref() {
+                Some(t) if !t.is_empty() => vec![self.head.text(t)],
                 _ => Vec::new(),
             },
             Some("input_json_delta") => {
-                let piece = delta
-                    .get("partial_json")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
+                let piece = delta.partial_json.as_deref().unwrap_or_default();
                 let block = block_index(event)?;
                 match self.tools.iter_mut().find(|t| t.block == block) {
                     Some(tool) if !piece.is_empty() => {
                         tool.sent_arguments = true;
-                        let index = tool.index;
-                        vec![self.arguments(index, piece)]
+                        vec![self.head.arguments(tool.index, piece)]
                     }
                     _ => Vec::new(),
                 }
@@ -1130,12 +1181,10 @@ impl MessagesStream {
     }
 
     /// Reads token counts from a message_start or message_delta `usage`.
-    fn take_usage(&mut self, usage: Option<&Value>) -> Result<(), TranslateError> {
-        let Some(usage) = usage.filter(|u| !u.is_null()) else {
-            return Ok(());
+    fn take_usage(&mut self, usage: Option<&Usage>) {
+        let Some(u) = usage else {
+            return;
         };
-        let u = Usage::deserialize(usage)
-            .map_err(|e| TranslateError::InvalidResponse(format!("bad usage: {e}")))?;
         self.usage_seen |= u.known();
         if let Some(p) = u.prompt_tokens() {
             self.prompt_tokens = p;
@@ -1144,39 +1193,14 @@ impl MessagesStream {
         if let Some(o) = u.output_tokens {
             self.completion_tokens = o;
         }
-        Ok(())
-    }
-
-    fn chunk(&self, delta: Value, finish_reason: Value) -> Bytes {
-        sse(&json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{ "index": 0, "delta": delta, "finish_reason": finish_reason }],
-        }))
-    }
-
-    fn content(&self, text: &str) -> Bytes {
-        self.chunk(json!({ "content": text }), Value::Null)
-    }
-
-    fn arguments(&self, index: usize, piece: &str) -> Bytes {
-        let call = json!({ "index": index, "function": { "arguments": piece } });
-        self.chunk(json!({ "tool_calls": [call] }), Value::Null)
     }
 }
 
 /// The Anthropic content block `index` of an event.
-fn block_index(event: &Value) -> Result<u64, TranslateError> {
-    event.get("index").and_then(Value::as_u64).ok_or_else(|| {
+fn block_index(event: &StreamEvent<'_>) -> Result<u64, TranslateError> {
+    event.index.ok_or_else(|| {
         TranslateError::InvalidResponse("content block event without `index`".into())
     })
-}
-
-/// One SSE event carrying `v`.
-fn sse(v: &Value) -> Bytes {
-    Bytes::from(format!("data: {v}\n\n"))
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use super::chunk::{Delta, Head, Usage, DONE};
 use super::{Adapter, Malformed, StreamTranslator, TargetModel, Unsupported};
 use crate::native::Protocol;
 use crate::request::{ChatRequest, EmbeddingsRequest};
@@ -212,7 +213,7 @@ struct Completion<'a> {
     model: &'a str,
     choices: [Choice<'a>; 1],
     #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<ChatUsage>,
+    usage: Option<Usage>,
 }
 
 #[derive(Serialize)]
@@ -246,38 +247,14 @@ struct Function<'a> {
     arguments: &'a str,
 }
 
-#[derive(Serialize, Clone, Copy)]
-struct ChatUsage {
-    prompt_tokens: u64,
-    completion_tokens: u64,
-    total_tokens: u64,
-    prompt_tokens_details: Cached,
-    completion_tokens_details: Reasoning,
-}
-
-#[derive(Serialize, Clone, Copy)]
-struct Cached {
-    cached_tokens: u64,
-}
-
-#[derive(Serialize, Clone, Copy)]
-struct Reasoning {
-    reasoning_tokens: u64,
-}
-
-impl From<WireUsage> for ChatUsage {
+impl From<WireUsage> for Usage {
     fn from(u: WireUsage) -> Self {
-        Self {
-            prompt_tokens: u.input_tokens,
-            completion_tokens: u.output_tokens,
-            total_tokens: u.input_tokens.saturating_add(u.output_tokens),
-            prompt_tokens_details: Cached {
-                cached_tokens: u.input_tokens_details.unwrap_or_default().cached_tokens,
-            },
-            completion_tokens_details: Reasoning {
-                reasoning_tokens: u.output_tokens_details.unwrap_or_default().reasoning_tokens,
-            },
-        }
+        Usage::new(
+            u.input_tokens,
+            u.output_tokens,
+            u.input_tokens_details.unwrap_or_default().cached_tokens,
+            u.output_tokens_details.unwrap_or_default().reasoning_tokens,
+        )
     }
 }
 
@@ -347,7 +324,7 @@ fn completion_of(response: &Response<'_>) -> Result<Bytes, Malformed> {
             },
             finish_reason,
         }],
-        usage: response.usage.map(ChatUsage::from),
+        usage: response.usage.map(Usage::from),
     };
     serde_json::to_vec(&completion)
         .map(Bytes::from)
@@ -357,53 +334,6 @@ fn completion_of(response: &Response<'_>) -> Result<Bytes, Malformed> {
 // ---------------------------------------------------------------------------
 // Streams: Responses events -> OpenAI chunks
 // ---------------------------------------------------------------------------
-
-#[derive(Serialize)]
-struct Chunk<'a> {
-    id: &'a str,
-    object: &'static str,
-    created: u64,
-    model: &'a str,
-    choices: Vec<ChunkChoice<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<ChatUsage>,
-}
-
-#[derive(Serialize)]
-struct ChunkChoice<'a> {
-    index: u32,
-    delta: Delta<'a>,
-    finish_reason: Option<&'static str>,
-}
-
-#[derive(Serialize, Default)]
-struct Delta<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    role: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    content: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    refusal: Option<&'a str>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    tool_calls: Vec<CallDelta<'a>>,
-}
-
-#[derive(Serialize)]
-struct CallDelta<'a> {
-    index: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    id: Option<&'a str>,
-    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
-    kind: Option<&'static str>,
-    function: FunctionDelta<'a>,
-}
-
-#[derive(Serialize)]
-struct FunctionDelta<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    name: Option<&'a str>,
-    arguments: &'a str,
-}
 
 /// An in-band error, as the engine reads one: OpenAI's shape with the
 /// status beside it.
@@ -433,9 +363,7 @@ struct Call {
 #[derive(Debug, Default)]
 struct ResponsesStream {
     include_usage: bool,
-    id: String,
-    model: String,
-    created: u64,
+    head: Head,
     calls: Vec<Call>,
     finished: bool,
 }
@@ -453,15 +381,10 @@ impl StreamTranslator for ResponsesStream {
                     .response
                     .as_ref()
                     .ok_or_else(|| Malformed("response.created without `response`".into()))?;
-                response.id.clone_into(&mut self.id);
-                response.model.clone_into(&mut self.model);
-                self.created = response.created_at;
-                let role = Delta {
-                    role: Some("assistant"),
-                    content: Some(""),
-                    ..Delta::default()
-                };
-                vec![self.chunk(role, None, None)]
+                response.id.clone_into(&mut self.head.id);
+                response.model.clone_into(&mut self.head.model);
+                self.head.created = response.created_at;
+                vec![self.head.role()]
             }
             "response.output_item.added" => self.item_added(&event)?,
             "response.output_text.delta" => self.text(event.delta.as_deref(), false),
@@ -504,47 +427,18 @@ impl StreamTranslator for ResponsesStream {
 }
 
 impl ResponsesStream {
-    fn chunk(
-        &self,
-        delta: Delta<'_>,
-        finish: Option<&'static str>,
-        usage: Option<ChatUsage>,
-    ) -> Bytes {
-        let choices = if usage.is_some() {
-            Vec::new()
-        } else {
-            vec![ChunkChoice {
-                index: 0,
-                delta,
-                finish_reason: finish,
-            }]
-        };
-        sse(&Chunk {
-            id: &self.id,
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: &self.model,
-            choices,
-            usage,
-        })
-    }
-
     fn text(&self, delta: Option<&str>, refusal: bool) -> Vec<Bytes> {
         let Some(text) = delta.filter(|t| !t.is_empty()) else {
             return Vec::new();
         };
-        let delta = if refusal {
-            Delta {
-                refusal: Some(text),
-                ..Delta::default()
-            }
-        } else {
-            Delta {
-                content: Some(text),
-                ..Delta::default()
-            }
+        if !refusal {
+            return vec![self.head.text(text)];
+        }
+        let delta = Delta {
+            refusal: Some(text),
+            ..Delta::default()
         };
-        vec![self.chunk(delta, None, None)]
+        vec![self.head.delta(delta, None)]
     }
 
     /// A function call's opening chunk (other items open nothing).
@@ -561,20 +455,7 @@ impl ResponsesStream {
             output_index: event.output_index,
             sent_arguments: false,
         });
-        let call = CallDelta {
-            index,
-            id: Some(call_id),
-            kind: Some("function"),
-            function: FunctionDelta {
-                name: Some(name),
-                arguments: "",
-            },
-        };
-        let delta = Delta {
-            tool_calls: vec![call],
-            ..Delta::default()
-        };
-        Ok(vec![self.chunk(delta, None, None)])
+        Ok(vec![self.head.call(index, call_id, name)])
     }
 
     /// The call an arguments event is about: by item id, else by output index.
@@ -591,20 +472,7 @@ impl ResponsesStream {
             return Vec::new();
         };
         self.calls[index].sent_arguments = true;
-        let call = CallDelta {
-            index,
-            id: None,
-            kind: None,
-            function: FunctionDelta {
-                name: None,
-                arguments: piece,
-            },
-        };
-        let delta = Delta {
-            tool_calls: vec![call],
-            ..Delta::default()
-        };
-        vec![self.chunk(delta, None, None)]
+        vec![self.head.arguments(index, piece)]
     }
 
     /// The finish chunk, the usage chunk when asked for, and `[DONE]`.
@@ -614,12 +482,12 @@ impl ResponsesStream {
         let reason = response.map_or(if called { "tool_calls" } else { "stop" }, |r| {
             finish_reason(r, called)
         });
-        let mut out = vec![self.chunk(Delta::default(), Some(reason), None)];
-        let usage = response.and_then(|r| r.usage).map(ChatUsage::from);
+        let mut out = vec![self.head.delta(Delta::default(), Some(reason))];
+        let usage = response.and_then(|r| r.usage).map(Usage::from);
         if let (true, Some(usage)) = (self.include_usage, usage) {
-            out.push(self.chunk(Delta::default(), None, Some(usage)));
+            out.push(self.head.usage(usage));
         }
-        out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        out.push(DONE);
         out
     }
 }
@@ -635,7 +503,7 @@ fn in_band(code: &str, message: &str) -> Bytes {
         "server_is_overloaded" | "slow_down" => ("server_error", 503),
         _ => ("server_error", 500),
     };
-    sse(&InBand {
+    super::chunk::sse(&InBand {
         error: InBandError {
             message,
             kind,
@@ -643,15 +511,6 @@ fn in_band(code: &str, message: &str) -> Bytes {
             status,
         },
     })
-}
-
-/// One SSE event carrying `v`.
-fn sse(v: &impl Serialize) -> Bytes {
-    let mut out = b"data: ".to_vec();
-    // Serializing these structs cannot fail (string keys, no maps).
-    let _ = serde_json::to_writer(&mut out, v);
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
 }
 
 #[cfg(test)]

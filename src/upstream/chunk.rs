@@ -1,0 +1,267 @@
+//! The chat chunk events a protocol's stream translator writes, as typed
+//! wire structs (the compiler checks their shape; no `Value` tree is built
+//! per event).
+
+use bytes::Bytes;
+use serde::Serialize;
+
+/// The last event of every chat stream.
+pub const DONE: Bytes = Bytes::from_static(b"data: [DONE]\n\n");
+
+/// What every chunk of one stream repeats.
+#[derive(Debug, Default)]
+pub struct Head {
+    /// The answer's id.
+    pub id: String,
+    /// Unix seconds, one value per stream.
+    pub created: u64,
+    /// The model the upstream says answered.
+    pub model: String,
+}
+
+#[derive(Serialize)]
+struct Chunk<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: &'a [Choice<'a>],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+}
+
+#[derive(Serialize)]
+struct Choice<'a> {
+    index: u32,
+    delta: Delta<'a>,
+    finish_reason: Option<&'a str>,
+}
+
+/// One chunk's `delta`.
+#[derive(Serialize, Default)]
+pub struct Delta<'a> {
+    /// `assistant`, on the first chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    /// A piece of the text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<&'a str>,
+    /// A piece of a refusal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<&'a str>,
+    /// Pieces of tool calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<[CallDelta<'a>; 1]>,
+}
+
+/// A piece of one tool call: its opening (id, name) or its arguments.
+#[derive(Serialize)]
+pub struct CallDelta<'a> {
+    index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    function: FunctionDelta<'a>,
+}
+
+#[derive(Serialize)]
+struct FunctionDelta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    arguments: &'a str,
+}
+
+/// OpenAI's `usage`.
+#[derive(Serialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_tokens_details: Option<Cached>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    completion_tokens_details: Option<Reasoning>,
+}
+
+#[derive(Serialize, Debug, Clone, Copy, PartialEq, Eq)]
+struct Cached {
+    cached_tokens: u64,
+}
+
+#[derive(Serialize, Debug, Clone, Copy, PartialEq, Eq)]
+struct Reasoning {
+    reasoning_tokens: u64,
+}
+
+impl Usage {
+    /// From counts (saturating: they are the upstream's, and may be absurd);
+    /// zero cached or reasoning tokens are left out.
+    #[must_use]
+    pub fn new(prompt: u64, completion: u64, cached: u64, reasoning: u64) -> Self {
+        Self {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt.saturating_add(completion),
+            prompt_tokens_details: (cached > 0).then_some(Cached {
+                cached_tokens: cached,
+            }),
+            completion_tokens_details: (reasoning > 0).then_some(Reasoning {
+                reasoning_tokens: reasoning,
+            }),
+        }
+    }
+}
+
+impl Head {
+    /// A chunk of `delta` (and the answer's finish, on its last).
+    #[must_use]
+    pub fn delta(&self, delta: Delta<'_>, finish_reason: Option<&str>) -> Bytes {
+        let choices = [Choice {
+            index: 0,
+            delta,
+            finish_reason,
+        }];
+        self.event(&choices, None)
+    }
+
+    /// The opening chunk: the role, and empty content.
+    #[must_use]
+    pub fn role(&self) -> Bytes {
+        self.delta(
+            Delta {
+                role: Some("assistant"),
+                content: Some(""),
+                ..Delta::default()
+            },
+            None,
+        )
+    }
+
+    /// A piece of text.
+    #[must_use]
+    pub fn text(&self, text: &str) -> Bytes {
+        self.delta(
+            Delta {
+                content: Some(text),
+                ..Delta::default()
+            },
+            None,
+        )
+    }
+
+    /// The opening of tool call `index`.
+    #[must_use]
+    pub fn call(&self, index: usize, id: &str, name: &str) -> Bytes {
+        let call = CallDelta {
+            index,
+            id: Some(id),
+            kind: Some("function"),
+            function: FunctionDelta {
+                name: Some(name),
+                arguments: "",
+            },
+        };
+        self.calls(call)
+    }
+
+    /// A piece of tool call `index`'s arguments.
+    #[must_use]
+    pub fn arguments(&self, index: usize, piece: &str) -> Bytes {
+        let call = CallDelta {
+            index,
+            id: None,
+            kind: None,
+            function: FunctionDelta {
+                name: None,
+                arguments: piece,
+            },
+        };
+        self.calls(call)
+    }
+
+    fn calls(&self, call: CallDelta<'_>) -> Bytes {
+        self.delta(
+            Delta {
+                tool_calls: Some([call]),
+                ..Delta::default()
+            },
+            None,
+        )
+    }
+
+    /// The usage chunk (no choices), as `stream_options.include_usage` asks.
+    #[must_use]
+    pub fn usage(&self, usage: Usage) -> Bytes {
+        self.event(&[], Some(usage))
+    }
+
+    fn event(&self, choices: &[Choice<'_>], usage: Option<Usage>) -> Bytes {
+        sse(&Chunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            choices,
+            usage,
+        })
+    }
+}
+
+/// One SSE event carrying `v`.
+#[must_use]
+pub fn sse(v: &impl Serialize) -> Bytes {
+    let mut out = Vec::with_capacity(192);
+    out.extend_from_slice(b"data: ");
+    // Serializing these structs cannot fail (string keys, no maps).
+    let _ = serde_json::to_writer(&mut out, v);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(b: &Bytes) -> serde_json::Value {
+        let s = std::str::from_utf8(b).unwrap();
+        serde_json::from_str(
+            s.strip_prefix("data: ")
+                .unwrap()
+                .strip_suffix("\n\n")
+                .unwrap(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn chunks_have_the_chat_shape() {
+        let head = Head {
+            id: "x".into(),
+            created: 3,
+            model: "m".into(),
+        };
+        let role = data(&head.role());
+        assert_eq!(role["object"], "chat.completion.chunk");
+        assert_eq!(
+            role["choices"][0]["delta"],
+            serde_json::json!({"role": "assistant", "content": ""})
+        );
+        assert!(role["choices"][0]["finish_reason"].is_null());
+        let call = data(&head.call(1, "c", "f"));
+        assert_eq!(
+            call["choices"][0]["delta"]["tool_calls"][0],
+            serde_json::json!({"index": 1, "id": "c", "type": "function", "function": {"name": "f", "arguments": ""}})
+        );
+        let end = data(&head.delta(Delta::default(), Some("stop")));
+        assert_eq!(end["choices"][0]["delta"], serde_json::json!({}));
+        assert_eq!(end["choices"][0]["finish_reason"], "stop");
+        let usage = data(&head.usage(Usage::new(5, 2, 0, 1)));
+        assert_eq!(usage["choices"], serde_json::json!([]));
+        assert_eq!(
+            usage["usage"],
+            serde_json::json!({"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
+                "completion_tokens_details": {"reasoning_tokens": 1}})
+        );
+    }
+}
