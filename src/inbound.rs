@@ -86,6 +86,8 @@ pub struct Translated {
     pub native: Option<Bytes>,
     /// How the answer goes back.
     pub render: Render,
+    /// The client asked for a stream.
+    pub stream: bool,
     /// What the chat translation had to leave out, if anything: only a
     /// target of the client's protocol can serve the request (the others
     /// are skipped, reason `protocol`).
@@ -99,11 +101,32 @@ pub enum Render {
     Messages(messages::Reply),
     /// OpenAI Responses.
     Responses(responses::Reply),
+    /// A stream whose renderer went to the engine ([`Render::take_stream`]):
+    /// only an error is left to render here.
+    Stream(Protocol),
 }
 
-/// Renders the engine's response in the client's protocol: a committed stream
-/// event by event, an answer or an error whole. Status and headers
-/// (`Retry-After`, `x-should-retry`, `x-switchyard-*`) are kept.
+impl Render {
+    /// The stream renderer, for the relay to run on the events it parses;
+    /// what stays renders errors.
+    pub fn take_stream(&mut self) -> Option<Box<dyn native::StreamRender>> {
+        let protocol = match self {
+            Render::Messages(_) => Protocol::Messages,
+            Render::Responses(_) => Protocol::Responses,
+            Render::Stream(_) => return None,
+        };
+        match std::mem::replace(self, Render::Stream(protocol)) {
+            Render::Messages(r) => Some(Box::new(Renderer::Messages(r.stream()))),
+            Render::Responses(r) => Some(Box::new(Renderer::Responses(Box::new(r.stream())))),
+            Render::Stream(_) => None,
+        }
+    }
+}
+
+/// Renders the engine's response in the client's protocol: an answer or an
+/// error whole (a committed stream was rendered event by event by the relay,
+/// [`Render::take_stream`]). Status and headers (`Retry-After`,
+/// `x-should-retry`, `x-switchyard-*`) are kept.
 pub async fn render(response: Response<Body>, render: Render) -> Response<Body> {
     let (mut parts, inner) = response.into_parts();
     parts.headers.remove(CONTENT_LENGTH);
@@ -111,12 +134,10 @@ pub async fn render(response: Response<Body>, render: Render) -> Response<Body> 
         .headers
         .get(CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    // A stream went through the relay, which ran the client's renderer
+    // (the server hands every stream request's renderer to the engine).
     if is_stream && parts.status == StatusCode::OK {
-        let renderer = match render {
-            Render::Messages(r) => Renderer::Messages(r.stream()),
-            Render::Responses(r) => Renderer::Responses(Box::new(r.stream())),
-        };
-        return Response::from_parts(parts, translate_stream(inner, renderer));
+        return Response::from_parts(parts, inner);
     }
     let bytes = match inner.collect().await {
         Ok(collected) => collected.to_bytes(),
@@ -132,7 +153,12 @@ pub async fn render(response: Response<Body>, render: Render) -> Response<Body> 
         (Render::Responses(mut r), true, Some(native)) => r.native_answer(native.0),
         (Render::Responses(r), true, None) => r.answer(&bytes),
         // Responses errors are OpenAI's envelope already.
-        (Render::Responses(_), false, _) => bytes,
+        (Render::Responses(_) | Render::Stream(Protocol::Chat | Protocol::Responses), false, _) => {
+            bytes
+        }
+        (Render::Stream(Protocol::Messages), false, _) => messages::error(parts.status, &bytes),
+        // A stream request answered whole: never, as the engine answers one.
+        (Render::Stream(_), true, _) => bytes,
     };
     parts
         .headers
@@ -141,12 +167,13 @@ pub async fn render(response: Response<Body>, render: Render) -> Response<Body> 
 }
 
 /// A stream renderer of one protocol.
+#[derive(Debug)]
 enum Renderer {
     Messages(messages::StreamReply),
     Responses(Box<responses::StreamReply>),
 }
 
-impl Renderer {
+impl native::StreamRender for Renderer {
     /// One event of the chat stream, rendered into `out`; an upstream event
     /// it carries goes out as it came instead.
     fn event(&mut self, event: &sse::Event, out: &mut BytesMut) {
@@ -188,38 +215,6 @@ impl Renderer {
             Renderer::Responses(r) => r.done(out),
         }
     }
-}
-
-/// The chat stream `inner`, parsed and rendered as hyper pulls the body.
-fn translate_stream(inner: Body, renderer: Renderer) -> Body {
-    let state = Some((inner, renderer, sse::Parser::default()));
-    let stream = futures_util::stream::unfold(state, |state| async move {
-        let (mut inner, mut renderer, mut parser) = state?;
-        loop {
-            let mut out = BytesMut::new();
-            let Some(frame) = inner.frame().await else {
-                while let Some(event) = parser.next_event(true) {
-                    renderer.event(&event, &mut out);
-                }
-                renderer.done(&mut out);
-                return (!out.is_empty()).then(|| (out.freeze(), None));
-            };
-            let Ok(data) = (match frame {
-                Ok(frame) => frame.into_data(),
-                Err(never) => match never {},
-            }) else {
-                continue;
-            };
-            parser.push(&data);
-            while let Some(event) = parser.next_event(false) {
-                renderer.event(&event, &mut out);
-            }
-            if !out.is_empty() {
-                return Some((out.freeze(), Some((inner, renderer, parser))));
-            }
-        }
-    });
-    body::streamed(stream)
 }
 
 /// An upstream event as it came (its type and data), appended to `out`.

@@ -78,6 +78,27 @@ pub struct Request<'a> {
 #[derive(Debug, Clone)]
 pub struct Answer(pub Bytes);
 
+/// Renders a committed chat stream in the client's protocol, event by event:
+/// the front door's renderer, which the relay runs on the events it has
+/// parsed already (no second parse of the stream).
+pub trait StreamRender: Send + Sync + std::fmt::Debug {
+    /// One event of the chat stream (or an upstream event it carries),
+    /// rendered into `out`.
+    fn event(&mut self, event: &crate::sse::Event, out: &mut BytesMut);
+
+    /// The end of the chat stream (`[DONE]` seen or not).
+    fn done(&mut self, out: &mut BytesMut);
+}
+
+/// Renders every event of `raw` (chat SSE bytes) into `out`.
+pub fn render_events(render: &mut dyn StreamRender, raw: &[u8], out: &mut BytesMut) {
+    let mut parser = crate::sse::Parser::default();
+    parser.push(raw);
+    while let Some(event) = parser.next_event(true) {
+        render.event(&event, out);
+    }
+}
+
 /// The comment that starts each line of a carried upstream event.
 const MARK: &[u8] = b":native:";
 

@@ -81,10 +81,13 @@ pub struct Exchange<'a> {
     pub trace: RequestTrace,
     /// The drain's cut, for a stream still running at `drain_timeout`.
     pub drain: &'a crate::body::Drain,
+    /// Renders a stream in the client's protocol when it speaks another.
+    pub render: Option<Box<dyn native::StreamRender>>,
 }
 
 /// Handles one `POST /v1/chat/completions`.
-pub async fn chat_completions(x: Exchange<'_>) -> Response<Body> {
+pub async fn chat_completions(mut x: Exchange<'_>) -> Response<Body> {
+    let render = x.render.take();
     let mut request = match ChatRequest::parse(&x.body) {
         Ok(r) => r,
         Err(e) => return rejected(&x, &e.into()),
@@ -114,6 +117,7 @@ pub async fn chat_completions(x: Exchange<'_>) -> Response<Body> {
         stream: request.stream,
         include_usage: request.include_usage,
         contract,
+        render,
     };
     serve(&x, &task, Needs::of(&request), shape).await
 }
@@ -148,6 +152,7 @@ pub async fn embeddings(x: Exchange<'_>) -> Response<Body> {
         stream: false,
         include_usage: false,
         contract: None,
+        render: None,
     };
     serve(&x, &task, needs, shape).await
 }
@@ -159,6 +164,8 @@ struct Shape<'a> {
     include_usage: bool,
     /// The tool call contract, when the task validates tool calls.
     contract: Option<Arc<Contract>>,
+    /// The client's stream renderer, when it speaks another protocol.
+    render: Option<Box<dyn native::StreamRender>>,
 }
 
 /// Steps 3 to 7 for a routed request.
@@ -192,6 +199,7 @@ async fn serve(
         drain: x.drain,
         deadline: x.arrival + task.budget.total_timeout,
         contract: shape.contract,
+        render: shape.render,
         native: match shape.payload {
             Payload::Chat(request) => request.native.map(|n| n.protocol),
             Payload::Embeddings(_) => None,
@@ -345,6 +353,8 @@ struct Walk<'a> {
     /// The client's protocol, when its own body is at hand for a target
     /// that speaks it.
     native: Option<Protocol>,
+    /// The client's stream renderer, for the stream that commits.
+    render: Option<Box<dyn native::StreamRender>>,
     account: Account,
     tally: Tally,
     /// What held attempted targets back (rate limits) or that one failed for real.
@@ -641,7 +651,8 @@ impl Walk<'_> {
                     tracing::Span::current()
                 };
                 let drain = self.drain.watch();
-                let relay = Relay::new(*commit, recovery, relay_span, drain);
+                let render = self.render.take();
+                let relay = Relay::new(*commit, recovery, relay_span, drain, render);
                 (respond::stream(relay.into_body()), repaired)
             }
             Attempt::Failed(_) | Attempt::Deadline | Attempt::Local(_) | Attempt::Violated(_) => {
@@ -657,14 +668,20 @@ impl Walk<'_> {
 
     /// A whole answer: as it came, or, to a client that asked for a stream
     /// (a repaired held stream), as the stream that carries it.
-    fn whole_answer(&self, status: StatusCode, body: Bytes) -> Response<Body> {
+    fn whole_answer(&mut self, status: StatusCode, body: Bytes) -> Response<Body> {
         let events = self
             .stream
             .then(|| crate::sse::events_of_completion(&body, self.include_usage))
             .flatten();
-        let Some(events) = events else {
+        let Some(mut events) = events else {
             return respond::completion(status, body);
         };
+        if let Some(mut render) = self.render.take() {
+            let mut out = bytes::BytesMut::new();
+            native::render_events(render.as_mut(), &events, &mut out);
+            render.done(&mut out);
+            events = out.freeze();
+        }
         self.account.trace.committed();
         self.account.trace.stream_end("complete", false);
         respond::stream(crate::body::full(events))

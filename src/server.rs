@@ -603,7 +603,7 @@ async fn proxied(
     let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
         return rejected(&GatewayError::Overloaded, &request_id);
     };
-    let (bytes, translation) = match translated(app, api, bytes).await {
+    let (bytes, mut translation) = match translated(app, api, bytes).await {
         Ok(translated) => translated,
         Err(refusal) => {
             snapshot.unrouted.increment(400, 1);
@@ -618,7 +618,11 @@ async fn proxied(
         headers: &parts.headers,
         peer,
         body: bytes,
-        native: translation.as_ref().map(|(_, native)| native.clone()),
+        native: translation.as_ref().map(|t| t.native.clone()),
+        render: translation
+            .as_mut()
+            .filter(|t| t.stream)
+            .and_then(|t| t.render.take_stream()),
         request_id,
         arrival,
         trace: trace.clone(),
@@ -642,21 +646,31 @@ async fn proxied(
     };
     trace.status(response.status().as_u16());
     let response = match translation {
-        Some((render, _)) => inbound::render(response, render).await,
+        Some(t) => inbound::render(response, t.render).await,
         None => response,
     };
     response.map(|inner| body::holding(inner, permit))
 }
 
+/// A Messages or Responses request's side of the exchange.
+struct Translation {
+    /// How its answer goes back.
+    render: inbound::Render,
+    /// The client's own body.
+    native: native::Body,
+    /// It asked for a stream.
+    stream: bool,
+}
+
 /// The body the engine runs, and for a Messages or Responses request
-/// translated into chat (or refused with its 400, in its protocol) how its
-/// answer goes back and the client's own body; chat and embeddings as they came.
+/// translated into chat (or refused with its 400, in its protocol) its
+/// [`Translation`]; chat and embeddings as they came.
 #[allow(clippy::result_large_err)] // the refusal is the response itself
 async fn translated(
     app: &App,
     api: Api,
     bytes: Bytes,
-) -> Result<(Bytes, Option<(inbound::Render, native::Body)>), Response<Body>> {
+) -> Result<(Bytes, Option<Translation>), Response<Body>> {
     let refused = |bytes: Bytes| {
         let mut resp = json_bytes(StatusCode::BAD_REQUEST, bytes);
         resp.headers_mut()
@@ -685,7 +699,12 @@ async fn translated(
         bytes: t.native.unwrap_or(bytes),
         untranslatable: t.untranslatable,
     };
-    Ok((t.chat, Some((t.render, native))))
+    let translation = Translation {
+        render: t.render,
+        native,
+        stream: t.stream,
+    };
+    Ok((t.chat, Some(translation)))
 }
 
 /// switchyard's own error in the client's protocol.

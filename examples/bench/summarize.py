@@ -48,7 +48,8 @@ for key, rows in points.items():
 modes = [m for m in ("plain", "stream") if any(k[0] == m for k in agg)]
 order = ["direct", "switchyard-1", "switchyard-3", "nginx", "litellm", "litellm-3",
          "neutral", "switchyard-neutral", "switchyard-neutral-messages",
-         "switchyard-neutral-responses", "switchyard-neutral-3", "nginx-neutral"]
+         "switchyard-neutral-responses", "switchyard-neutral-responses-native",
+         "switchyard-neutral-3", "nginx-neutral"]
 paths = [p for p in order if any(k[1] == p for k in agg)]
 concs = sorted({k[2] for k in agg})
 peer_of = {"switchyard-1": "litellm", "switchyard-3": "litellm-3"}

@@ -230,6 +230,7 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
     Ok(Translated {
         chat: Bytes::from(Value::Object(chat).to_string()),
         native: None,
+        stream: request.stream.unwrap_or(false),
         render: Render::Messages(Reply {
             model: request.model.unwrap_or_default(),
         }),

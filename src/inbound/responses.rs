@@ -212,6 +212,7 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
     Ok(Translated {
         chat: Bytes::from(Value::Object(chat).to_string()),
         native,
+        stream: request.stream.unwrap_or(false),
         render: Render::Responses(Reply {
             id: fresh_id("resp_"),
             created_at: now_secs(),

@@ -21,6 +21,7 @@ use super::continuation::{Recovery, Resumed, Seam, Splice, Spliced};
 use crate::body::{self, Body, DrainWatch};
 use crate::classify::{self, AttemptOutcome, Interruption, StreamEnd, StreamVerdict};
 use crate::health::{Failure, Permit};
+use crate::native::StreamRender;
 use crate::schema::HOLD_MAX_TOOL_BYTES;
 use crate::sse::{self, Chunk};
 
@@ -53,6 +54,9 @@ pub struct Relay {
     /// stream (an account out of credit cools its provider, as before the
     /// commit point).
     in_band: Option<classify::Decision>,
+    /// Renders each event in the client's protocol, when it speaks another;
+    /// else the events go out as they are.
+    render: Option<Box<dyn StreamRender>>,
 }
 
 /// What happened to a broken stream that might be continued.
@@ -75,11 +79,12 @@ impl Relay {
         recovery: Option<Box<Recovery>>,
         span: tracing::Span,
         drain: DrainWatch,
+        render: Option<Box<dyn StreamRender>>,
     ) -> Self {
         let mut relay = Self {
             state: commit.state,
             permit: Some(commit.permit),
-            out: VecDeque::from([commit.held.clone()]),
+            out: VecDeque::new(),
             batch: BytesMut::new(),
             usage: None,
             content_chunks: 0,
@@ -90,7 +95,9 @@ impl Relay {
             seam: None,
             drain,
             in_band: None,
+            render,
         };
+        relay.push_raw(commit.held.clone());
         if let Some(recovery) = &mut relay.recovery {
             for event in parse_all(&commit.held) {
                 if let Some(data) = &event.data {
@@ -141,7 +148,11 @@ impl Relay {
                 return Some(crate::sanitize::redact_secrets(next, secrets));
             }
             if self.over {
-                return None;
+                let mut last = BytesMut::new();
+                self.render.take()?.done(&mut last);
+                let secrets = self.state.target.provider.secrets();
+                return (!last.is_empty())
+                    .then(|| crate::sanitize::redact_secrets(last.freeze(), secrets));
             }
             if let Some(end) = self.advance().await {
                 let end = self.settled(end);
@@ -300,17 +311,12 @@ impl Relay {
             let spliced = self.splice.as_mut().map(|s| s.event(&event));
             let data = match spliced {
                 None | Some(Spliced::Raw) => {
-                    self.batch.extend_from_slice(&event.raw);
+                    self.write_event(&event);
                     event.data
                 }
                 Some(Spliced::Drop) => continue,
                 Some(Spliced::Diverged) => return Some(StreamEnd::Diverged),
-                Some(Spliced::Data(data)) => {
-                    self.batch.extend_from_slice(b"data: ");
-                    self.batch.extend_from_slice(data.as_bytes());
-                    self.batch.extend_from_slice(b"\n\n");
-                    Some(data)
-                }
+                Some(Spliced::Data(data)) => Some(self.write_data(data)),
             };
             if let (Some(recovery), Some(data)) = (&mut self.recovery, data) {
                 recovery.observe(&data);
@@ -355,20 +361,68 @@ impl Relay {
     /// Sends held events on: through the splice of a continued stream (so
     /// they carry the stream's own id), else as they came.
     fn release(&mut self, held: Bytes) {
-        let Some(splice) = self.splice.as_mut() else {
-            self.batch.extend_from_slice(&held);
+        if self.splice.is_none() {
+            match &mut self.render {
+                Some(render) => {
+                    crate::native::render_events(render.as_mut(), &held, &mut self.batch);
+                }
+                None => self.batch.extend_from_slice(&held),
+            }
             return;
-        };
+        }
         for event in parse_all(&held) {
+            let Some(splice) = self.splice.as_mut() else {
+                return;
+            };
             match splice.event(&event) {
-                Spliced::Raw | Spliced::Diverged => self.batch.extend_from_slice(&event.raw),
+                Spliced::Raw | Spliced::Diverged => self.write_event(&event),
                 Spliced::Drop => {}
                 Spliced::Data(data) => {
-                    self.batch.extend_from_slice(b"data: ");
-                    self.batch.extend_from_slice(data.as_bytes());
-                    self.batch.extend_from_slice(b"\n\n");
+                    self.write_data(data);
                 }
             }
+        }
+    }
+
+    /// One event into the batch: rendered for the client, or as it is.
+    fn write_event(&mut self, event: &sse::Event) {
+        match &mut self.render {
+            Some(render) => render.event(event, &mut self.batch),
+            None => self.batch.extend_from_slice(&event.raw),
+        }
+    }
+
+    /// An event the splice rewrote (its data) into the batch; the data back.
+    fn write_data(&mut self, data: String) -> String {
+        match &mut self.render {
+            Some(render) => {
+                let event = sse::Event {
+                    raw: Bytes::new(),
+                    data: Some(data),
+                    malformed: false,
+                };
+                render.event(&event, &mut self.batch);
+                event.data.unwrap_or_default()
+            }
+            None => {
+                self.batch.extend_from_slice(b"data: ");
+                self.batch.extend_from_slice(data.as_bytes());
+                self.batch.extend_from_slice(b"\n\n");
+                data
+            }
+        }
+    }
+
+    /// switchyard's own events (the held start, an interruption, the end),
+    /// after what is batched: rendered for the client, or as they are.
+    fn push_raw(&mut self, raw: Bytes) {
+        match &mut self.render {
+            Some(render) => {
+                let mut out = BytesMut::new();
+                crate::native::render_events(render.as_mut(), &raw, &mut out);
+                self.out.push_back(out.freeze());
+            }
+            None => self.out.push_back(raw),
         }
     }
 
@@ -407,7 +461,7 @@ impl Relay {
             }
             Some(Err(())) => {
                 recovery.count_failed(&broken);
-                self.out.push_back(sse::interrupt_events(why.label()));
+                self.push_raw(sse::interrupt_events(why.label()));
                 self.over = true;
                 Continued::Ended
             }
@@ -415,7 +469,7 @@ impl Relay {
                 // The drain timeout passed while the next target was sought.
                 warn!(task = %self.state.account.task.name, "stream cut at drain_timeout while being continued");
                 self.state.account.trace.stream_end("drain", true);
-                self.out.push_back(sse::drain_events());
+                self.push_raw(sse::drain_events());
                 self.over = true;
                 Continued::Ended
             }
@@ -441,7 +495,7 @@ impl Relay {
                 seam.to.name,
                 seam.mode.label()
             );
-            self.out.push_back(Bytes::from(comment));
+            self.push_raw(Bytes::from(comment));
         }
         self.state = commit.state;
         let to = &self.state.target;
@@ -486,13 +540,11 @@ impl Relay {
         match verdict {
             StreamVerdict::Complete { add_done: true } => {
                 // Ended cleanly without the sentinel: add it, never wait for it.
-                self.out.push_back(Bytes::from_static(sse::DONE));
+                self.push_raw(Bytes::from_static(sse::DONE));
             }
             StreamVerdict::Complete { add_done: false } | StreamVerdict::ClientGone => {}
-            StreamVerdict::Interrupted(why) => {
-                self.out.push_back(sse::interrupt_events(why.label()))
-            }
-            StreamVerdict::Drained => self.out.push_back(sse::drain_events()),
+            StreamVerdict::Interrupted(why) => self.push_raw(sse::interrupt_events(why.label())),
+            StreamVerdict::Drained => self.push_raw(sse::drain_events()),
         }
         self.record(verdict);
     }
