@@ -21,6 +21,9 @@ pub struct Event {
     /// Not an event switchyard may relay: its `data` was not UTF-8 (`data`
     /// then holds a lossy copy), or a translator could not read it.
     pub malformed: bool,
+    /// What its writer knows it means (a translator's chat event), so that
+    /// [`classify_event`] need not parse it back; `None`: read the data.
+    pub reading: Option<Chunk>,
 }
 
 /// Incremental parser: feed bytes, take complete events.
@@ -133,6 +136,7 @@ impl Parser {
             raw,
             data: self.data.take(),
             malformed: std::mem::take(&mut self.not_utf8),
+            reading: None,
         }
     }
 }
@@ -163,7 +167,7 @@ fn field<'a>(line: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
 }
 
 /// What one upstream event means to the relay.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Chunk {
     /// A comment or keep-alive; carries nothing.
     Empty,
@@ -279,15 +283,25 @@ struct ErrorWire {
     status: Option<serde_json::Value>,
 }
 
-/// Reads an event's data as an OpenAI chunk.
+/// Reads an event as an OpenAI chunk (from what its writer said it means,
+/// when it said so).
 #[must_use]
 pub fn classify_event(event: &Event) -> Chunk {
     if event.malformed {
         return Chunk::Malformed;
     }
-    let Some(data) = &event.data else {
-        return Chunk::Empty;
-    };
+    if let Some(reading) = event.reading {
+        return reading;
+    }
+    match &event.data {
+        Some(data) => classify_data(data),
+        None => Chunk::Empty,
+    }
+}
+
+/// Reads an event's `data` as an OpenAI chunk.
+#[must_use]
+pub fn classify_data(data: &str) -> Chunk {
     let data = data.trim();
     if data == "[DONE]" {
         return Chunk::Done;
@@ -766,6 +780,7 @@ data: {\"id\":\"c2\",\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_
             raw: Bytes::new(),
             data: Some(data.to_owned()),
             malformed: false,
+            reading: None,
         })
     }
 

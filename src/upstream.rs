@@ -25,6 +25,7 @@ use hyper::body::Incoming;
 use crate::classify::NetworkKind;
 use crate::native::Protocol;
 use crate::request::{ChatRequest, EmbeddingsRequest};
+use crate::sse::Chunk;
 use pool::HttpClient;
 
 /// Every protocol, by its `routes.yaml` name.
@@ -154,7 +155,7 @@ pub trait StreamTranslator: Send + std::fmt::Debug {
     ///
     /// # Errors
     /// The data is not an event of this protocol.
-    fn on_event(&mut self, data: &str) -> Result<Vec<Bytes>, Malformed>;
+    fn on_event(&mut self, data: &str) -> Result<Vec<chunk::Frame>, Malformed>;
 }
 
 /// What a request asks of a provider.
@@ -516,28 +517,27 @@ impl Events {
                             .and_then(|t| t.strip_prefix("data: "))
                             .map(|t| t.trim_end().to_owned())
                     };
-                    if !self.native {
-                        for raw in frames {
-                            let data = data_of(&raw);
-                            let malformed = false;
-                            self.ready.push_back(crate::sse::Event {
-                                raw,
-                                data,
-                                malformed,
-                            });
-                        }
-                        continue;
-                    }
-                    let read: Vec<_> = frames.iter().map(data_of).collect();
-                    let carried = crate::native::carry(data, frames);
-                    // An event read into nothing is carried alone, with no data.
-                    let read = read.into_iter().chain(std::iter::repeat(None));
-                    for (raw, data) in carried.into_iter().zip(read) {
-                        let malformed = false;
+                    let read: Vec<_> = frames
+                        .iter()
+                        .map(|f| (data_of(&f.raw), f.reading))
+                        .collect();
+                    let raws = frames.into_iter().map(|f| f.raw).collect();
+                    let raws = if self.native {
+                        crate::native::carry(data, raws)
+                    } else {
+                        raws
+                    };
+                    // An event read into nothing is carried alone: no data,
+                    // nothing to read.
+                    let read = read
+                        .into_iter()
+                        .chain(std::iter::repeat((None, Chunk::Empty)));
+                    for (raw, (data, reading)) in raws.into_iter().zip(read) {
                         self.ready.push_back(crate::sse::Event {
                             raw,
                             data,
-                            malformed,
+                            malformed: false,
+                            reading: Some(reading),
                         });
                     }
                 }
@@ -546,6 +546,7 @@ impl Events {
                         raw: Bytes::new(),
                         data: None,
                         malformed: true,
+                        reading: None,
                     })
                 }
             }

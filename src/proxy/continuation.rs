@@ -849,6 +849,7 @@ mod tests {
             raw: Bytes::from(format!("data: {data}\n\n")),
             data: Some(data.to_owned()),
             malformed: false,
+            reading: None,
         }
     }
 
@@ -928,6 +929,7 @@ mod tests {
             raw: Bytes::from_static(b"data: [DONE]\n\n"),
             data: Some("[DONE]".into()),
             malformed: false,
+            reading: None,
         };
         assert_eq!(s.event(&done), Spliced::Raw);
     }

@@ -400,6 +400,7 @@ impl Relay {
                     raw: Bytes::new(),
                     data: Some(data),
                     malformed: false,
+                    reading: None,
                 };
                 render.event(&event, &mut self.batch);
                 event.data.unwrap_or_default()

@@ -21,7 +21,7 @@ use http::HeaderName;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::chunk::{self, Delta, Head};
+use super::chunk::{self, Delta, Frame, Head};
 use super::{Adapter, Malformed, TargetModel, Unsupported};
 use crate::native::Protocol;
 use crate::request::{ChatRequest, EmbeddingsRequest};
@@ -1028,7 +1028,7 @@ pub struct MessagesStream {
 }
 
 impl super::StreamTranslator for MessagesStream {
-    fn on_event(&mut self, data: &str) -> Result<Vec<Bytes>, Malformed> {
+    fn on_event(&mut self, data: &str) -> Result<Vec<Frame>, Malformed> {
         MessagesStream::on_event(self, data).map_err(|e| Malformed(e.to_string()))
     }
 }
@@ -1060,7 +1060,7 @@ impl MessagesStream {
     /// Unknown event types, thinking/signature deltas and events after
     /// `message_stop` produce nothing. A tool call whose input streamed no
     /// JSON at all gets `"{}"` as its arguments when its block stops.
-    pub fn on_event(&mut self, data: &str) -> Result<Vec<Bytes>, TranslateError> {
+    pub fn on_event(&mut self, data: &str) -> Result<Vec<Frame>, TranslateError> {
         let event: StreamEvent<'_> = serde_json::from_str(data)?;
         if self.finished {
             return Ok(Vec::new());
@@ -1104,14 +1104,14 @@ impl MessagesStream {
                     );
                     out.push(self.head.usage(usage));
                 }
-                out.push(chunk::DONE);
+                out.push(Frame::DONE);
                 out
             }
             "error" => {
                 let (kind, message) = anthropic_error(data.as_bytes()).ok_or_else(|| {
                     TranslateError::InvalidResponse("malformed error event".into())
                 })?;
-                vec![chunk::sse(&in_band_error(&kind, message))]
+                vec![Frame::read(&in_band_error(&kind, message))]
             }
             // "ping" and event types added later.
             _ => Vec::new(),
@@ -1120,7 +1120,7 @@ impl MessagesStream {
     }
 
     /// `content_block_start`: a text block's first text, or a tool call's opening chunk.
-    fn block_start(&mut self, event: &StreamEvent<'_>) -> Result<Vec<Bytes>, TranslateError> {
+    fn block_start(&mut self, event: &StreamEvent<'_>) -> Result<Vec<Frame>, TranslateError> {
         let Some(block) = &event.content_block else {
             return Ok(Vec::new());
         };
@@ -1155,7 +1155,7 @@ impl MessagesStream {
     }
 
     /// `content_block_delta`: text, or a piece of a tool call's arguments.
-    fn block_delta(&mut self, event: &StreamEvent<'_>) -> Result<Vec<Bytes>, TranslateError> {
+    fn block_delta(&mut self, event: &StreamEvent<'_>) -> Result<Vec<Frame>, TranslateError> {
         let Some(delta) = &event.delta else {
             return Ok(Vec::new());
         };
@@ -1288,7 +1288,10 @@ mod tests {
         ] {
             out.extend(t.on_event(data).unwrap());
         }
-        let all: String = out.iter().map(|b| String::from_utf8_lossy(b)).collect();
+        let all: String = out
+            .iter()
+            .map(|b| String::from_utf8_lossy(&b.raw))
+            .collect();
         assert!(!all.contains("usage"), "{all}");
         assert!(all.ends_with("data: [DONE]\n\n"), "{all}");
     }
@@ -1298,7 +1301,7 @@ mod tests {
         let mut out = Vec::new();
         for data in sse_data(text) {
             for event in t.on_event(data).unwrap() {
-                let s = String::from_utf8(event.to_vec()).unwrap();
+                let s = String::from_utf8(event.raw.to_vec()).unwrap();
                 assert!(s.starts_with("data: ") && s.ends_with("\n\n"), "{s:?}");
                 assert_eq!(s.matches("\n\n").count(), 1, "one event per item: {s:?}");
                 out.push(s["data: ".len()..s.len() - 2].to_owned());
@@ -1525,7 +1528,7 @@ mod tests {
             .unwrap()
             .is_empty());
         let out = t.on_event(r#"{"type":"message_stop"}"#).unwrap();
-        assert_eq!(out, vec![Bytes::from_static(b"data: [DONE]\n\n")]);
+        assert_eq!(out, vec![Frame::DONE]);
         assert!(t.on_event(r#"{"type":"message_stop"}"#).unwrap().is_empty());
     }
 
@@ -1536,7 +1539,7 @@ mod tests {
             .on_event(fixture!("error_overloaded.json").trim())
             .unwrap();
         assert_eq!(out.len(), 1);
-        let s = std::str::from_utf8(&out[0]).unwrap();
+        let s = std::str::from_utf8(&out[0].raw).unwrap();
         let body: Value =
             serde_json::from_str(s.strip_prefix("data: ").unwrap().trim_end()).unwrap();
         assert_eq!(body["error"]["code"], "overloaded");
@@ -1553,7 +1556,7 @@ mod tests {
         let out = t
             .on_event(fixture!("error_rate_limit.json").trim())
             .unwrap();
-        let s = std::str::from_utf8(&out[0]).unwrap();
+        let s = std::str::from_utf8(&out[0].raw).unwrap();
         assert!(s.contains(r#""status":429"#), "{s}");
         let body = &s["data: ".len()..].trim_end();
         let v: Value = serde_json::from_str(body).unwrap();

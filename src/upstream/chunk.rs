@@ -2,11 +2,37 @@
 //! wire structs (the compiler checks their shape; no `Value` tree is built
 //! per event).
 
+use crate::sse::Chunk as Reading;
 use bytes::Bytes;
 use serde::Serialize;
 
-/// The last event of every chat stream.
-pub const DONE: Bytes = Bytes::from_static(b"data: [DONE]\n\n");
+/// A chat event a translator wrote, with what the engine reads of it: the
+/// writer knows, so the commit point and the relay never parse it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// `data: {json}\n\n`.
+    pub raw: Bytes,
+    /// What [`crate::sse::classify_data`] would read from it.
+    pub reading: Reading,
+}
+
+impl Frame {
+    /// The last event of every chat stream.
+    pub const DONE: Frame = Frame {
+        raw: Bytes::from_static(b"data: [DONE]\n\n"),
+        reading: Reading::Done,
+    };
+
+    /// One SSE event carrying `v`, read as the engine reads any event (for
+    /// the rare ones whose reading is not known by construction: errors).
+    #[must_use]
+    pub fn read(v: &impl Serialize) -> Frame {
+        let raw = sse(v);
+        let data = std::str::from_utf8(&raw[6..raw.len() - 2]).unwrap_or_default();
+        let reading = crate::sse::classify_data(data);
+        Frame { raw, reading }
+    }
+}
 
 /// What every chunk of one stream repeats.
 #[derive(Debug, Default)]
@@ -52,6 +78,15 @@ pub struct Delta<'a> {
     /// Pieces of tool calls.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<[CallDelta<'a>; 1]>,
+}
+
+impl Delta<'_> {
+    /// What the engine counts as content: non-empty text or refusal, or a
+    /// tool call (as [`crate::sse::classify_data`] reads it).
+    fn has_content(&self) -> bool {
+        let non_empty = |s: Option<&str>| s.is_some_and(|s| !s.is_empty());
+        non_empty(self.content) || non_empty(self.refusal) || self.tool_calls.is_some()
+    }
 }
 
 /// A piece of one tool call: its opening (id, name) or its arguments.
@@ -116,18 +151,27 @@ impl Usage {
 impl Head {
     /// A chunk of `delta` (and the answer's finish, on its last).
     #[must_use]
-    pub fn delta(&self, delta: Delta<'_>, finish_reason: Option<&str>) -> Bytes {
+    pub fn delta(&self, delta: Delta<'_>, finish_reason: Option<&str>) -> Frame {
+        let finished = finish_reason.is_some();
+        let reading = if delta.has_content() {
+            Reading::Content { finished }
+        } else {
+            Reading::NoContent { finished }
+        };
         let choices = [Choice {
             index: 0,
             delta,
             finish_reason,
         }];
-        self.event(&choices, None)
+        Frame {
+            raw: self.event(&choices, None),
+            reading,
+        }
     }
 
     /// The opening chunk: the role, and empty content.
     #[must_use]
-    pub fn role(&self) -> Bytes {
+    pub fn role(&self) -> Frame {
         self.delta(
             Delta {
                 role: Some("assistant"),
@@ -140,7 +184,7 @@ impl Head {
 
     /// A piece of text.
     #[must_use]
-    pub fn text(&self, text: &str) -> Bytes {
+    pub fn text(&self, text: &str) -> Frame {
         self.delta(
             Delta {
                 content: Some(text),
@@ -152,7 +196,7 @@ impl Head {
 
     /// The opening of tool call `index`.
     #[must_use]
-    pub fn call(&self, index: usize, id: &str, name: &str) -> Bytes {
+    pub fn call(&self, index: usize, id: &str, name: &str) -> Frame {
         let call = CallDelta {
             index,
             id: Some(id),
@@ -167,7 +211,7 @@ impl Head {
 
     /// A piece of tool call `index`'s arguments.
     #[must_use]
-    pub fn arguments(&self, index: usize, piece: &str) -> Bytes {
+    pub fn arguments(&self, index: usize, piece: &str) -> Frame {
         let call = CallDelta {
             index,
             id: None,
@@ -180,7 +224,7 @@ impl Head {
         self.calls(call)
     }
 
-    fn calls(&self, call: CallDelta<'_>) -> Bytes {
+    fn calls(&self, call: CallDelta<'_>) -> Frame {
         self.delta(
             Delta {
                 tool_calls: Some([call]),
@@ -192,8 +236,11 @@ impl Head {
 
     /// The usage chunk (no choices), as `stream_options.include_usage` asks.
     #[must_use]
-    pub fn usage(&self, usage: Usage) -> Bytes {
-        self.event(&[], Some(usage))
+    pub fn usage(&self, usage: Usage) -> Frame {
+        Frame {
+            raw: self.event(&[], Some(usage)),
+            reading: Reading::NoContent { finished: false },
+        }
     }
 
     fn event(&self, choices: &[Choice<'_>], usage: Option<Usage>) -> Bytes {
@@ -223,8 +270,8 @@ pub fn sse(v: &impl Serialize) -> Bytes {
 mod tests {
     use super::*;
 
-    fn data(b: &Bytes) -> serde_json::Value {
-        let s = std::str::from_utf8(b).unwrap();
+    fn data(frame: &Frame) -> serde_json::Value {
+        let s = std::str::from_utf8(&frame.raw).unwrap();
         serde_json::from_str(
             s.strip_prefix("data: ")
                 .unwrap()
@@ -262,6 +309,45 @@ mod tests {
             usage["usage"],
             serde_json::json!({"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
                 "completion_tokens_details": {"reasoning_tokens": 1}})
+        );
+    }
+
+    #[test]
+    fn each_frame_says_what_the_engine_would_read() {
+        let head = Head::default();
+        let frames = [
+            head.role(),
+            head.text("hi"),
+            head.text(""),
+            head.call(0, "c", "f"),
+            head.arguments(0, "{}"),
+            head.delta(
+                Delta {
+                    refusal: Some("no"),
+                    ..Delta::default()
+                },
+                None,
+            ),
+            head.delta(Delta::default(), Some("stop")),
+            head.delta(
+                Delta {
+                    content: Some("last"),
+                    ..Delta::default()
+                },
+                Some("length"),
+            ),
+            head.usage(Usage::new(1, 2, 0, 0)),
+            Frame::read(&serde_json::json!({"error": {"message": "slow", "code": 429}})),
+            Frame::DONE,
+        ];
+        for frame in frames {
+            let text = std::str::from_utf8(&frame.raw).unwrap();
+            let data = text.strip_prefix("data: ").unwrap().trim_end();
+            assert_eq!(frame.reading, crate::sse::classify_data(data), "{text}");
+        }
+        assert_eq!(
+            Frame::read(&serde_json::json!({"error": {"code": 429}})).reading,
+            Reading::Error { code: Some(429) }
         );
     }
 }

@@ -7,7 +7,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::chunk::{Delta, Head, Usage, DONE};
+use super::chunk::{Delta, Frame, Head, Usage};
 use super::{Adapter, Malformed, StreamTranslator, TargetModel, Unsupported};
 use crate::native::Protocol;
 use crate::request::{ChatRequest, EmbeddingsRequest};
@@ -369,7 +369,7 @@ struct ResponsesStream {
 }
 
 impl StreamTranslator for ResponsesStream {
-    fn on_event(&mut self, data: &str) -> Result<Vec<Bytes>, Malformed> {
+    fn on_event(&mut self, data: &str) -> Result<Vec<Frame>, Malformed> {
         let event: Event<'_> =
             serde_json::from_str(data).map_err(|e| Malformed(format!("not an event: {e}")))?;
         if self.finished {
@@ -427,7 +427,7 @@ impl StreamTranslator for ResponsesStream {
 }
 
 impl ResponsesStream {
-    fn text(&self, delta: Option<&str>, refusal: bool) -> Vec<Bytes> {
+    fn text(&self, delta: Option<&str>, refusal: bool) -> Vec<Frame> {
         let Some(text) = delta.filter(|t| !t.is_empty()) else {
             return Vec::new();
         };
@@ -442,7 +442,7 @@ impl ResponsesStream {
     }
 
     /// A function call's opening chunk (other items open nothing).
-    fn item_added(&mut self, event: &Event<'_>) -> Result<Vec<Bytes>, Malformed> {
+    fn item_added(&mut self, event: &Event<'_>) -> Result<Vec<Frame>, Malformed> {
         let Some(item) = event.item.as_ref().filter(|i| i.kind == "function_call") else {
             return Ok(Vec::new());
         };
@@ -466,7 +466,7 @@ impl ResponsesStream {
         })
     }
 
-    fn arguments(&mut self, event: &Event<'_>, piece: Option<&str>) -> Vec<Bytes> {
+    fn arguments(&mut self, event: &Event<'_>, piece: Option<&str>) -> Vec<Frame> {
         let (Some(index), Some(piece)) = (self.call_of(event), piece.filter(|p| !p.is_empty()))
         else {
             return Vec::new();
@@ -476,7 +476,7 @@ impl ResponsesStream {
     }
 
     /// The finish chunk, the usage chunk when asked for, and `[DONE]`.
-    fn finish(&mut self, response: Option<&Response<'_>>) -> Vec<Bytes> {
+    fn finish(&mut self, response: Option<&Response<'_>>) -> Vec<Frame> {
         self.finished = true;
         let called = !self.calls.is_empty();
         let reason = response.map_or(if called { "tool_calls" } else { "stop" }, |r| {
@@ -487,14 +487,14 @@ impl ResponsesStream {
         if let (true, Some(usage)) = (self.include_usage, usage) {
             out.push(self.head.usage(usage));
         }
-        out.push(DONE);
+        out.push(Frame::DONE);
         out
     }
 }
 
 /// A failed response or an `error` event as an in-band error: its code's
 /// status, so the error table judges it as it would the same error whole.
-fn in_band(code: &str, message: &str) -> Bytes {
+fn in_band(code: &str, message: &str) -> Frame {
     let (kind, status) = match code {
         "rate_limit_exceeded" => ("rate_limit_error", 429),
         "invalid_prompt" | "invalid_request_error" | "context_length_exceeded" => {
@@ -503,7 +503,7 @@ fn in_band(code: &str, message: &str) -> Bytes {
         "server_is_overloaded" | "slow_down" => ("server_error", 503),
         _ => ("server_error", 500),
     };
-    super::chunk::sse(&InBand {
+    Frame::read(&InBand {
         error: InBandError {
             message,
             kind,
@@ -566,7 +566,7 @@ mod tests {
         events
             .iter()
             .flat_map(|e| t.on_event(e).unwrap())
-            .map(|b| String::from_utf8(b.to_vec()).unwrap())
+            .map(|b| String::from_utf8(b.raw.to_vec()).unwrap())
             .collect()
     }
 
