@@ -511,34 +511,32 @@ impl Events {
             let Some(data) = &event.data else { continue };
             match translator.on_event(data) {
                 Ok(frames) => {
-                    let data_of = |raw: &Bytes| {
-                        std::str::from_utf8(raw)
-                            .ok()
-                            .and_then(|t| t.strip_prefix("data: "))
-                            .map(|t| t.trim_end().to_owned())
+                    let event = |raw, data, reading| crate::sse::Event {
+                        raw,
+                        data,
+                        malformed: false,
+                        reading: Some(reading),
                     };
+                    if !self.native {
+                        for f in frames {
+                            let data = Some(f.data().to_owned());
+                            self.ready.push_back(event(f.raw, data, f.reading));
+                        }
+                        continue;
+                    }
                     let read: Vec<_> = frames
                         .iter()
-                        .map(|f| (data_of(&f.raw), f.reading))
+                        .map(|f| (Some(f.data().to_owned()), f.reading))
                         .collect();
-                    let raws = frames.into_iter().map(|f| f.raw).collect();
-                    let raws = if self.native {
-                        crate::native::carry(data, raws)
-                    } else {
-                        raws
-                    };
+                    let carried =
+                        crate::native::carry(data, frames.into_iter().map(|f| f.raw).collect());
                     // An event read into nothing is carried alone: no data,
                     // nothing to read.
                     let read = read
                         .into_iter()
                         .chain(std::iter::repeat((None, Chunk::Empty)));
-                    for (raw, (data, reading)) in raws.into_iter().zip(read) {
-                        self.ready.push_back(crate::sse::Event {
-                            raw,
-                            data,
-                            malformed: false,
-                            reading: Some(reading),
-                        });
+                    for (raw, (data, reading)) in carried.into_iter().zip(read) {
+                        self.ready.push_back(event(raw, data, reading));
                     }
                 }
                 Err(_) => {

@@ -28,9 +28,18 @@ impl Frame {
     #[must_use]
     pub fn read(v: &impl Serialize) -> Frame {
         let raw = sse(v);
-        let data = std::str::from_utf8(&raw[6..raw.len() - 2]).unwrap_or_default();
-        let reading = crate::sse::classify_data(data);
-        Frame { raw, reading }
+        let reading = Reading::Empty;
+        let mut frame = Frame { raw, reading };
+        frame.reading = crate::sse::classify_data(frame.data());
+        frame
+    }
+
+    /// Its `data:` (every frame is one `data: {json}\n\n` line, by construction).
+    #[must_use]
+    pub fn data(&self) -> &str {
+        let json = self.raw.get(6..self.raw.len().saturating_sub(2));
+        json.and_then(|j| std::str::from_utf8(j).ok())
+            .unwrap_or_default()
     }
 }
 
