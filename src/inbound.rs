@@ -177,14 +177,15 @@ impl native::StreamRender for Renderer {
     /// One event of the chat stream, rendered into `out`; an upstream event
     /// it carries goes out as it came instead.
     fn event(&mut self, event: &sse::Event, out: &mut BytesMut) {
-        if let Some(carried) = native::carried(&event.raw) {
-            if let Some(data) = carried {
-                match self {
-                    Renderer::Messages(r) => r.native(&data, out),
-                    Renderer::Responses(r) => r.native(&data, out),
+        match &event.upstream {
+            sse::Upstream::Event { raw, data } => {
+                return match self {
+                    Renderer::Messages(r) => r.native(data, raw, out),
+                    Renderer::Responses(r) => r.native(data, raw, out),
                 }
             }
-            return;
+            sse::Upstream::Covered => return,
+            sse::Upstream::Chat => {}
         }
         let Some(data) = event.data.as_deref() else {
             return;
@@ -215,19 +216,6 @@ impl native::StreamRender for Renderer {
             Renderer::Responses(r) => r.done(out),
         }
     }
-}
-
-/// An upstream event as it came (its type and data), appended to `out`.
-fn write_native_event(out: &mut BytesMut, kind: &str, data: &str) {
-    out.extend_from_slice(b"event: ");
-    out.extend_from_slice(kind.as_bytes());
-    out.extend_from_slice(b"\n");
-    for line in data.split('\n') {
-        out.extend_from_slice(b"data: ");
-        out.extend_from_slice(line.as_bytes());
-        out.extend_from_slice(b"\n");
-    }
-    out.extend_from_slice(b"\n");
 }
 
 /// One server-sent event, `event:` line and JSON data, appended to `out`.

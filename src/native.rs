@@ -7,10 +7,10 @@
 //! The engine still reads every answer as chat (the commit point, the verdict,
 //! continuation and the tool-call contract do not change): a native answer
 //! travels beside its chat reading. A whole answer rides in the response's
-//! extensions ([`Answer`]); a stream's upstream events ride in SSE comment
-//! lines on the chat events they were read into ([`carry`]), which the front
-//! door's renderer writes out instead of rendering the chat ([`carried`]).
-//! Only a client of the same protocol ever gets such a stream.
+//! extensions ([`Answer`]); a stream's upstream events ride on the chat
+//! events they were read into ([`crate::sse::Upstream`]), and the front
+//! door's renderer writes them out instead of rendering the chat. Only a
+//! client of the same protocol ever gets such a stream.
 
 use bytes::{Bytes, BytesMut};
 
@@ -96,110 +96,5 @@ pub fn render_events(render: &mut dyn StreamRender, raw: &[u8], out: &mut BytesM
     parser.push(raw);
     while let Some(event) = parser.next_event(true) {
         render.event(&event, out);
-    }
-}
-
-/// The comment that starts each line of a carried upstream event.
-const MARK: &[u8] = b":native:";
-
-/// Prefixes the chat events one upstream event (`data`) was read into with
-/// that event, as comment lines: on the first of `frames`, or on an event of
-/// its own when it was read into none. The rest are marked as covered by it.
-pub fn carry(data: &str, frames: Vec<Bytes>) -> Vec<Bytes> {
-    if frames.is_empty() {
-        let mut out = BytesMut::with_capacity(data.len() + MARK.len() + 3);
-        mark(data, &mut out);
-        out.extend_from_slice(b"\n");
-        return vec![out.freeze()];
-    }
-    let mut carried = Vec::with_capacity(frames.len());
-    for (i, frame) in frames.into_iter().enumerate() {
-        let mut out = BytesMut::with_capacity(frame.len() + data.len() + MARK.len() + 2);
-        if i == 0 {
-            mark(data, &mut out);
-        } else {
-            out.extend_from_slice(MARK);
-            out.extend_from_slice(b"\n");
-        }
-        out.extend_from_slice(&frame);
-        carried.push(out.freeze());
-    }
-    carried
-}
-
-fn mark(data: &str, out: &mut BytesMut) {
-    for line in data.split('\n') {
-        out.extend_from_slice(MARK);
-        out.extend_from_slice(b" ");
-        out.extend_from_slice(line.as_bytes());
-        out.extend_from_slice(b"\n");
-    }
-}
-
-/// What an event's comment lines carry, if it carries anything: `Some(None)`
-/// for a chat event covered by an upstream event carried before it.
-#[must_use]
-pub fn carried(raw: &[u8]) -> Option<Option<String>> {
-    if !raw.starts_with(MARK) {
-        return None;
-    }
-    let mut data: Option<String> = None;
-    for line in raw.split(|b| *b == b'\n') {
-        let Some(rest) = line.strip_prefix(MARK) else {
-            break;
-        };
-        let Some(text) = rest.strip_prefix(b" ") else {
-            continue;
-        };
-        let text = String::from_utf8_lossy(text);
-        match &mut data {
-            None => data = Some(text.into_owned()),
-            Some(joined) => {
-                joined.push('\n');
-                joined.push_str(&text);
-            }
-        }
-    }
-    Some(data)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn frame(data: &str) -> Bytes {
-        Bytes::from(format!("data: {data}\n\n"))
-    }
-
-    #[test]
-    fn an_event_rides_on_its_first_frame_and_covers_the_rest() {
-        let event = r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"}}"#;
-        let out = carry(event, vec![frame("{\"a\":1}"), frame("{\"b\":2}")]);
-        assert_eq!(out.len(), 2);
-        assert_eq!(carried(&out[0]), Some(Some(event.to_owned())));
-        assert!(out[0].ends_with(b"data: {\"a\":1}\n\n"));
-        assert_eq!(carried(&out[1]), Some(None));
-        assert!(out[1].ends_with(b"data: {\"b\":2}\n\n"));
-        // The chat reading is untouched for the engine's SSE parser.
-        let mut parser = crate::sse::Parser::default();
-        parser.push(&out[0]);
-        let parsed = parser.next_event(false).expect("an event");
-        assert_eq!(parsed.data.as_deref(), Some("{\"a\":1}"));
-        assert_eq!(parsed.raw, out[0]);
-    }
-
-    #[test]
-    fn an_event_read_into_nothing_is_an_event_of_comments_alone() {
-        let out = carry("{\"type\":\"ping\"}\n{\"x\":1}", Vec::new());
-        assert_eq!(out.len(), 1);
-        assert_eq!(
-            carried(&out[0]),
-            Some(Some("{\"type\":\"ping\"}\n{\"x\":1}".to_owned()))
-        );
-        let mut parser = crate::sse::Parser::default();
-        parser.push(&out[0]);
-        let parsed = parser.next_event(false).expect("an event");
-        assert_eq!(parsed.data, None);
-        assert_eq!(carried(b"data: {}\n\n"), None);
     }
 }

@@ -24,6 +24,39 @@ pub struct Event {
     /// What its writer knows it means (a translator's chat event), so that
     /// [`classify_event`] need not parse it back; `None`: read the data.
     pub reading: Option<Chunk>,
+    /// The upstream event a translated event was read from, when the client
+    /// speaks the upstream's protocol and gets that event instead of its
+    /// chat reading.
+    pub upstream: Upstream,
+}
+
+/// What a client of the upstream's own protocol gets for a chat event.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Upstream {
+    /// The chat event itself (rendered in the client's protocol, if not chat).
+    #[default]
+    Chat,
+    /// The upstream event it was the first reading of, as it came.
+    Event {
+        /// Its exact bytes.
+        raw: Bytes,
+        /// Its `data:`.
+        data: String,
+    },
+    /// Nothing: a later reading of an upstream event already carried.
+    Covered,
+}
+
+impl Event {
+    /// Bytes it holds in memory (what a hold is bounded by).
+    #[must_use]
+    pub fn held_bytes(&self) -> usize {
+        let upstream = match &self.upstream {
+            Upstream::Event { raw, .. } => raw.len(),
+            Upstream::Chat | Upstream::Covered => 0,
+        };
+        self.raw.len() + upstream
+    }
 }
 
 /// Incremental parser: feed bytes, take complete events.
@@ -137,6 +170,7 @@ impl Parser {
             data: self.data.take(),
             malformed: std::mem::take(&mut self.not_utf8),
             reading: None,
+            upstream: Upstream::Chat,
         }
     }
 }
@@ -444,12 +478,19 @@ pub fn drain_events() -> Bytes {
 /// not JSON is left out.
 #[must_use]
 pub fn chunks_of(raw: &[u8]) -> Vec<serde_json::Value> {
-    let mut parser = Parser::default();
-    parser.push(raw);
-    std::iter::from_fn(|| parser.next_event(true))
+    events_of(raw)
+        .into_iter()
         .filter_map(|e| e.data)
         .filter_map(|d| serde_json::from_str(&d).ok())
         .collect()
+}
+
+/// The complete events of some SSE bytes.
+#[must_use]
+pub fn events_of(raw: &[u8]) -> Vec<Event> {
+    let mut parser = Parser::default();
+    parser.push(raw);
+    std::iter::from_fn(|| parser.next_event(true)).collect()
 }
 
 /// The first choice's text of a `chat.completion` body (empty without one).
@@ -781,6 +822,7 @@ data: {\"id\":\"c2\",\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_
             data: Some(data.to_owned()),
             malformed: false,
             reading: None,
+            upstream: crate::sse::Upstream::Chat,
         })
     }
 

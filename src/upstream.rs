@@ -25,7 +25,7 @@ use hyper::body::Incoming;
 use crate::classify::NetworkKind;
 use crate::native::Protocol;
 use crate::request::{ChatRequest, EmbeddingsRequest};
-use crate::sse::Chunk;
+use crate::sse::{Chunk, Upstream};
 use pool::HttpClient;
 
 /// Every protocol, by its `routes.yaml` name.
@@ -437,7 +437,7 @@ pub struct Events {
     parser: crate::sse::Parser,
     translator: Option<Box<dyn StreamTranslator>>,
     /// The client speaks this protocol: each upstream event rides on its
-    /// translation ([`crate::native::carry`]).
+    /// first translation ([`crate::sse::Upstream`]).
     native: bool,
     ready: std::collections::VecDeque<crate::sse::Event>,
 }
@@ -508,45 +508,51 @@ impl Events {
                 return Some(event);
             };
             // Comments and `event:`-only lines carry nothing to translate.
-            let Some(data) = &event.data else { continue };
-            match translator.on_event(data) {
-                Ok(frames) => {
-                    let event = |raw, data, reading| crate::sse::Event {
-                        raw,
-                        data,
-                        malformed: false,
-                        reading: Some(reading),
-                    };
-                    if !self.native {
-                        for f in frames {
-                            let data = Some(f.data().to_owned());
-                            self.ready.push_back(event(f.raw, data, f.reading));
-                        }
-                        continue;
-                    }
-                    let read: Vec<_> = frames
-                        .iter()
-                        .map(|f| (Some(f.data().to_owned()), f.reading))
-                        .collect();
-                    let carried =
-                        crate::native::carry(data, frames.into_iter().map(|f| f.raw).collect());
-                    // An event read into nothing is carried alone: no data,
-                    // nothing to read.
-                    let read = read
-                        .into_iter()
-                        .chain(std::iter::repeat((None, Chunk::Empty)));
-                    for (raw, (data, reading)) in carried.into_iter().zip(read) {
-                        self.ready.push_back(event(raw, data, reading));
-                    }
+            let Some(data) = event.data.as_deref() else {
+                continue;
+            };
+            let Ok(frames) = translator.on_event(data) else {
+                return Some(crate::sse::Event {
+                    raw: Bytes::new(),
+                    data: None,
+                    malformed: true,
+                    reading: None,
+                    upstream: Upstream::Chat,
+                });
+            };
+            let mut upstream = if self.native {
+                Upstream::Event {
+                    raw: event.raw,
+                    data: event.data.unwrap_or_default(),
                 }
-                Err(_) => {
-                    return Some(crate::sse::Event {
-                        raw: Bytes::new(),
-                        data: None,
-                        malformed: true,
-                        reading: None,
-                    })
-                }
+            } else {
+                Upstream::Chat
+            };
+            // An event read into nothing still goes to a client of its
+            // protocol: as an event with nothing to read.
+            if frames.is_empty() && self.native {
+                self.ready.push_back(crate::sse::Event {
+                    raw: Bytes::new(),
+                    data: None,
+                    malformed: false,
+                    reading: Some(Chunk::Empty),
+                    upstream,
+                });
+                continue;
+            }
+            for f in frames {
+                let covered = if self.native {
+                    Upstream::Covered
+                } else {
+                    Upstream::Chat
+                };
+                self.ready.push_back(crate::sse::Event {
+                    data: Some(f.data().to_owned()),
+                    raw: f.raw,
+                    malformed: false,
+                    reading: Some(f.reading),
+                    upstream: std::mem::replace(&mut upstream, covered),
+                });
             }
         }
     }

@@ -632,7 +632,7 @@ impl StreamReply {
     /// An upstream Messages event (its target speaks Messages), written as
     /// it came. The state follows it, so that what another target adds
     /// after a break (rendered from chat) carries on from it.
-    pub(super) fn native(&mut self, data: &str, out: &mut BytesMut) {
+    pub(super) fn native(&mut self, data: &str, raw: &[u8], out: &mut BytesMut) {
         let Ok(head) = serde_json::from_str::<EventHead<'_>>(data) else {
             return;
         };
@@ -672,7 +672,7 @@ impl StreamReply {
             // `ping`, a delta of its block, and what switchyard does not know.
             _ => {}
         }
-        super::write_native_event(out, &head.kind, data);
+        out.extend_from_slice(raw);
     }
 
     fn start(&mut self, chunk: &Chunk, out: &mut BytesMut) {

@@ -909,14 +909,14 @@ impl StreamReply {
     /// it came. The state follows it, so that what another target adds after
     /// a break (rendered from chat) carries on from it: the same response id,
     /// the next sequence numbers, the open message item.
-    pub(super) fn native(&mut self, data: &str, out: &mut BytesMut) {
+    pub(super) fn native(&mut self, data: &str, raw: &[u8], out: &mut BytesMut) {
         let Ok(head) = serde_json::from_str::<EventHead<'_>>(data) else {
             return;
         };
         if self.ended {
             return;
         }
-        super::write_native_event(out, &head.kind, data);
+        out.extend_from_slice(raw);
         if let Some(n) = head.sequence_number {
             self.sequence = n + 1;
         }

@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use http::StatusCode;
 use http_body_util::BodyExt;
@@ -174,7 +174,9 @@ pub struct RelayState {
     /// Tool call deltas assembled so far.
     pub calls: CallAssembler,
     /// Tool call deltas held until the calls are complete and valid.
-    pub tool_held: BytesMut,
+    pub tool_held: Vec<sse::Event>,
+    /// What `tool_held` holds in memory (bounded by `HOLD_MAX_TOOL_BYTES`).
+    pub tool_held_bytes: usize,
     /// The key the stream was asked with (a verdict against the key goes to it).
     pub key: Option<usize>,
 }
@@ -185,7 +187,7 @@ pub struct Commit {
     /// The upstream, its target and its state.
     pub state: RelayState,
     /// What the commit point held back, to go out first.
-    pub held: Bytes,
+    pub held: Vec<sse::Event>,
     /// To record the end-of-stream verdict with.
     pub permit: Permit,
     /// How the held tool calls were repaired to keep the contract, if they were.
@@ -765,7 +767,7 @@ fn timed_out(call: &Call<'_>, at: Instant, permit: Permit) -> Attempt {
 struct Held {
     /// Events in order; `true` marks a tool call delta held for validation
     /// (it never commits the stream by itself).
-    events: Vec<(Bytes, bool)>,
+    events: Vec<(sse::Event, bool)>,
     bytes: usize,
     calls: CallAssembler,
     finished: bool,
@@ -781,13 +783,18 @@ struct Held {
 impl Held {
     /// The completion the held events make (for a repair, a re-ask, the books).
     fn completion(&self) -> Option<Bytes> {
-        let raw: Vec<u8> = self
-            .events
-            .iter()
-            .flat_map(|(raw, _)| raw.iter().copied())
-            .collect();
+        let raw = chat_bytes(self.events.iter().map(|(event, _)| event));
         crate::sse::completion_of_events(&raw)
     }
+}
+
+/// The chat bytes of some events, for the readers of whole chat streams.
+pub fn chat_bytes<'a>(events: impl Iterator<Item = &'a sse::Event>) -> Vec<u8> {
+    let mut raw = Vec::new();
+    for event in events {
+        raw.extend_from_slice(&event.raw);
+    }
+    raw
 }
 
 /// Reads a stream up to its commit point, then hands it to a [`Relay`].
@@ -946,8 +953,8 @@ fn take_events(
         // An event with no data behind a held call (the end of an upstream
         // block a client of its protocol gets) waits with it, in order.
         let tool = tool || (empty && held.events.iter().any(|(_, tool)| *tool));
-        held.bytes += event.raw.len();
-        held.events.push((event.raw, tool));
+        held.bytes += event.held_bytes();
+        held.events.push((event, tool));
         if tool && held.bytes > HOLD_MAX_TOOL_BYTES {
             return Hold::Violated(Violation {
                 tool: None,
@@ -1016,15 +1023,12 @@ fn commit(
             }
         }
     }
-    let mut out = BytesMut::new();
-    let mut tool_held = BytesMut::new();
-    for (raw, tool) in held.events {
-        if tool && !complete {
-            tool_held.extend_from_slice(&raw);
-        } else {
-            out.extend_from_slice(&raw);
-        }
-    }
+    let (tool_held, out): (Vec<_>, Vec<_>) = held
+        .events
+        .into_iter()
+        .partition(|(_, tool)| *tool && !complete);
+    let tool_held: Vec<_> = tool_held.into_iter().map(|(event, _)| event).collect();
+    let tool_held_bytes = tool_held.iter().map(sse::Event::held_bytes).sum();
     if let Some(ttft) = call.account.trace.committed() {
         call.task
             .route_metrics(Some(target))
@@ -1053,9 +1057,10 @@ fn commit(
             },
             calls: held.calls,
             tool_held,
+            tool_held_bytes,
             key: call.key,
         },
-        held: out.freeze(),
+        held: out.into_iter().map(|(event, _)| event).collect(),
         permit,
         repaired,
     }))
@@ -1089,12 +1094,14 @@ fn check_held_text(
     let mut first = true;
     held.events = std::mem::take(&mut held.events)
         .into_iter()
-        .filter_map(|(raw, tool)| {
-            let replaced = crate::sse::with_text(&raw, first.then_some(fixed.as_str()));
+        .filter_map(|(event, tool)| {
+            let replaced = crate::sse::with_text(&event.raw, first.then_some(fixed.as_str()));
             let Some(replaced) = replaced else {
-                return Some((raw, tool));
+                return Some((event, tool));
             };
             first = false;
+            // The repaired text goes out as chat (rendered for the client).
+            let replaced = replaced.and_then(|r| sse::events_of(&r).pop());
             replaced.map(|r| (r, tool))
         })
         .collect();
@@ -1132,17 +1139,13 @@ fn repair_held(
         let Some(fixed) = fixed else {
             return Some(None);
         };
-        let tool_bytes: Vec<u8> = held
-            .events
-            .iter()
-            .filter(|(_, tool)| *tool)
-            .flat_map(|(raw, _)| raw.iter().copied())
-            .collect();
+        let tool_bytes = chat_bytes(held.events.iter().filter(|(_, t)| *t).map(|(e, _)| e));
         Some(held.calls.repaired_events(&tool_bytes, &fixed))
     })?;
     let first = held.events.iter().position(|(_, tool)| *tool)?;
     held.events.retain(|(_, tool)| !tool);
-    held.events.insert(first, (events, false));
+    let repaired = sse::events_of(&events).into_iter().map(|e| (e, false));
+    held.events.splice(first..first, repaired);
     Some(method)
 }
 

@@ -850,6 +850,7 @@ mod tests {
             data: Some(data.to_owned()),
             malformed: false,
             reading: None,
+            upstream: crate::sse::Upstream::Chat,
         }
     }
 
@@ -930,6 +931,7 @@ mod tests {
             data: Some("[DONE]".into()),
             malformed: false,
             reading: None,
+            upstream: crate::sse::Upstream::Chat,
         };
         assert_eq!(s.event(&done), Spliced::Raw);
     }

@@ -97,12 +97,10 @@ impl Relay {
             in_band: None,
             render,
         };
-        relay.push_raw(commit.held.clone());
-        if let Some(recovery) = &mut relay.recovery {
-            for event in parse_all(&commit.held) {
-                if let Some(data) = &event.data {
-                    recovery.observe(data);
-                }
+        for event in &commit.held {
+            relay.write_event(event);
+            if let (Some(recovery), Some(data)) = (&mut relay.recovery, &event.data) {
+                recovery.observe(data);
             }
         }
         relay
@@ -278,8 +276,9 @@ impl Relay {
                     if let (Some(_), Some(data)) = (&self.state.contract, &event.data) {
                         let (tool, text) = self.state.calls.push_chunk(data);
                         if tool && !text && !finished {
-                            self.state.tool_held.extend_from_slice(&event.raw);
-                            if self.state.tool_held.len() > HOLD_MAX_TOOL_BYTES {
+                            self.state.tool_held_bytes += event.held_bytes();
+                            self.state.tool_held.push(event);
+                            if self.state.tool_held_bytes > HOLD_MAX_TOOL_BYTES {
                                 return Some(StreamEnd::ContractViolation);
                             }
                             continue;
@@ -300,7 +299,8 @@ impl Relay {
                 // Behind a held call (the end of an upstream block a client
                 // of its protocol gets): held with it, in order.
                 Chunk::Empty if !self.state.tool_held.is_empty() => {
-                    self.state.tool_held.extend_from_slice(&event.raw);
+                    self.state.tool_held_bytes += event.held_bytes();
+                    self.state.tool_held.push(event);
                     continue;
                 }
                 Chunk::Empty => {}
@@ -336,9 +336,10 @@ impl Relay {
             let s = &self.state;
             // Past the commit point the headers are out: a repair shows in
             // the metrics, the log and the trace only.
+            let held = attempt::chat_bytes(s.tool_held.iter());
             let fixed = attempt::try_repairs(&s.account.task, &s.target, &v, |_| {
                 let fixed = contract.repair_calls(&calls)?;
-                Some(fixed.and_then(|fixed| s.calls.repaired_events(&s.tool_held, &fixed)))
+                Some(fixed.and_then(|fixed| s.calls.repaired_events(&held, &fixed)))
             });
             let Some((_, events)) = fixed else {
                 warn!(target = %s.target.name, violation = %v, "tool call breaks the contract after text was sent");
@@ -350,29 +351,23 @@ impl Relay {
                 return Err(());
             };
             self.state.tool_held.clear();
-            self.release(events);
+            self.state.tool_held_bytes = 0;
+            self.release(sse::events_of(&events));
             return Ok(());
         }
-        let held = std::mem::take(&mut self.state.tool_held).freeze();
+        let held = std::mem::take(&mut self.state.tool_held);
+        self.state.tool_held_bytes = 0;
         self.release(held);
         Ok(())
     }
 
     /// Sends held events on: through the splice of a continued stream (so
     /// they carry the stream's own id), else as they came.
-    fn release(&mut self, held: Bytes) {
-        if self.splice.is_none() {
-            match &mut self.render {
-                Some(render) => {
-                    crate::native::render_events(render.as_mut(), &held, &mut self.batch);
-                }
-                None => self.batch.extend_from_slice(&held),
-            }
-            return;
-        }
-        for event in parse_all(&held) {
+    fn release(&mut self, held: Vec<sse::Event>) {
+        for event in held {
             let Some(splice) = self.splice.as_mut() else {
-                return;
+                self.write_event(&event);
+                continue;
             };
             match splice.event(&event) {
                 Spliced::Raw | Spliced::Diverged => self.write_event(&event),
@@ -401,6 +396,7 @@ impl Relay {
                     data: Some(data),
                     malformed: false,
                     reading: None,
+                    upstream: crate::sse::Upstream::Chat,
                 };
                 render.event(&event, &mut self.batch);
                 event.data.unwrap_or_default()
@@ -510,7 +506,7 @@ impl Relay {
         self.splice = Some(splice);
         self.seam = Some(seam);
         // What its commit point held goes through the splice like the rest.
-        self.state.events.requeue(parse_all(&commit.held));
+        self.state.events.requeue(commit.held);
     }
 
     /// Counts the result of the continuation in progress, if any.
@@ -635,11 +631,4 @@ impl Drop for Relay {
             self.record(verdict);
         }
     }
-}
-
-/// The complete events of some SSE bytes.
-fn parse_all(bytes: &Bytes) -> Vec<sse::Event> {
-    let mut parser = sse::Parser::default();
-    parser.push(bytes);
-    std::iter::from_fn(|| parser.next_event(true)).collect()
 }
