@@ -32,6 +32,9 @@
 #   switchyard-neutral-responses-native  a Responses client and a provider with
 #                          `responses: true` on the neutral upstream (static
 #                          Responses answers): the pass-through, as sent both ways
+#   nginx-neutral-messages, nginx-neutral-responses  nginx proxy_pass relaying
+#                          those same Anthropic and Responses answers: each
+#                          pass-through's own plain proxy hop
 # Every row has the proxy's CPU per request (user+system from /proc): the
 # number a sidecar is judged by.
 # plus, for streams, TTFT per path with the `bench` example; switchyard's RSS
@@ -48,7 +51,8 @@
 # Env: DURATION (5) REPEAT (3) CONCURRENCY ("1 16 64") MODES ("plain stream")
 #      PATHS ("direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral
 #             switchyard-neutral switchyard-neutral-3 switchyard-neutral-messages
-#             switchyard-neutral-responses switchyard-neutral-responses-native")
+#             switchyard-neutral-responses switchyard-neutral-responses-native
+#             nginx-neutral-messages nginx-neutral-responses")
 #      LONG_CHUNKS (1000) LONG_DELAY (5ms) LONG_STREAMS (128; 0 skips the long stream)
 #      CHUNKS (16) CHUNK_DELAY (0ms) per stream; OPEN_STREAMS (1000) TTFT_DURATION (3)
 #      OUT (/tmp/switchyard-bench/DATE) PORT_BASE (19000) PEERS_VENV (~/.cache/switchyard-peers/venv)
@@ -63,7 +67,7 @@ DURATION="${DURATION:-5}"
 REPEAT="${REPEAT:-3}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
 MODES="${MODES:-plain stream}"
-PATHS="${PATHS:-direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral switchyard-neutral switchyard-neutral-3 switchyard-neutral-messages switchyard-neutral-responses switchyard-neutral-responses-native}"
+PATHS="${PATHS:-direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral switchyard-neutral switchyard-neutral-3 switchyard-neutral-messages switchyard-neutral-responses switchyard-neutral-responses-native nginx-neutral-messages nginx-neutral-responses}"
 LONG_CHUNKS="${LONG_CHUNKS:-1000}"
 LONG_DELAY="${LONG_DELAY:-5ms}"
 LONG_STREAMS="${LONG_STREAMS:-128}"
@@ -356,6 +360,8 @@ path_info() { # path mode -> "url model pid"
   case "$1" in
     neutral) echo "http://127.0.0.1:$P_NEUTRAL/$sub/v1/chat/completions up ${NEUTRAL_PID:-}" ;;
     nginx-neutral) echo "http://127.0.0.1:$P_NGINX_NEUTRAL/$sub/v1/chat/completions up ${NGINX_PID:-}" ;;
+    nginx-neutral-messages) echo "http://127.0.0.1:$P_NGINX_NEUTRAL/anthropic-$sub/v1/messages up ${NGINX_PID:-}" ;;
+    nginx-neutral-responses) echo "http://127.0.0.1:$P_NGINX_NEUTRAL/responses-$sub/v1/responses up ${NGINX_PID:-}" ;;
     switchyard-neutral) echo "http://127.0.0.1:$P_SY/v1/chat/completions neutral-$sub $SY_PID" ;;
     switchyard-neutral-3) echo "http://127.0.0.1:$P_SY/v1/chat/completions neutral-$sub-3 $SY_PID" ;;
     switchyard-neutral-messages) echo "http://127.0.0.1:$P_SY/v1/messages neutral-anthropic-$sub $SY_PID" ;;

@@ -49,15 +49,19 @@ modes = [m for m in ("plain", "stream") if any(k[0] == m for k in agg)]
 order = ["direct", "switchyard-1", "switchyard-3", "nginx", "litellm", "litellm-3",
          "neutral", "switchyard-neutral", "switchyard-neutral-messages",
          "switchyard-neutral-responses", "switchyard-neutral-responses-native",
-         "switchyard-neutral-3", "nginx-neutral"]
+         "switchyard-neutral-3", "nginx-neutral", "nginx-neutral-messages",
+         "nginx-neutral-responses"]
 paths = [p for p in order if any(k[1] == p for k in agg)]
 concs = sorted({k[2] for k in agg})
 peer_of = {"switchyard-1": "litellm", "switchyard-3": "litellm-3"}
 # The floor and the plain proxy hop each path is held against.
 floor_of = {p: ("neutral" if "neutral" in p else "direct") for p in order}
 hop_of = {p: ("nginx-neutral" if "neutral" in p else "nginx") for p in order}
+# A pass-through is held against nginx relaying the same protocol's bytes.
+hop_of["switchyard-neutral-messages"] = "nginx-neutral-messages"
+hop_of["switchyard-neutral-responses-native"] = "nginx-neutral-responses"
 floors = ("direct", "neutral")
-hops = ("nginx", "nginx-neutral")
+hops = ("nginx", "nginx-neutral", "nginx-neutral-messages", "nginx-neutral-responses")
 
 
 def fmt(x, nd=0):
@@ -249,6 +253,16 @@ for mode in modes:
             add_sy = a["p50"] - d["p50"]
             add_ng = n["p50"] - d["p50"]
             goal(f"{mode}, c={c}: added p50 ≤ nginx's + 20 µs", f"+{add_sy:,.0f} µs vs nginx +{add_ng:,.0f} µs", add_sy <= add_ng + 20)
+    # A pass-through costs no more than the chat path: switchyard's CPU
+    # above the nginx hop that relays the same bytes.
+    chat, chat_hop = agg.get((mode, "switchyard-neutral", top)), agg.get((mode, "nginx-neutral", top))
+    for p in ("switchyard-neutral-messages", "switchyard-neutral-responses-native"):
+        a, n = agg.get((mode, p, top)), agg.get((mode, hop_of[p], top))
+        if not (a and n and chat and chat_hop):
+            continue
+        own, chat_own = a["cpu"] - n["cpu"], chat["cpu"] - chat_hop["cpu"]
+        goal(f"{mode}, c={top}: {p[len('switchyard-neutral-'):]} pass-through above its nginx hop ≤ chat's",
+             f"{own:.4f} vs {chat_own:.4f} ms ({a['cpu']:.4f} vs {chat['cpu']:.4f} whole)", own <= chat_own)
     one = agg.get((mode, "switchyard-neutral", top))
     three = agg.get((mode, "switchyard-neutral-3", top))
     if one and three and one["cpu"] > 0:
