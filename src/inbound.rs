@@ -51,6 +51,11 @@ impl Invalid {
     /// Reads a body as `T`, an error naming the path serde failed at (a
     /// missing field named too).
     fn parse<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, Self> {
+        // The path is tracked only to name what failed: a well-formed body
+        // (nearly every one) is read once, without it.
+        if let Ok(parsed) = serde_json::from_slice(body) {
+            return Ok(parsed);
+        }
         let de = &mut serde_json::Deserializer::from_slice(body);
         serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
@@ -193,7 +198,12 @@ impl native::StreamRender for Renderer {
         if data.trim() == "[DONE]" {
             return self.done(out);
         }
-        if let Ok(error) = serde_json::from_str::<ErrorEnvelope>(data) {
+        // Only an error envelope names "error" (a chunk's text may too).
+        let error = data
+            .contains("\"error\"")
+            .then(|| serde_json::from_str::<ErrorEnvelope>(data).ok())
+            .flatten();
+        if let Some(error) = error {
             match self {
                 Renderer::Messages(r) => r.error(&error.error, out),
                 Renderer::Responses(r) => r.error(&error.error, out),

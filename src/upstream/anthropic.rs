@@ -111,10 +111,13 @@ impl Adapter for Anthropic {
     fn decode_answer(&self, body: Bytes) -> Result<Bytes, Malformed> {
         // An error envelope inside a 2xx is an in-band error, read like the
         // status Anthropic pairs with its type (an `overloaded_error` as 529).
-        if let Some((kind, message)) = anthropic_error(&body) {
-            return Ok(Bytes::from(in_band_error(&kind, message).to_string()));
+        match from_messages_response(&body) {
+            Ok(chat) => Ok(chat),
+            Err(TranslateError::Upstream { kind, message }) => {
+                Ok(Bytes::from(in_band_error(&kind, message).to_string()))
+            }
+            Err(e) => Err(Malformed(e.to_string())),
         }
-        from_messages_response(&body).map_err(|e| Malformed(e.to_string()))
     }
 
     fn decode_error(&self, body: Bytes) -> Bytes {
@@ -721,24 +724,6 @@ impl Usage {
     }
 }
 
-/// OpenAI `usage` from counts.
-fn usage_json(prompt: u64, completion: u64, cached: u64) -> Value {
-    let mut u = json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt.saturating_add(completion),
-    });
-    if cached > 0 {
-        u["prompt_tokens_details"] = json!({ "cached_tokens": cached });
-    }
-    u
-}
-
-/// Anthropic `stop_reason` -> OpenAI `finish_reason`.
-fn finish_reason(stop_reason: Option<&str>) -> Value {
-    finish_reason_str(stop_reason).map_or(Value::Null, Value::from)
-}
-
 /// Anthropic `stop_reason` -> OpenAI `finish_reason`, as text.
 fn finish_reason_str(stop_reason: Option<&str>) -> Option<&'static str> {
     match stop_reason? {
@@ -756,17 +741,19 @@ fn anthropic_error(body: &[u8]) -> Option<(String, String)> {
     struct Wire {
         #[serde(rename = "type")]
         kind: String,
-        error: Inner,
-    }
-    #[derive(Deserialize)]
-    struct Inner {
-        #[serde(rename = "type")]
-        kind: String,
-        #[serde(default)]
-        message: Option<String>,
+        error: ErrorBody,
     }
     let w: Wire = serde_json::from_slice(body).ok()?;
     (w.kind == "error").then(|| (w.error.kind, w.error.message.unwrap_or_default()))
+}
+
+/// The `error` of Anthropic's error envelope.
+#[derive(Deserialize)]
+struct ErrorBody {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    message: Option<String>,
 }
 
 /// Anthropic error type -> HTTP status (Anthropic's documented pairs; unknown -> 500).
@@ -821,21 +808,6 @@ fn in_band_error(kind: &str, message: String) -> Value {
     })
 }
 
-/// A `tool_use` block's id and name: a call the client cannot answer (no
-/// id to send its result back under) or cannot run (no name) is no answer.
-fn tool_names(block: &Value) -> Result<(&str, &str), TranslateError> {
-    let field = |k: &str| {
-        block
-            .get(k)
-            .and_then(Value::as_str)
-            .filter(|v| !v.is_empty())
-            .ok_or_else(|| {
-                TranslateError::InvalidResponse(format!("a tool_use block without `{k}`"))
-            })
-    };
-    Ok((field("id")?, field("name")?))
-}
-
 /// Anthropic Messages response body -> OpenAI `chat.completion` JSON (bytes).
 ///
 /// Text blocks are concatenated into `message.content` (`null` when there is
@@ -844,88 +816,209 @@ fn tool_names(block: &Value) -> Result<(&str, &str), TranslateError> {
 /// cache reads and writes, and cache reads are also reported as
 /// `prompt_tokens_details.cached_tokens`.
 pub fn from_messages_response(body: &[u8]) -> Result<Bytes, TranslateError> {
+    // One read of the body, an error envelope or a message.
     #[derive(Deserialize)]
-    struct Message {
-        #[serde(rename = "type")]
-        kind: Option<String>,
-        id: String,
-        model: String,
-        #[serde(default)]
-        content: Vec<Value>,
-        stop_reason: Option<String>,
+    struct Reply<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Option<Cow<'a, str>>,
+        id: Option<Cow<'a, str>>,
+        model: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        content: Vec<Block<'a>>,
+        stop_reason: Option<Cow<'a, str>>,
         #[serde(default)]
         usage: Usage,
+        error: Option<ErrorBody>,
     }
-    if let Some((kind, message)) = anthropic_error(body) {
-        return Err(TranslateError::Upstream { kind, message });
+    let m: Reply<'_> = serde_json::from_slice(body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => {
+            TranslateError::InvalidResponse(format!("not a Messages response: {e}"))
+        }
+        serde_json::error::Category::Io
+        | serde_json::error::Category::Syntax
+        | serde_json::error::Category::Eof => TranslateError::Json(e),
+    })?;
+    match (m.kind.as_deref(), m.error) {
+        (Some("error"), Some(error)) => {
+            return Err(TranslateError::Upstream {
+                kind: error.kind,
+                message: error.message.unwrap_or_default(),
+            })
+        }
+        (None | Some("message"), _) => {}
+        (Some(other), _) => {
+            return Err(TranslateError::InvalidResponse(format!(
+                "`type` is {other:?}, not \"message\""
+            )))
+        }
     }
-    let value: Value = serde_json::from_slice(body)?;
-    let m: Message = serde_json::from_value(value)
-        .map_err(|e| TranslateError::InvalidResponse(format!("not a Messages response: {e}")))?;
-    if m.kind.as_deref().is_some_and(|k| k != "message") {
-        return Err(TranslateError::InvalidResponse(format!(
-            "`type` is {:?}, not \"message\"",
-            m.kind.unwrap_or_default()
-        )));
-    }
+    let (Some(id), Some(model)) = (m.id, m.model) else {
+        return Err(TranslateError::InvalidResponse(
+            "not a Messages response: no `id` or `model`".into(),
+        ));
+    };
+    let (text, tool_calls) = read_blocks(&m.content)?;
+    let content = (tool_calls.is_empty() || !text.is_empty()).then_some(text);
+    let usage = m.usage.known().then(|| {
+        wire::Usage::of(
+            m.usage.prompt_tokens().unwrap_or(0),
+            m.usage.output_tokens.unwrap_or(0),
+            m.usage.cache_read_input_tokens.unwrap_or(0),
+        )
+    });
+    let completion = wire::Completion {
+        id: &id,
+        object: "chat.completion",
+        created: now_secs(),
+        model: &model,
+        choices: [wire::Choice {
+            index: 0,
+            message: wire::Message {
+                role: "assistant",
+                content,
+                tool_calls,
+            },
+            logprobs: None,
+            finish_reason: finish_reason_str(m.stop_reason.as_deref()),
+        }],
+        // No counts is no `usage`, not zeros: the gateway then books its estimate.
+        usage,
+    };
+    serde_json::to_vec(&completion)
+        .map(Bytes::from)
+        .map_err(TranslateError::Json)
+}
 
+/// A block of a Messages response's `content` (the fields read of any type).
+#[derive(Deserialize)]
+struct Block<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    input: Option<&'a serde_json::value::RawValue>,
+}
+
+/// A response's text (concatenated) and tool calls; a tool call the client
+/// cannot answer (no id) or cannot run (no name) is no answer.
+fn read_blocks(content: &[Block<'_>]) -> Result<(String, Vec<wire::ToolCall>), TranslateError> {
     let mut text = String::new();
     let mut tool_calls = Vec::new();
-    for block in &m.content {
-        match block.get("type").and_then(Value::as_str) {
-            Some("text") => {
-                if let Some(t) = block.get("text").and_then(Value::as_str) {
-                    text.push_str(t);
-                }
-            }
+    for block in content {
+        match block.kind.as_deref() {
+            Some("text") => text.push_str(block.text.as_deref().unwrap_or_default()),
             Some("tool_use") => {
-                let (id, name) = tool_names(block)?;
-                let input = match block.get("input") {
-                    None | Some(Value::Null) => json!({}),
-                    Some(input @ Value::Object(_)) => input.clone(),
+                let field = |v: &Option<Cow<'_, str>>, k: &str| {
+                    v.as_deref()
+                        .filter(|v| !v.is_empty())
+                        .map(str::to_owned)
+                        .ok_or_else(|| {
+                            TranslateError::InvalidResponse(format!(
+                                "a tool_use block without `{k}`"
+                            ))
+                        })
+                };
+                let arguments = match block.input.map(|raw| raw.get().trim_start()) {
+                    None => "{}".to_owned(),
+                    Some("null") => "{}".to_owned(),
+                    Some(object) if object.starts_with('{') => object.to_owned(),
                     Some(_) => {
                         return Err(TranslateError::InvalidResponse(
                             "a tool_use block's input is not an object".into(),
                         ))
                     }
                 };
-                tool_calls.push(json!({
-                    "id": id,
-                    "type": "function",
-                    "function": { "name": name, "arguments": input.to_string() },
-                }));
+                tool_calls.push(wire::ToolCall {
+                    id: field(&block.id, "id")?,
+                    kind: "function",
+                    function: wire::Function {
+                        name: field(&block.name, "name")?,
+                        arguments,
+                    },
+                });
             }
             _ => {}
         }
     }
-    let mut message = json!({ "role": "assistant", "content": text });
-    if !tool_calls.is_empty() {
-        if text.is_empty() {
-            message["content"] = Value::Null;
+    Ok((text, tool_calls))
+}
+
+/// The OpenAI `chat.completion` a Messages response is read into.
+mod wire {
+    use serde::Serialize;
+
+    #[derive(Serialize)]
+    pub(super) struct Completion<'a> {
+        pub id: &'a str,
+        pub object: &'static str,
+        pub created: u64,
+        pub model: &'a str,
+        pub choices: [Choice; 1],
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub usage: Option<Usage>,
+    }
+
+    #[derive(Serialize)]
+    pub(super) struct Choice {
+        pub index: u32,
+        pub message: Message,
+        pub logprobs: Option<()>,
+        pub finish_reason: Option<&'static str>,
+    }
+
+    #[derive(Serialize)]
+    pub(super) struct Message {
+        pub role: &'static str,
+        pub content: Option<String>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        pub tool_calls: Vec<ToolCall>,
+    }
+
+    #[derive(Serialize)]
+    pub(super) struct ToolCall {
+        pub id: String,
+        #[serde(rename = "type")]
+        pub kind: &'static str,
+        pub function: Function,
+    }
+
+    #[derive(Serialize)]
+    pub(super) struct Function {
+        pub name: String,
+        pub arguments: String,
+    }
+
+    #[derive(Serialize)]
+    pub(super) struct Usage {
+        pub prompt_tokens: u64,
+        pub completion_tokens: u64,
+        pub total_tokens: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub prompt_tokens_details: Option<Cached>,
+    }
+
+    #[derive(Serialize)]
+    pub(super) struct Cached {
+        pub cached_tokens: u64,
+    }
+
+    impl Usage {
+        pub(super) fn of(prompt: u64, completion: u64, cached: u64) -> Self {
+            Self {
+                prompt_tokens: prompt,
+                completion_tokens: completion,
+                total_tokens: prompt.saturating_add(completion),
+                prompt_tokens_details: (cached > 0).then_some(Cached {
+                    cached_tokens: cached,
+                }),
+            }
         }
-        message["tool_calls"] = Value::Array(tool_calls);
     }
-    let mut out = json!({
-        "id": m.id,
-        "object": "chat.completion",
-        "created": now_secs(),
-        "model": m.model,
-        "choices": [{
-            "index": 0,
-            "message": message,
-            "logprobs": null,
-            "finish_reason": finish_reason(m.stop_reason.as_deref()),
-        }],
-    });
-    // No counts is no `usage`, not zeros: the gateway then books its estimate.
-    if m.usage.known() {
-        out["usage"] = usage_json(
-            m.usage.prompt_tokens().unwrap_or(0),
-            m.usage.output_tokens.unwrap_or(0),
-            m.usage.cache_read_input_tokens.unwrap_or(0),
-        );
-    }
-    Ok(Bytes::from(out.to_string()))
 }
 
 /// An Anthropic error body -> an OpenAI-format error body {"error":{"message","type","code"}} (keeps the message;
@@ -1319,7 +1412,10 @@ mod tests {
             cache_read_input_tokens: Some(u64::MAX),
         };
         assert_eq!(u.prompt_tokens(), Some(u64::MAX));
-        assert_eq!(usage_json(u64::MAX, u64::MAX, 0)["total_tokens"], u64::MAX);
+        assert_eq!(
+            wire::Usage::of(u64::MAX, u64::MAX, 0).total_tokens,
+            u64::MAX
+        );
     }
 
     #[test]
