@@ -367,7 +367,7 @@ fn input_items(items: &[Item], out: &mut Vec<Value>) -> Result<Option<String>, I
     for (i, item) in items.iter().enumerate() {
         let at = format!("input[{i}]");
         match item.kind.as_deref() {
-            None | Some("message") => out.push(message_item(item, &at)?),
+            None | Some("message") => out.push(message_item(item, &at, &mut untranslated)?),
             Some("function_call") => {
                 let call = json!({
                     "id": required(item.call_id.as_ref(), &at, "call_id")?,
@@ -416,7 +416,14 @@ fn required<'a>(value: Option<&'a String>, at: &str, field: &str) -> Result<&'a 
     value.ok_or_else(|| Invalid::field(format!("{at}.{field}"), format!("missing field `{field}`")))
 }
 
-fn message_item(item: &Item, at: &str) -> Result<Value, Invalid> {
+/// A message item as a chat message; a part no chat target can read is left
+/// out of it and named in `untranslated` (the request then goes only to a
+/// Responses target), never dropped silently.
+fn message_item(
+    item: &Item,
+    at: &str,
+    untranslated: &mut Option<String>,
+) -> Result<Value, Invalid> {
     let role = required(item.role.as_ref(), at, "role")?;
     if !matches!(role.as_str(), "user" | "assistant" | "system" | "developer") {
         return Err(Invalid::field(
@@ -434,13 +441,18 @@ fn message_item(item: &Item, at: &str) -> Result<Value, Invalid> {
         Some(ItemContent::Text(text)) => json!(text),
         // An assistant turn's content is its text.
         Some(ItemContent::Parts(parts)) if role == "assistant" => json!(parts_text(parts)),
-        Some(ItemContent::Parts(parts)) => Value::Array(
-            parts
-                .iter()
-                .enumerate()
-                .map(|(j, p)| chat_part(p, &format!("{at}.content[{j}]")))
-                .collect::<Result<_, _>>()?,
-        ),
+        Some(ItemContent::Parts(parts)) => {
+            let mut chat = Vec::with_capacity(parts.len());
+            for (j, part) in parts.iter().enumerate() {
+                match chat_part(part, &format!("{at}.content[{j}]")) {
+                    Ok(part) => chat.push(part),
+                    Err(why) => {
+                        untranslated.get_or_insert(why);
+                    }
+                }
+            }
+            Value::Array(chat)
+        }
     };
     Ok(json!({"role": role, "content": content}))
 }
@@ -453,18 +465,19 @@ fn parts_text(parts: &[Part]) -> String {
         .join("")
 }
 
-fn chat_part(part: &Part, at: &str) -> Result<Value, Invalid> {
+/// A content part as a chat part, or why no chat target can read it.
+fn chat_part(part: &Part, at: &str) -> Result<Value, String> {
+    let only_responses =
+        |what: &str| format!("{what} ({at}) goes only to a target that speaks OpenAI Responses");
     match part.kind.as_str() {
         "input_text" | "output_text" | "text" => {
             Ok(json!({"type": "text", "text": part.text.clone().unwrap_or_default()}))
         }
         "input_image" => {
-            let url = part.image_url.as_ref().ok_or_else(|| {
-                Invalid::field(
-                    format!("{at}.image_url"),
-                    "an image is sent by `image_url` here (a chat target cannot read a file id)",
-                )
-            })?;
+            let url = part
+                .image_url
+                .as_ref()
+                .ok_or_else(|| only_responses("an image without `image_url` (a file id)"))?;
             let mut image = json!({"url": url});
             if let Some(detail) = &part.detail {
                 image["detail"] = json!(detail);
@@ -472,20 +485,15 @@ fn chat_part(part: &Part, at: &str) -> Result<Value, Invalid> {
             Ok(json!({"type": "image_url", "image_url": image}))
         }
         "input_file" => {
-            let data = part.file_data.as_ref().ok_or_else(|| {
-                Invalid::field(
-                    format!("{at}.file_data"),
-                    "a file is sent by `file_data` here (a chat target cannot read a file id)",
-                )
-            })?;
+            let data = part
+                .file_data
+                .as_ref()
+                .ok_or_else(|| only_responses("a file without `file_data` (a file id or url)"))?;
             Ok(
                 json!({"type": "file", "file": {"file_data": data, "filename": part.filename.clone().unwrap_or_else(|| "file".into())}}),
             )
         }
-        other => Err(Invalid::field(
-            format!("{at}.type"),
-            format!("unknown content part type `{other}`"),
-        )),
+        other => Err(only_responses(&format!("a content part of type `{other}`"))),
     }
 }
 
@@ -1321,6 +1329,29 @@ mod tests {
         assert!(why.contains("`web_search` (tools[1].type)"), "{why}");
         let chat: Value = serde_json::from_slice(&t.chat).unwrap();
         assert_eq!(chat["tools"].as_array().map(Vec::len), Some(1), "{chat}");
+    }
+
+    #[test]
+    fn a_part_chat_cannot_read_is_left_for_a_responses_target() {
+        let store = ResponseStore::default();
+        for (part, named) in [
+            (r#"{"type":"input_image","file_id":"file_1"}"#, "input[0].content[1]"),
+            (r#"{"type":"input_file","file_url":"https://x/y.pdf"}"#, "input[0].content[1]"),
+            (r#"{"type":"input_audio","data":"AAAA"}"#, "`input_audio`"),
+        ] {
+            let body = format!(
+                r#"{{"input":[{{"role":"user","content":[{{"type":"input_text","text":"hi"}},{part}]}}]}}"#
+            );
+            let t = translate(body.as_bytes(), &store).unwrap();
+            let why = t.untranslatable.expect("a chat target cannot read it");
+            assert!(why.contains(named), "{why}");
+            let chat: Value = serde_json::from_slice(&t.chat).unwrap();
+            assert_eq!(
+                chat["messages"][0]["content"],
+                json!([{"type":"text","text":"hi"}]),
+                "the readable parts stay for the translation: {chat}"
+            );
+        }
     }
 
     #[test]
