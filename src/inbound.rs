@@ -96,7 +96,7 @@ pub struct Translated {
     /// What the chat translation had to leave out, if anything: only a
     /// target of the client's protocol can serve the request (the others
     /// are skipped, reason `protocol`).
-    pub untranslatable: Option<String>,
+    pub untranslatable: Option<native::Untranslatable>,
 }
 
 /// How an answer goes back to the client, per protocol.

@@ -47,7 +47,17 @@ pub struct Body {
     pub bytes: Bytes,
     /// What the translation had to leave out, if anything: then only a
     /// target of `protocol` can serve the request.
-    pub untranslatable: Option<String>,
+    pub untranslatable: Option<Untranslatable>,
+}
+
+/// What a translation into chat had to leave out, and the client's field
+/// that says it: only a target of the client's protocol can serve it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Untranslatable {
+    /// The field (`tools[1].type`, `input[0].content[2]`).
+    pub param: String,
+    /// Why, in words (naming the field too).
+    pub why: String,
 }
 
 impl Body {
@@ -57,7 +67,7 @@ impl Body {
         Request {
             protocol: self.protocol,
             body: &self.bytes,
-            untranslatable: self.untranslatable.as_deref(),
+            untranslatable: self.untranslatable.as_ref(),
         }
     }
 }
@@ -70,7 +80,7 @@ pub struct Request<'a> {
     /// Its body, as sent.
     pub body: &'a [u8],
     /// Why a target of another protocol cannot serve it, if one cannot.
-    pub untranslatable: Option<&'a str>,
+    pub untranslatable: Option<&'a Untranslatable>,
 }
 
 /// A whole answer as the target sent it (secrets redacted), in the extensions

@@ -1076,8 +1076,12 @@ impl Walk<'_> {
             return self.error(&GatewayError::LocalResources(resource.to_string()));
         }
         if self.tally.attempts == 0 && !self.deadline_hit {
-            if let Some(why) = admission.take_unsupported() {
-                return self.error(&GatewayError::bad_request(why));
+            if let Some((message, param)) = admission.take_unsupported() {
+                let e = GatewayError::BadRequest {
+                    message,
+                    param: param.map(Into::into),
+                };
+                return self.error(&e);
             }
         }
         if !self.holdbacks.failed && !self.deadline_hit && self.violation.is_none() {

@@ -597,6 +597,9 @@ pub struct Admission<'a> {
     context_floor: Option<u64>,
     /// Why the last target the protocol could not express was skipped.
     unsupported: Option<String>,
+    /// The client's field behind it, when the request said what only its
+    /// own protocol can ([`crate::native::Untranslatable`]).
+    unsupported_param: Option<String>,
     trial_offered: bool,
     /// What held skipped targets back.
     holdbacks: Holdbacks,
@@ -642,6 +645,7 @@ impl<'a> Admission<'a> {
             down,
             context_floor: None,
             unsupported: None,
+            unsupported_param: None,
             trial_offered: false,
             holdbacks,
             skipped,
@@ -724,8 +728,9 @@ impl<'a> Admission<'a> {
     }
 
     /// Why a target's protocol could not express the request, if one could not.
-    pub fn take_unsupported(&mut self) -> Option<String> {
-        self.unsupported.take()
+    pub fn take_unsupported(&mut self) -> Option<(String, Option<String>)> {
+        let why = self.unsupported.take()?;
+        Some((why, self.unsupported_param.take()))
     }
 
     /// The next admitted target. `nothing_tried`: no attempt was made yet, so
@@ -884,7 +889,10 @@ impl<'a> Admission<'a> {
                     .filter(|_| native.is_none())
                     .and_then(|n| n.untranslatable);
                 match untranslatable {
-                    Some(why) => Err(Unsupported(why.to_owned())),
+                    Some(u) => {
+                        self.unsupported_param = Some(u.param.clone());
+                        Err(Unsupported(u.why.clone()))
+                    }
                     None => endpoint
                         .adapter_for(native.is_some())
                         .encode(request, model),

@@ -944,7 +944,7 @@ fn explain(
                 .and_then(|name| s.targets.get(name))
                 .is_some_and(|t| t.provider.endpoint.native_protocol() == Some(asked.protocol));
             if !speaks {
-                c["held_back"] = serde_json::json!({"reason": "protocol", "detail": why});
+                c["held_back"] = serde_json::json!({"reason": "protocol", "detail": why.why});
             }
         }
     }

@@ -16,6 +16,8 @@ use http::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use crate::native::Untranslatable;
+
 use super::{
     fresh_id, write_event, Chunk, Completion, Finish, Invalid, Render, Translated, Usage, WireError,
 };
@@ -425,13 +427,16 @@ fn assistant_turn(blocks: &[Block]) -> Value {
 
 /// The custom tools as chat tools, and what leaving out a server tool (only
 /// an Anthropic target runs one) makes the request for other targets.
-fn chat_tools(tools: &[Tool]) -> Result<(Vec<Value>, Option<String>), Invalid> {
+fn chat_tools(tools: &[Tool]) -> Result<(Vec<Value>, Option<Untranslatable>), Invalid> {
     let mut server = None;
     let mut functions = Vec::with_capacity(tools.len());
     for (i, tool) in tools.iter().enumerate() {
         if let Some(kind) = tool.kind.as_deref().filter(|k| *k != "custom") {
             server.get_or_insert_with(|| {
-                format!("server tool `{kind}` (tools[{i}].type) runs only on a target that speaks Anthropic Messages")
+                Untranslatable {
+                    param: format!("tools[{i}].type"),
+                    why: format!("server tool `{kind}` (tools[{i}].type) runs only on a target that speaks Anthropic Messages"),
+                }
             });
             continue;
         }
@@ -908,10 +913,8 @@ mod tests {
         let why = t
             .untranslatable
             .expect("a server tool cannot be translated");
-        assert!(
-            why.contains("web_search_20250305") && why.contains("tools[0].type"),
-            "{why}"
-        );
+        assert_eq!(why.param, "tools[0].type");
+        assert!(why.why.contains("web_search_20250305"), "{why:?}");
         // Chat targets are skipped for it; the chat body has no tool to choose.
         let chat: Value = serde_json::from_slice(&t.chat).unwrap();
         assert!(

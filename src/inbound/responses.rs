@@ -18,6 +18,8 @@ use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use crate::native::Untranslatable;
+
 use super::store::Stored;
 use super::{
     fresh_id, write_event, Chunk, Completion, Finish, Invalid, Render, ResponseStore, Translated,
@@ -292,15 +294,21 @@ fn input_part_of(part: &Value) -> Option<Value> {
 
 /// A built-in tool (`web_search`, `file_search`, ...): only a target that
 /// speaks Responses runs one, so every other is skipped for the request.
-fn built_in_tool(tools: Option<&[Tool]>) -> Option<String> {
+fn built_in_tool(tools: Option<&[Tool]>) -> Option<Untranslatable> {
     let (i, tool) = tools?
         .iter()
         .enumerate()
         .find(|(_, t)| t.kind != "function")?;
-    Some(format!(
-        "built-in tool `{}` (tools[{i}].type) runs only on a target that speaks OpenAI Responses",
-        tool.kind
+    Some(only_responses(
+        format!("tools[{i}].type"),
+        &format!("built-in tool `{}`", tool.kind),
     ))
+}
+
+/// What chat cannot carry, at `param`: only a Responses target can serve it.
+fn only_responses(param: String, what: &str) -> Untranslatable {
+    let why = format!("{what} ({param}) runs only on a target that speaks OpenAI Responses");
+    Untranslatable { param, why }
 }
 
 fn chat_request(request: &Request, messages: Vec<Value>) -> Result<Map<String, Value>, Invalid> {
@@ -362,7 +370,7 @@ fn chat_request(request: &Request, messages: Vec<Value>) -> Result<Map<String, V
 /// The items as chat messages, and why the first item chat cannot carry (a
 /// built-in tool's call, an item reference) leaves the request to a target
 /// of the client's protocol, if one is there.
-fn input_items(items: &[Item], out: &mut Vec<Value>) -> Result<Option<String>, Invalid> {
+fn input_items(items: &[Item], out: &mut Vec<Value>) -> Result<Option<Untranslatable>, Invalid> {
     let mut untranslated = None;
     for (i, item) in items.iter().enumerate() {
         let at = format!("input[{i}]");
@@ -404,7 +412,10 @@ fn input_items(items: &[Item], out: &mut Vec<Value>) -> Result<Option<String>, I
             Some("reasoning") => {}
             Some(other) => {
                 untranslated.get_or_insert_with(|| {
-                    format!("input item of type `{other}` ({at}.type) goes only to a target that speaks OpenAI Responses")
+                    only_responses(
+                        format!("{at}.type"),
+                        &format!("input item of type `{other}`"),
+                    )
                 });
             }
         }
@@ -422,7 +433,7 @@ fn required<'a>(value: Option<&'a String>, at: &str, field: &str) -> Result<&'a 
 fn message_item(
     item: &Item,
     at: &str,
-    untranslated: &mut Option<String>,
+    untranslated: &mut Option<Untranslatable>,
 ) -> Result<Value, Invalid> {
     let role = required(item.role.as_ref(), at, "role")?;
     if !matches!(role.as_str(), "user" | "assistant" | "system" | "developer") {
@@ -466,9 +477,8 @@ fn parts_text(parts: &[Part]) -> String {
 }
 
 /// A content part as a chat part, or why no chat target can read it.
-fn chat_part(part: &Part, at: &str) -> Result<Value, String> {
-    let only_responses =
-        |what: &str| format!("{what} ({at}) goes only to a target that speaks OpenAI Responses");
+fn chat_part(part: &Part, at: &str) -> Result<Value, Untranslatable> {
+    let only_responses = |what: &str| only_responses(at.to_owned(), what);
     match part.kind.as_str() {
         "input_text" | "output_text" | "text" => {
             Ok(json!({"type": "text", "text": part.text.clone().unwrap_or_default()}))
@@ -1326,7 +1336,8 @@ mod tests {
         let why = t
             .untranslatable
             .expect("a built-in tool cannot be translated");
-        assert!(why.contains("`web_search` (tools[1].type)"), "{why}");
+        assert_eq!(why.param, "tools[1].type");
+        assert!(why.why.contains("`web_search` (tools[1].type)"), "{why:?}");
         let chat: Value = serde_json::from_slice(&t.chat).unwrap();
         assert_eq!(chat["tools"].as_array().map(Vec::len), Some(1), "{chat}");
     }
@@ -1334,9 +1345,12 @@ mod tests {
     #[test]
     fn a_part_chat_cannot_read_is_left_for_a_responses_target() {
         let store = ResponseStore::default();
-        for (part, named) in [
-            (r#"{"type":"input_image","file_id":"file_1"}"#, "input[0].content[1]"),
-            (r#"{"type":"input_file","file_url":"https://x/y.pdf"}"#, "input[0].content[1]"),
+        for (part, said) in [
+            (r#"{"type":"input_image","file_id":"file_1"}"#, "file id"),
+            (
+                r#"{"type":"input_file","file_url":"https://x/y.pdf"}"#,
+                "file id or url",
+            ),
             (r#"{"type":"input_audio","data":"AAAA"}"#, "`input_audio`"),
         ] {
             let body = format!(
@@ -1344,7 +1358,8 @@ mod tests {
             );
             let t = translate(body.as_bytes(), &store).unwrap();
             let why = t.untranslatable.expect("a chat target cannot read it");
-            assert!(why.contains(named), "{why}");
+            assert_eq!(why.param, "input[0].content[1]");
+            assert!(why.why.contains(said), "{why:?}");
             let chat: Value = serde_json::from_slice(&t.chat).unwrap();
             assert_eq!(
                 chat["messages"][0]["content"],
