@@ -479,6 +479,36 @@ pub struct RawTask {
     pub stream_recovery: Option<RawStreamRecovery>,
     /// Hedged requests: when a slow first attempt gets a parallel one.
     pub hedge: Option<RawHedge>,
+    /// Whole answers kept and served again, and as the last answer when no
+    /// target answers (`stale_if_error`).
+    pub cache: Option<RawCache>,
+    /// The cache keeps answers to requests that sample too (`temperature`
+    /// absent or above 0, and no `seed`); default false.
+    pub cache_nondeterministic: Option<bool>,
+}
+
+/// A task's cache of whole answers.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawCache {
+    /// `exact` (default): the same request, normalised. `semantic` is not
+    /// built yet.
+    #[schemars(with = "Option<schema_parts::Names<schema_parts::CacheModes>>")]
+    pub mode: Option<String>,
+    /// How long an answer is served as fresh (default 10m).
+    #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<schema_parts::DurationText>")]
+    pub ttl: Option<String>,
+    /// The bound of the task's entries in this process: bytes, or a size
+    /// like `64MiB` or `500KB` (default 64MiB).
+    #[serde(default, deserialize_with = "byte_size_text")]
+    #[schemars(with = "Option<schema_parts::ByteSizeText>")]
+    pub max_bytes: Option<String>,
+    /// When no target answers (502, 503, 504), an answer to the same request
+    /// at most this old is served instead (default: never).
+    #[serde(default, deserialize_with = "duration_text")]
+    #[schemars(with = "Option<schema_parts::DurationText>")]
+    pub stale_if_error: Option<String>,
 }
 
 /// A batch task's queue.
@@ -850,6 +880,22 @@ fn duration_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String
         Text::S(s) => s,
         Text::U(n) => n.to_string(),
         Text::F(f) => f.to_string(),
+    }))
+}
+
+fn byte_size_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Text {
+        S(String),
+        U(u64),
+    }
+    let text = Option::<Text>::deserialize(d).map_err(|_| {
+        serde::de::Error::custom("must be a size like `64MiB`, `500KB` or a number of bytes")
+    })?;
+    Ok(text.map(|t| match t {
+        Text::S(s) => s,
+        Text::U(n) => n.to_string(),
     }))
 }
 

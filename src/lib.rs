@@ -32,6 +32,7 @@
 //! - [`cli`]: the command line.
 
 pub mod body;
+pub mod cache;
 pub mod classify;
 pub mod cli;
 pub mod config;

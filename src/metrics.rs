@@ -103,6 +103,19 @@ pub const SHARED_STATE_UPDATES: &str = "switchyard_shared_state_updates_total";
 /// tries the target), `lost` (another replica holds it).
 pub const SHARED_STATE_LEASES: &str = "switchyard_shared_state_trial_leases_total";
 
+/// Counter `{task, result}`: chat requests of a task with a `cache`, by what
+/// the cache did: `hit`, `miss`, `stale` (served when no target answered) or
+/// `bypass` (not looked up: a sampling request, or `Cache-Control: no-cache`).
+pub const CACHE_REQUESTS: &str = "switchyard_cache_requests_total";
+/// Gauge `{task}`: answers held in the task's cache (this process).
+pub const CACHE_ENTRIES: &str = "switchyard_cache_entries";
+/// Gauge `{task}`: bytes held in the task's cache, as its `max_bytes` counts them.
+pub const CACHE_BYTES: &str = "switchyard_cache_bytes";
+/// Counter `{task, kind}`: tokens cache hits did not spend (`prompt`, `completion`).
+pub const CACHE_SAVED_TOKENS: &str = "switchyard_cache_saved_tokens_total";
+/// Counter `{task}` (a float gauge, like the cost): USD cache hits did not spend.
+pub const CACHE_SAVED_COST: &str = "switchyard_cache_saved_cost_usd_total";
+
 /// Bucket bounds of every `_seconds` histogram.
 const SECONDS_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -400,6 +413,31 @@ const DESCRIPTIONS: &[(Kind, &str, &str)] = &[
         "Half-open trial leases asked for, won or lost to another replica.",
     ),
     (
+        Kind::Counter,
+        CACHE_REQUESTS,
+        "Requests of a task with a cache, by what the cache did: hit, miss, stale or bypass.",
+    ),
+    (
+        Kind::Gauge,
+        CACHE_ENTRIES,
+        "Answers held in the task's cache.",
+    ),
+    (
+        Kind::Gauge,
+        CACHE_BYTES,
+        "Bytes held in the task's cache, as max_bytes counts them.",
+    ),
+    (
+        Kind::Counter,
+        CACHE_SAVED_TOKENS,
+        "Tokens that cache hits did not spend, by kind.",
+    ),
+    (
+        Kind::Gauge,
+        CACHE_SAVED_COST,
+        "USD that cache hits did not spend, from the stored answer's usage x cost.",
+    ),
+    (
         Kind::Seconds,
         REQUEST_DURATION,
         "Arrival to response head (streams: to the commit point).",
@@ -592,6 +630,8 @@ const LIVE_GAUGES: &[&str] = &[
     KEY_STATE,
     COST,
     QUEUE_DEPTH,
+    CACHE_ENTRIES,
+    CACHE_BYTES,
 ];
 
 impl Named {

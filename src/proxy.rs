@@ -24,6 +24,7 @@
 
 pub mod account;
 pub mod attempt;
+mod cached;
 pub mod continuation;
 pub mod hedge;
 mod repair;
@@ -181,6 +182,26 @@ async fn serve(
         account::answered(task, None, resp.status().as_u16(), x.arrival);
         return resp;
     }
+    let mut render = shape.render;
+    let cached = cached::Cached::of(
+        task,
+        &x.body,
+        x.headers,
+        &shape.payload,
+        needs.prompt_tokens,
+    );
+    let reply = cached::Reply {
+        stream: shape.stream,
+        include_usage: shape.include_usage,
+        request_id: &x.request_id,
+        trace: &x.trace,
+    };
+    if let Some(cached) = &cached {
+        if let Some(resp) = cached.fresh(&reply, &mut render).await {
+            account::answered(task, None, resp.status().as_u16(), x.arrival);
+            return resp;
+        }
+    }
     let guard = CancelGuard::new(task);
     let plan = routing::plan(task, &needs, Instant::now());
     let mut walk = Walk {
@@ -199,7 +220,8 @@ async fn serve(
         drain: x.drain,
         deadline: x.arrival + task.budget.total_timeout,
         contract: shape.contract,
-        render: shape.render,
+        render,
+        fill: cached.as_ref().and_then(cached::Cached::fill),
         native: match shape.payload {
             Payload::Chat(request) => request.native.map(|n| n.protocol),
             Payload::Embeddings(_) => None,
@@ -222,16 +244,10 @@ async fn serve(
         context_answer: None,
         credit_answer: None,
     };
-    let response = match plan.ineligible() {
-        Some(why) => walk.error(&GatewayError::NoEligibleTarget(why.describe())),
-        None => {
-            let mut admission = Admission::new(snapshot, task, plan, &needs, shape.payload);
-            let first = walk.run(&mut admission).await;
-            match &task.queue {
-                Some(queue) => walk.queued(queue, first, &needs, shape.payload).await,
-                None => first,
-            }
-        }
+    let response = walk.planned(plan, &needs, shape.payload).await;
+    let response = match &cached {
+        Some(cached) => cached.after(response, &reply, walk.render.take()).await,
+        None => response,
     };
     guard.disarm();
     // The serving target as a value: a name that is no header value (not
@@ -355,6 +371,8 @@ struct Walk<'a> {
     native: Option<Protocol>,
     /// The client's stream renderer, for the stream that commits.
     render: Option<Box<dyn native::StreamRender>>,
+    /// Where a whole answer is kept, when the task caches and the request may be.
+    fill: Option<crate::cache::Fill>,
     account: Account,
     tally: Tally,
     /// What held attempted targets back (rate limits) or that one failed for real.
@@ -388,6 +406,25 @@ impl Drop for Walk<'_> {
 }
 
 impl Walk<'_> {
+    /// Steps 4 to 6 on `plan`: why no target could ever take the request,
+    /// or the walk (and a batch task's waits in its queue).
+    async fn planned(
+        &mut self,
+        plan: routing::Plan,
+        needs: &Needs,
+        payload: Payload<'_>,
+    ) -> Response<Body> {
+        if let Some(why) = plan.ineligible() {
+            return self.error(&GatewayError::NoEligibleTarget(why.describe()));
+        }
+        let mut admission = Admission::new(self.snapshot, self.task, plan, needs, payload);
+        let first = self.run(&mut admission).await;
+        match &self.task.queue {
+            Some(queue) => self.queued(queue, first, needs, payload).await,
+            None => first,
+        }
+    }
+
     /// A batch task's answer that says a wait would help (429, or 503 with a
     /// `Retry-After`): the request waits in the task's queue, in arrival
     /// order, until then (within `max_wait` and the deadline) and walks
@@ -613,6 +650,9 @@ impl Walk<'_> {
                 native,
             } => {
                 telemetry::attempt_served(span, status.as_u16());
+                if let (Some(fill), StatusCode::OK) = (self.fill.take(), status) {
+                    fill.answer(&body, |prompt, completion| target.usd(prompt, completion));
+                }
                 let mut resp = self.whole_answer(status, body);
                 if let Some(native) = native {
                     resp.extensions_mut().insert(native);
@@ -652,7 +692,8 @@ impl Walk<'_> {
                 };
                 let drain = self.drain.watch();
                 let render = self.render.take();
-                let relay = Relay::new(*commit, recovery, relay_span, drain, render);
+                let fill = self.fill.take();
+                let relay = Relay::new(*commit, recovery, relay_span, drain, render, fill);
                 (respond::stream(relay.into_body()), repaired)
             }
             Attempt::Failed(_) | Attempt::Deadline | Attempt::Local(_) | Attempt::Violated(_) => {

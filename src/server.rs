@@ -1051,7 +1051,8 @@ fn named(s: &Snapshot) -> crate::metrics::Named {
 }
 
 /// `switchyard_task_targets_available{task}`: what `/readyz` judges, as a
-/// gauge an alert can watch (set when scraped, so it is always current).
+/// gauge an alert can watch (set when scraped, so it is always current);
+/// and the size of each task's cache.
 fn publish_availability(s: &Snapshot) {
     let now = Instant::now();
     for task in s.tasks.values() {
@@ -1066,6 +1067,9 @@ fn publish_availability(s: &Snapshot) {
                 &[("task", task.name.clone().into())],
             )
             .set(up as f64);
+        if let Some(cache) = &task.cache {
+            cache.publish();
+        }
     }
 }
 

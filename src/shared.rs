@@ -90,10 +90,16 @@ async fn run(app: Arc<App>, settings: SharedStore, url: crate::secret::Secret, u
                             "shared state: connected; running on the shared view"
                         );
                         let link = Some(store.connection());
+                        app.live.cache_link.set(
+                            link.clone(),
+                            &settings.key_prefix,
+                            settings.timeout,
+                        );
                         app.responses
                             .link(link, &settings.key_prefix, settings.timeout);
                         let why = session(&app, &mut replica, &mut store, &mut messages).await;
                         app.responses.link(None, "", settings.timeout);
+                        app.live.cache_link.set(None, "", settings.timeout);
                         warn!(error = %why, "shared state: store lost; running on local state and reconnecting");
                         said_down = true;
                     }

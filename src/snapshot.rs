@@ -569,6 +569,8 @@ pub struct Task {
     pub hedge: Option<HedgePolicy>,
     /// `switchyard_hedges_total{task, result}`.
     pub hedges: Family<&'static str>,
+    /// Its cache of whole answers, if it keeps one.
+    pub cache: Option<Arc<crate::cache::TaskCache>>,
     /// The embedding space of its chain, when it serves `/v1/embeddings`
     /// (every target declares the same one); `None` for a chat task.
     pub embedding: Option<EmbeddingSpace>,

@@ -28,6 +28,7 @@ mod admin;
 mod anthropic;
 mod bucket_spend;
 mod budgets;
+mod cache;
 mod chaos;
 mod config_semantics;
 mod continuation;

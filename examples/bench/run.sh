@@ -35,6 +35,8 @@
 #   nginx-neutral-messages, nginx-neutral-responses  nginx proxy_pass relaying
 #                          those same Anthropic and Responses answers: each
 #                          pass-through's own plain proxy hop
+#   switchyard-neutral-cached  switchyard, chain [neutral] with a `cache`: after
+#                          the first request every one is a hit (no upstream call)
 # Every row has the proxy's CPU per request (user+system from /proc): the
 # number a sidecar is judged by.
 # plus, for streams, TTFT per path with the `bench` example; switchyard's RSS
@@ -52,7 +54,8 @@
 #      PATHS ("direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral
 #             switchyard-neutral switchyard-neutral-3 switchyard-neutral-messages
 #             switchyard-neutral-responses switchyard-neutral-responses-native
-#             nginx-neutral-messages nginx-neutral-responses")
+#             nginx-neutral-messages nginx-neutral-responses switchyard-neutral-cached")
+#      CACHE_ENTRIES (10000): distinct answers kept, for the memory per cache entry
 #      LONG_CHUNKS (1000) LONG_DELAY (5ms) LONG_STREAMS (128; 0 skips the long stream)
 #      CHUNKS (16) CHUNK_DELAY (0ms) per stream; OPEN_STREAMS (1000) TTFT_DURATION (3)
 #      OUT (/tmp/switchyard-bench/DATE) PORT_BASE (19000) PEERS_VENV (~/.cache/switchyard-peers/venv)
@@ -67,7 +70,7 @@ DURATION="${DURATION:-5}"
 REPEAT="${REPEAT:-3}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
 MODES="${MODES:-plain stream}"
-PATHS="${PATHS:-direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral switchyard-neutral switchyard-neutral-3 switchyard-neutral-messages switchyard-neutral-responses switchyard-neutral-responses-native nginx-neutral-messages nginx-neutral-responses}"
+PATHS="${PATHS:-direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral switchyard-neutral switchyard-neutral-3 switchyard-neutral-messages switchyard-neutral-responses switchyard-neutral-responses-native nginx-neutral-messages nginx-neutral-responses switchyard-neutral-cached}"
 LONG_CHUNKS="${LONG_CHUNKS:-1000}"
 LONG_DELAY="${LONG_DELAY:-5ms}"
 LONG_STREAMS="${LONG_STREAMS:-128}"
@@ -241,6 +244,8 @@ tasks:
   neutral-anthropic-sse: { chain: [neutral-anthropic-sse] }
   neutral-responses-plain: { chain: [neutral-responses-plain] }
   neutral-responses-sse: { chain: [neutral-responses-sse] }
+  neutral-plain-cached: { chain: [neutral-plain], cache: { ttl: 1h, max_bytes: 256MiB }, cache_nondeterministic: true }
+  neutral-sse-cached: { chain: [neutral-sse], cache: { ttl: 1h }, cache_nondeterministic: true }
 EOF
 }
 mkdir -p "$OUT/sy"
@@ -364,6 +369,7 @@ path_info() { # path mode -> "url model pid"
     nginx-neutral-responses) echo "http://127.0.0.1:$P_NGINX_NEUTRAL/responses-$sub/v1/responses up ${NGINX_PID:-}" ;;
     switchyard-neutral) echo "http://127.0.0.1:$P_SY/v1/chat/completions neutral-$sub $SY_PID" ;;
     switchyard-neutral-3) echo "http://127.0.0.1:$P_SY/v1/chat/completions neutral-$sub-3 $SY_PID" ;;
+    switchyard-neutral-cached) echo "http://127.0.0.1:$P_SY/v1/chat/completions neutral-$sub-cached $SY_PID" ;;
     switchyard-neutral-messages) echo "http://127.0.0.1:$P_SY/v1/messages neutral-anthropic-$sub $SY_PID" ;;
     switchyard-neutral-responses) echo "http://127.0.0.1:$P_SY/v1/responses neutral-$sub $SY_PID" ;;
     switchyard-neutral-responses-native) echo "http://127.0.0.1:$P_SY/v1/responses neutral-responses-$sub $SY_PID" ;;
@@ -491,6 +497,28 @@ kill "$OHA_OPEN" 2>/dev/null || true; wait "$OHA_OPEN" 2>/dev/null || true
 sleep 2
 AFTER_OPEN_RSS=$(mem_kib "$SY_PID" VmRSS)
 
+# ---- switchyard: memory per cached answer ----
+CACHE_ENTRIES="${CACHE_ENTRIES:-10000}"
+BEFORE_CACHE_RSS=0; AFTER_CACHE_RSS=0; CACHE_HELD_BYTES=0; CACHE_HELD=0
+if has switchyard-neutral-cached; then
+  log "cache: $CACHE_ENTRIES distinct answers kept"
+  BEFORE_CACHE_RSS=$(mem_kib "$SY_PID" VmRSS)
+  python3 - "$P_SY" "$CACHE_ENTRIES" <<'EOF'
+import http.client, json, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+for i in range(n):
+    body = json.dumps({"model": "neutral-plain-cached", "max_tokens": 16,
+                       "messages": [{"role": "user", "content": f"distinct question {i}"}]})
+    conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+    conn.getresponse().read()
+EOF
+  AFTER_CACHE_RSS=$(mem_kib "$SY_PID" VmRSS)
+  page=$(curl -s "127.0.0.1:$P_SY/metrics")
+  CACHE_HELD_BYTES=$(awk '/^switchyard_cache_bytes\{task="neutral-plain-cached"\}/ {print $2}' <<<"$page")
+  CACHE_HELD=$(awk '/^switchyard_cache_entries\{task="neutral-plain-cached"\}/ {print $2}' <<<"$page")
+fi
+
 # ---- switchyard: reload storm under full load ----
 log "reload storm: routes.yaml rewritten every 200 ms during a c=64 run"
 reloads_ok() { curl -s "127.0.0.1:$P_SY/metrics" | awk '/^switchyard_config_reloads_total\{result="ok"\}/ {print $2}'; }
@@ -537,6 +565,11 @@ sy_open_streams_conns=$OPEN_CONNS
 sy_open_streams_rss_kib=$OPEN_RSS
 sy_after_open_streams_rss_kib=$AFTER_OPEN_RSS
 sy_hwm_kib=$SY_HWM
+sy_cache_entries_sent=$CACHE_ENTRIES
+sy_cache_entries_held=${CACHE_HELD:-0}
+sy_cache_bytes_held=${CACHE_HELD_BYTES:-0}
+sy_before_cache_rss_kib=$BEFORE_CACHE_RSS
+sy_after_cache_rss_kib=$AFTER_CACHE_RSS
 fake_hwm_kib=$FAKE_HWM
 nginx_hwm_kib=$NGINX_HWM
 litellm_hwm_kib=$LITELLM_HWM

@@ -49,8 +49,8 @@ modes = [m for m in ("plain", "stream") if any(k[0] == m for k in agg)]
 order = ["direct", "switchyard-1", "switchyard-3", "nginx", "litellm", "litellm-3",
          "neutral", "switchyard-neutral", "switchyard-neutral-messages",
          "switchyard-neutral-responses", "switchyard-neutral-responses-native",
-         "switchyard-neutral-3", "nginx-neutral", "nginx-neutral-messages",
-         "nginx-neutral-responses"]
+         "switchyard-neutral-3", "switchyard-neutral-cached", "nginx-neutral",
+         "nginx-neutral-messages", "nginx-neutral-responses"]
 paths = [p for p in order if any(k[1] == p for k in agg)]
 concs = sorted({k[2] for k in agg})
 peer_of = {"switchyard-1": "litellm", "switchyard-3": "litellm-3"}
@@ -175,6 +175,14 @@ print(
     f"({extra.get('sy_open_streams_conns')} client connections seen) | {mib(extra.get('sy_open_streams_rss_kib'))} |"
 )
 print(f"| switchyard | RSS 2 s after those streams closed | {mib(extra.get('sy_after_open_streams_rss_kib'))} |")
+held = float(extra.get("sy_cache_entries_held") or 0)
+if held > 0:
+    grown = int(extra.get("sy_after_cache_rss_kib", "0")) - int(extra.get("sy_before_cache_rss_kib", "0"))
+    print(
+        f"| switchyard | cache: {fmt(held)} answers held of {extra.get('sy_cache_entries_sent')} sent; "
+        f"bytes by its count, per entry | {fmt(float(extra.get('sy_cache_bytes_held') or 0) / held)} B |"
+    )
+    print(f"| switchyard | cache: RSS grown while they were kept, per entry | {fmt(grown * 1024 / held)} B |")
 print(f"| switchyard | peak RSS (VmHWM), whole run | {mib(extra.get('sy_hwm_kib'))} |")
 print(f"| nginx (master + workers) | peak RSS, sum | {mib(extra.get('nginx_hwm_kib'))} |")
 print(f"| LiteLLM | peak RSS | {mib(extra.get('litellm_hwm_kib'))} |")

@@ -183,6 +183,38 @@ impl NameSet for NetworkKinds {
     }
 }
 
+/// `tasks.*.cache.mode`.
+pub struct CacheModes;
+
+impl NameSet for CacheModes {
+    const NAME: &'static str = "CacheMode";
+    fn names() -> Vec<&'static str> {
+        crate::cache::MODES.to_vec()
+    }
+}
+
+/// Schema of a size in bytes: a count, or a number and a unit.
+pub struct ByteSizeText;
+
+impl JsonSchema for ByteSizeText {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> Cow<'static, str> {
+        Cow::Borrowed("ByteSize")
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "Bytes, or a number and a unit: `64MiB`, `500KB`, `1GiB`.",
+            "type": ["string", "integer"],
+            "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B|[kKMGT]|B)?\s*$",
+            "minimum": 1
+        })
+    }
+}
+
 /// Schema of a duration that must be more than zero: humantime text.
 pub struct DurationText;
 

@@ -31,6 +31,8 @@ pub const H_HEDGE: &str = "x-switchyard-hedge";
 pub const H_REPAIRED: &str = "x-switchyard-repaired";
 /// Response header the official SDKs read before retrying on their own.
 pub const H_SHOULD_RETRY: &str = "x-should-retry";
+/// Response header of a task with a cache: `hit`, `miss`, `stale` or `bypass`.
+pub const H_CACHE: &str = "x-switchyard-cache";
 
 // The same names as `HeaderName`s: inserting a `&str` name that is not a
 // standard header copies it into a new allocation on every call.
@@ -43,6 +45,7 @@ const N_REQUEST_ID: HeaderName = HeaderName::from_static(H_REQUEST_ID);
 const N_HEDGE: HeaderName = HeaderName::from_static(H_HEDGE);
 const N_REPAIRED: HeaderName = HeaderName::from_static(H_REPAIRED);
 const N_SHOULD_RETRY: HeaderName = HeaderName::from_static(H_SHOULD_RETRY);
+const N_CACHE: HeaderName = HeaderName::from_static(H_CACHE);
 
 /// Headers of a response switchyard makes: its own, plus the few hyper adds,
 /// without growing the map.
@@ -85,6 +88,21 @@ pub fn repaired(resp: &mut Response<Body>, method: crate::schema::Repair) {
 pub fn hedge_result(resp: &mut Response<Body>, result: &'static str) {
     resp.headers_mut()
         .insert(N_HEDGE, HeaderValue::from_static(result));
+}
+
+/// Says what the task's cache did (`x-switchyard-cache`), and for an answer
+/// it served, its age in seconds (`age`).
+pub fn cache_result(resp: &mut Response<Body>, result: &'static str, age: Option<u64>) {
+    let h = resp.headers_mut();
+    h.insert(N_CACHE, HeaderValue::from_static(result));
+    if let Some(age) = age {
+        h.insert(http::header::AGE, HeaderValue::from(age));
+    }
+}
+
+/// The headers of an answer no upstream call made (a cached one).
+pub fn no_calls(resp: &mut Response<Body>, request_id: &HeaderValue) {
+    Tally::default().write(resp.headers_mut(), request_id);
 }
 
 /// Adds the headers of an answer served (or relayed) by `target`.

@@ -19,6 +19,7 @@ use tracing::{debug, info, warn, Instrument};
 use super::attempt::{self, Commit, RelayState};
 use super::continuation::{Recovery, Resumed, Seam, Splice, Spliced};
 use crate::body::{self, Body, DrainWatch};
+use crate::cache;
 use crate::classify::{self, AttemptOutcome, Interruption, StreamEnd, StreamVerdict};
 use crate::health::{Failure, Permit};
 use crate::native::StreamRender;
@@ -57,6 +58,9 @@ pub struct Relay {
     /// Renders each event in the client's protocol, when it speaks another;
     /// else the events go out as they are.
     render: Option<Box<dyn StreamRender>>,
+    /// The answer folded as it goes out, to be cached if the stream ends
+    /// complete on the target it started on.
+    kept: Option<(cache::Fill, cache::Collector)>,
 }
 
 /// What happened to a broken stream that might be continued.
@@ -80,6 +84,7 @@ impl Relay {
         span: tracing::Span,
         drain: DrainWatch,
         render: Option<Box<dyn StreamRender>>,
+        fill: Option<cache::Fill>,
     ) -> Self {
         let mut relay = Self {
             state: commit.state,
@@ -96,6 +101,7 @@ impl Relay {
             drain,
             in_band: None,
             render,
+            kept: fill.map(|fill| (fill, cache::Collector::default())),
         };
         for event in &commit.held {
             relay.write_event(event);
@@ -381,6 +387,9 @@ impl Relay {
 
     /// One event into the batch: rendered for the client, or as it is.
     fn write_event(&mut self, event: &sse::Event) {
+        if let (Some((_, collected)), Some(data)) = (&mut self.kept, &event.data) {
+            collected.push(data);
+        }
         match &mut self.render {
             Some(render) => render.event(event, &mut self.batch),
             None => self.batch.extend_from_slice(&event.raw),
@@ -389,6 +398,9 @@ impl Relay {
 
     /// An event the splice rewrote (its data) into the batch; the data back.
     fn write_data(&mut self, data: String) -> String {
+        if let Some((_, collected)) = &mut self.kept {
+            collected.push(&data);
+        }
         match &mut self.render {
             Some(render) => {
                 let event = sse::Event {
@@ -501,6 +513,8 @@ impl Relay {
             .trace
             .continued(&to.name, &to.provider.name);
         self.permit = Some(commit.permit);
+        // A continued answer is two targets' work: never cached.
+        self.kept = None;
         self.usage = None;
         self.content_chunks = 0;
         self.splice = Some(splice);
@@ -534,6 +548,14 @@ impl Relay {
         }
         self.out.push_back(self.batch.split().freeze());
         let verdict = classify::end_of_stream(end);
+        if let (StreamVerdict::Complete { .. }, Some((fill, collected))) =
+            (verdict, self.kept.take())
+        {
+            let target = &self.state.target;
+            fill.stream(collected, |prompt, completion| {
+                target.usd(prompt, completion)
+            });
+        }
         match verdict {
             StreamVerdict::Complete { add_done: true } => {
                 // Ended cleanly without the sentinel: add it, never wait for it.

@@ -1608,6 +1608,7 @@ fn task(
         stream_recovery: stream_recovery(t, path, c),
         hedge: hedge(t, path, c),
         hedges: metrics.family(m::HEDGES, &[("task", name.to_owned().into())], &["result"]),
+        cache: cache(name, t, path, chat, live, c),
         embedding,
         chain,
     }
@@ -1735,6 +1736,88 @@ fn repair_targets(
         }
     }
     out
+}
+
+/// A task's cache, on the store its bounds keep across reloads.
+fn cache(
+    name: &str,
+    t: &RawTask,
+    path: &str,
+    chat: bool,
+    live: &LiveState,
+    c: &mut Checks<'_>,
+) -> Option<Arc<crate::cache::TaskCache>> {
+    let Some(raw) = t.cache.as_ref() else {
+        if t.cache_nondeterministic.is_some() {
+            c.warn(
+                &format!("{path}.cache_nondeterministic"),
+                "the task has no `cache`: this has no effect",
+            );
+        }
+        return None;
+    };
+    let cpath = format!("{path}.cache");
+    match raw.mode.as_deref() {
+        None | Some("exact") => {}
+        Some("semantic") => c.error(
+            &format!("{cpath}.mode"),
+            "the semantic cache is not built yet: use `exact`",
+        ),
+        Some(other) => c.error(
+            &format!("{cpath}.mode"),
+            format!("unknown cache mode `{other}`, expected exact"),
+        ),
+    }
+    if !chat {
+        c.error(
+            &cpath,
+            "only a chat task caches answers (this chain serves embeddings)",
+        );
+        return None;
+    }
+    let max_bytes = match raw.max_bytes.as_deref() {
+        None => 64 << 20,
+        Some(text) => match text.trim().parse::<bytesize::ByteSize>() {
+            Ok(size) if size.as_u64() >= 1024 => size.as_u64(),
+            Ok(_) => {
+                c.error(&format!("{cpath}.max_bytes"), "a cache holds at least 1KiB");
+                return None;
+            }
+            Err(_) => {
+                c.error(
+                    &format!("{cpath}.max_bytes"),
+                    format!("bad size `{text}`: write bytes, or a number and a unit like `64MiB`"),
+                );
+                return None;
+            }
+        },
+    };
+    let policy = crate::cache::Policy {
+        ttl: c.duration(
+            &format!("{cpath}.ttl"),
+            raw.ttl.as_deref(),
+            Duration::from_secs(600),
+        ),
+        stale_if_error: c.duration(
+            &format!("{cpath}.stale_if_error"),
+            raw.stale_if_error.as_deref(),
+            Duration::ZERO,
+        ),
+        max_bytes,
+        nondeterministic: t.cache_nondeterministic.unwrap_or(false),
+    };
+    let id = (name.to_owned(), max_bytes, policy.retention());
+    let store = live.caches.get_or_make(id, || {
+        Some(crate::cache::Store::new(max_bytes, policy.retention()))
+    })?;
+    let link = Arc::clone(&live.cache_link);
+    Some(Arc::new(crate::cache::TaskCache::new(
+        name,
+        policy,
+        store,
+        link,
+        &live.metrics,
+    )))
 }
 
 /// A task's hedging policy.

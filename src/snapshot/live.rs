@@ -100,6 +100,10 @@ pub struct LiveState {
     pub provider_limits: Keyed<ProviderLimitsKey, ProviderLimits>,
     /// Client-facing task buckets: kept while the task's limits are unchanged.
     pub task_limits: Keyed<TaskLimitKey, TaskLimiter>,
+    /// Each task's cached answers, kept while its name and bounds stay.
+    pub caches: Keyed<(String, u64, Duration), crate::cache::Store>,
+    /// The shared store the caches write to and read from, while connected.
+    pub cache_link: Arc<crate::cache::Link>,
     /// The gateway's metrics registry.
     pub metrics: Metrics,
     /// Whether the last reload was rejected (so the next good file, even the
@@ -120,6 +124,7 @@ impl LiveState {
         self.key_cursors.prune();
         self.tasks.prune();
         self.queues.prune();
+        self.caches.prune();
         self.provider_limits.prune();
         self.task_limits.prune();
         self.clients.prune();

@@ -95,6 +95,8 @@ struct Fields {
     /// The client's protocol at the front door, when not Chat Completions
     /// (`messages`, `responses`).
     protocol: Option<&'static str>,
+    /// What a task's cache did for it (`hit`, `miss`, `stale`, `bypass`).
+    cache: Option<&'static str>,
 }
 
 /// What the attempt spans need to know about their target.
@@ -223,6 +225,11 @@ impl RequestTrace {
     /// The protocol the client speaks, when it is not Chat Completions.
     pub fn protocol(&self, protocol: &'static str) {
         self.0.fields.lock().protocol = Some(protocol);
+    }
+
+    /// What the task's cache did for the request.
+    pub fn cache(&self, result: &'static str) {
+        self.0.fields.lock().cache = Some(result);
     }
 
     /// The status the client got (a stream: at its commit point).
@@ -532,6 +539,9 @@ fn record_server_span(span: &Span, f: &Fields, elapsed: Duration) {
     set("switchyard.degraded", f.degraded.into());
     set("switchyard.stream", f.stream.into());
     set("switchyard.duration_ms", millis(elapsed).into());
+    if let Some(cache) = f.cache {
+        set("switchyard.cache", cache.into());
+    }
     let text = |key: &'static str, value: &Option<CompactString>| {
         if let Some(v) = value {
             set(key, v.to_string().into());
@@ -591,6 +601,7 @@ fn access_line(request_id: &HeaderValue, f: &Fields, elapsed: Duration, trace_id
         degraded = f.degraded,
         stream = f.stream,
         protocol = f.protocol,
+        cache = f.cache,
         duration_ms = millis(elapsed),
         ttft_ms = f.ttft.map(millis),
         tokens_in,

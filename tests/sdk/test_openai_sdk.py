@@ -541,6 +541,61 @@ class Streaming(unittest.TestCase):
 # ---- tool calls -----------------------------------------------------------------
 
 
+class Cache(unittest.TestCase):
+    """Task `cached`: a repeated deterministic request is answered from the cache."""
+
+    def ask(self, question: str, **kw):
+        return client().chat.completions.with_raw_response.create(
+            model="cached",
+            messages=msgs(question),
+            temperature=0,
+            extra_headers={"x-request-id": (request_id := rid())},
+            **kw,
+        ), request_id
+
+    def test_a_streamed_answer_is_cached_and_replayed_to_the_sdk_as_a_stream(self):
+        question = f"stream me {uuid.uuid4().hex}"
+        first, first_id = self.ask(question, stream=True, stream_options={"include_usage": True})
+        self.assertEqual(first.headers["x-switchyard-cache"], "miss")
+        text = "".join(c.choices[0].delta.content or "" for c in first.parse() if c.choices)
+        self.assertEqual(text, "Hello from primary")
+        self.assertEqual(len(calls(PRIMARY, first_id)), 1)
+        replay, replay_id = self.ask(question, stream=True, stream_options={"include_usage": True})
+        self.assertEqual(replay.headers["x-switchyard-cache"], "hit")
+        self.assertTrue(replay.headers["content-type"].startswith("text/event-stream"))
+        chunks = list(replay.parse())
+        replayed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        usage = [c.usage for c in chunks if c.usage]
+        self.assertEqual(replayed, "Hello from primary")
+        self.assertEqual(finishes, ["stop"])
+        self.assertEqual(len(usage), 1)
+        self.assertEqual(calls(PRIMARY, replay_id), [], "a hit makes no upstream call")
+        # The stream helper assembles the replay like any stream.
+        with client().chat.completions.stream(model="cached", messages=msgs(question), temperature=0) as s:
+            final = s.get_final_completion()
+        self.assertEqual(final.choices[0].message.content, "Hello from primary")
+        # And a plain request is the same answer, whole, with its own id.
+        plain, _ = self.ask(question)
+        self.assertEqual(plain.headers["x-switchyard-cache"], "hit")
+        self.assertTrue(plain.parse().id.startswith("chatcmpl-"))
+        self.assertEqual(plain.parse().choices[0].message.content, "Hello from primary")
+
+    def test_no_cache_asks_the_target_and_sampling_bypasses(self):
+        question = f"fresh {uuid.uuid4().hex}"
+        self.ask(question)
+        raw = client().chat.completions.with_raw_response.create(
+            model="cached",
+            messages=msgs(question),
+            temperature=0,
+            extra_headers={"cache-control": "no-cache", "x-request-id": (request_id := rid())},
+        )
+        self.assertEqual(raw.headers["x-switchyard-cache"], "bypass")
+        self.assertEqual(len(calls(PRIMARY, request_id)), 1)
+        sampled = client().chat.completions.with_raw_response.create(model="cached", messages=msgs(question))
+        self.assertEqual(sampled.headers["x-switchyard-cache"], "bypass")
+
+
 class ToolCalls(unittest.TestCase):
     def test_tool_calls_non_stream(self):
         r = client().chat.completions.create(model="gpt-4o-mini", messages=msgs("weather?"), tools=WEATHER_TOOLS)

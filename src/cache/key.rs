@@ -1,0 +1,213 @@
+//! What a cached answer is found by: the task, the client's protocol and the
+//! request as it affects the answer, normalised; whether the request samples;
+//! and what the client's `Cache-Control` allows.
+
+use http::header::{HeaderMap, CACHE_CONTROL};
+use ring::digest;
+use serde_json::{Map, Value};
+
+use crate::native::Protocol;
+
+/// A cache key: SHA-256 of the normalised request.
+pub type Key = [u8; 32];
+
+/// Fields that do not change the answer: left out of the key. Everything
+/// else counts, so a field switchyard does not know can only cost a hit,
+/// never serve an answer to another question.
+const NOT_IN_KEY: &[&str] = &[
+    "model",
+    "stream",
+    "stream_options",
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+];
+
+/// The key of one request body, and whether the request samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keyed {
+    /// The key.
+    pub key: Key,
+    /// It samples: `temperature` absent (the providers' default is 1) or
+    /// above 0, and no `seed`.
+    pub samples: bool,
+}
+
+/// The key of `body` (a JSON object) in `task` for a client of `protocol`;
+/// `None` for a body that is not a JSON object.
+#[must_use]
+pub fn of(task: &str, protocol: Protocol, body: &[u8]) -> Option<Keyed> {
+    let Value::Object(mut fields) = serde_json::from_slice::<Value>(body).ok()? else {
+        return None;
+    };
+    for name in NOT_IN_KEY {
+        fields.remove(*name);
+    }
+    let temperature = fields.get("temperature").and_then(Value::as_f64);
+    let seeded = fields.get("seed").is_some_and(|s| !s.is_null());
+    let samples = !seeded && temperature.is_none_or(|t| t > 0.0);
+    let mut canonical = Vec::with_capacity(body.len());
+    canonical.extend_from_slice(task.as_bytes());
+    canonical.push(0);
+    canonical.extend_from_slice(protocol.as_str().as_bytes());
+    canonical.push(0);
+    write_sorted_object(&fields, &mut canonical);
+    let mut key = [0u8; 32];
+    key.copy_from_slice(digest::digest(&digest::SHA256, &canonical).as_ref());
+    Some(Keyed { key, samples })
+}
+
+/// JSON with every object's keys in order and no whitespace: one spelling
+/// per request, whatever the client's key order and formatting. Strings and
+/// numbers are written as serde_json reads them (message text exactly).
+fn write_canonical(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Object(fields) => write_sorted_object(fields, out),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(b']');
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {
+            // Writing a scalar into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut *out, value);
+        }
+    }
+}
+
+fn write_sorted_object(fields: &Map<String, Value>, out: &mut Vec<u8>) {
+    let mut names: Vec<&String> = fields.keys().collect();
+    names.sort_unstable();
+    out.push(b'{');
+    for (i, name) in names.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let _ = serde_json::to_writer(&mut *out, name);
+        out.push(b':');
+        if let Some(value) = fields.get(name) {
+            write_canonical(value, out);
+        }
+    }
+    out.push(b'}');
+}
+
+/// What the client's `Cache-Control` allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Directives {
+    /// `no-cache` (or `max-age=0`): no stored answer, ask a target.
+    pub no_cache: bool,
+    /// `no-store`: keep nothing of this answer.
+    pub no_store: bool,
+    /// `max-age=N`: a stored answer at most N seconds old.
+    pub max_age: Option<u64>,
+}
+
+impl Directives {
+    /// The directives of every `Cache-Control` header of the request.
+    #[must_use]
+    pub fn of(headers: &HeaderMap) -> Self {
+        let mut d = Directives::default();
+        let values = headers.get_all(CACHE_CONTROL).iter();
+        for directive in values
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+        {
+            let directive = directive.trim().to_ascii_lowercase();
+            match directive.split_once('=') {
+                Some(("max-age", n)) => {
+                    d.max_age = n.trim().trim_matches('"').parse().ok();
+                    d.no_cache |= d.max_age == Some(0);
+                }
+                Some(_) => {}
+                None if directive == "no-cache" => d.no_cache = true,
+                None if directive == "no-store" => d.no_store = true,
+                None => {}
+            }
+        }
+        d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(body: &str) -> Keyed {
+        of("t", Protocol::Chat, body.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn key_order_formatting_and_fields_that_do_not_change_the_answer_are_not_in_the_key() {
+        let a = key(r#"{"model":"a","messages":[{"role":"user","content":"hi"}],"temperature":0}"#);
+        let b = key(
+            r#"{ "temperature": 0, "messages": [ {"content": "hi", "role": "user"} ],
+                 "model": "b", "stream": true, "user": "u1", "metadata": {"x": "y"},
+                 "stream_options": {"include_usage": true} }"#,
+        );
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn what_changes_the_answer_changes_the_key() {
+        let base = r#"{"messages":[{"role":"user","content":"hi"}],"temperature":0"#;
+        let k = |extra: &str| key(&format!("{base}{extra}}}")).key;
+        let plain = k("");
+        for extra in [
+            r#","max_tokens":5"#,
+            r#","tools":[{"type":"function","function":{"name":"f"}}]"#,
+            r#","tool_choice":"none""#,
+            r#","response_format":{"type":"json_object"}"#,
+            r#","top_p":0.5"#,
+            r#","stop":["x"]"#,
+            r#","n":2"#,
+            r#","seed":1"#,
+        ] {
+            assert_ne!(k(extra), plain, "{extra}");
+        }
+        // Message text exactly as sent: a trailing space is another question.
+        assert_ne!(
+            key(r#"{"messages":[{"role":"user","content":"hi "}],"temperature":0}"#).key,
+            plain
+        );
+        let other_task = of("u", Protocol::Chat, format!("{base}}}").as_bytes()).unwrap();
+        let other_protocol = of("t", Protocol::Messages, format!("{base}}}").as_bytes()).unwrap();
+        assert_ne!(other_task.key, plain);
+        assert_ne!(other_protocol.key, plain);
+    }
+
+    #[test]
+    fn a_request_samples_without_a_seed_unless_its_temperature_is_zero() {
+        let m = r#""messages":[{"role":"user","content":"hi"}]"#;
+        assert!(key(&format!("{{{m}}}")).samples, "absent: the default is 1");
+        assert!(key(&format!(r#"{{{m},"temperature":0.7}}"#)).samples);
+        assert!(!key(&format!(r#"{{{m},"temperature":0}}"#)).samples);
+        assert!(!key(&format!(r#"{{{m},"temperature":0.9,"seed":7}}"#)).samples);
+        assert!(of("t", Protocol::Chat, b"[1]").is_none());
+    }
+
+    #[test]
+    fn cache_control_directives_are_read_from_every_header() {
+        let mut h = HeaderMap::new();
+        assert_eq!(Directives::of(&h), Directives::default());
+        h.append(CACHE_CONTROL, "No-Cache".parse().unwrap());
+        h.append(
+            CACHE_CONTROL,
+            "private, no-store, max-age=30".parse().unwrap(),
+        );
+        let d = Directives::of(&h);
+        assert!(d.no_cache && d.no_store);
+        assert_eq!(d.max_age, Some(30));
+        let mut h = HeaderMap::new();
+        h.insert(CACHE_CONTROL, "max-age=0".parse().unwrap());
+        assert!(Directives::of(&h).no_cache);
+    }
+}
