@@ -31,13 +31,17 @@ use serde_json::Value;
 use tokio::time::timeout;
 
 pub use collect::Collector;
-pub use key::{Directives, Key, Keyed};
+pub use key::{Directives, Key, Keyed, Prompt};
 
 use crate::metrics::{self as m, Family, Metrics};
 use crate::native::Protocol;
 
-/// The values of `cache.mode`: only the exact cache is built.
-pub const MODES: &[&str] = &["exact"];
+/// The values of `cache.mode`.
+pub const MODES: &[&str] = &["exact", "semantic"];
+
+/// What a task's semantic index may hold beyond its answers: prompt vectors,
+/// at most this share of `max_bytes` (the oldest go first).
+const INDEX_SHARE: u64 = 4;
 
 /// What the cache itself keeps per entry beyond the answer (moka's node,
 /// its deque and timer links, the key, the `Arc`).
@@ -56,6 +60,51 @@ pub struct Policy {
     /// Requests that sample (`temperature` absent or above 0, no `seed`)
     /// are cached too (`cache_nondeterministic`).
     pub nondeterministic: bool,
+    /// `mode: semantic`: a stored answer to a prompt that means the same.
+    pub semantic: Option<SemanticPolicy>,
+}
+
+/// `cache.semantic` as compiled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SemanticPolicy {
+    /// The embeddings task a prompt is embedded with.
+    pub embeddings: String,
+    /// The least cosine similarity of a hit.
+    pub threshold: f64,
+    /// A conversation of more turns is looked up exactly only.
+    pub max_messages: usize,
+    /// A semantic match may be the stale answer too.
+    pub stale: bool,
+}
+
+/// A prompt's place in the semantic index: the rest of its request, and
+/// its embedding.
+#[derive(Debug, Clone)]
+pub struct Near {
+    /// The key of the request without its conversation.
+    pub rest: Key,
+    /// The conversation's embedding.
+    pub vector: Arc<[f32]>,
+}
+
+impl Near {
+    /// The cosine similarity of two prompts' vectors (`None`: other sizes).
+    fn similarity(&self, other: &Near) -> Option<f64> {
+        use simsimd::SpatialSimilarity as _;
+        // simsimd gives the cosine distance, 1 - similarity.
+        f32::cosine(&self.vector, &other.vector).map(|d| 1.0 - d)
+    }
+
+    fn bytes(&self) -> u64 {
+        (self.vector.len() * std::mem::size_of::<f32>()) as u64 + 64
+    }
+}
+
+/// One indexed prompt and the answer it got.
+#[derive(Debug)]
+struct Indexed {
+    near: Near,
+    key: Key,
 }
 
 impl Policy {
@@ -168,6 +217,10 @@ fn now_ms() -> u64 {
 #[derive(Debug)]
 pub struct Store {
     local: moka::sync::Cache<Key, Arc<Entry>>,
+    /// The semantic index: prompts and their answers' keys, oldest first,
+    /// with the bytes they hold and their bound.
+    index: parking_lot::RwLock<(std::collections::VecDeque<Indexed>, u64)>,
+    index_max_bytes: u64,
 }
 
 impl Store {
@@ -179,7 +232,39 @@ impl Store {
             .weigher(|_: &Key, entry: &Arc<Entry>| entry.weight())
             .time_to_live(retention)
             .build();
-        Self { local }
+        Self {
+            local,
+            index: parking_lot::RwLock::default(),
+            index_max_bytes: max_bytes / INDEX_SHARE,
+        }
+    }
+
+    /// Indexes the prompt `near` of the answer kept as `key`.
+    fn index(&self, near: Near, key: Key) {
+        let mut index = self.index.write();
+        index.1 += near.bytes();
+        index.0.push_back(Indexed { near, key });
+        while index.1 > self.index_max_bytes {
+            let Some(old) = index.0.pop_front() else {
+                break;
+            };
+            index.1 = index.1.saturating_sub(old.near.bytes());
+        }
+    }
+
+    /// The kept answers whose prompts are at least `threshold` similar to
+    /// `near`'s (and agree on the rest of the request), the most similar first.
+    fn nearest(&self, near: &Near, threshold: f64) -> Vec<(f64, Key)> {
+        let index = self.index.read();
+        let mut found: Vec<(f64, Key)> = index
+            .0
+            .iter()
+            .filter(|i| i.near.rest == near.rest)
+            .filter_map(|i| Some((i.near.similarity(near)?, i.key)))
+            .filter(|(similarity, _)| *similarity >= threshold)
+            .collect();
+        found.sort_by(|a, b| b.0.total_cmp(&a.0));
+        found
     }
 }
 
@@ -276,6 +361,8 @@ pub struct Hit {
     pub entry: Arc<Entry>,
     /// Its age when found.
     pub age: Duration,
+    /// For a semantic match, how similar its prompt was.
+    pub similarity: Option<f64>,
 }
 
 impl TaskCache {
@@ -356,7 +443,66 @@ impl TaskCache {
             None => self.fetch(key).await?,
         };
         let age = entry.age();
-        Some(Hit { entry, age })
+        Some(Hit {
+            entry,
+            age,
+            similarity: None,
+        })
+    }
+
+    /// The prompt a semantic lookup embeds: when the task looks up by
+    /// meaning, the request may be cached, and its conversation has no more
+    /// turns than `max_messages`.
+    #[must_use]
+    pub fn prompt(
+        &self,
+        ask: &Ask,
+        protocol: Protocol,
+        body: &[u8],
+        chat: &[u8],
+    ) -> Option<Prompt> {
+        let semantic = self.policy.semantic.as_ref()?;
+        if !(ask.lookup || ask.store) {
+            return None;
+        }
+        let prompt = key::prompt(&self.task, protocol, body, chat)?;
+        (prompt.turns <= semantic.max_messages && !prompt.text.is_empty()).then_some(prompt)
+    }
+
+    /// A fresh answer to a prompt that means the same as `near`'s.
+    #[must_use]
+    pub fn similar(&self, ask: &Ask, near: &Near) -> Option<Hit> {
+        let semantic = self.policy.semantic.as_ref()?;
+        if !ask.lookup {
+            return None;
+        }
+        self.nearest(near, semantic.threshold, ask.max_age)
+    }
+
+    /// An answer at most `stale_if_error` old to a prompt that means the
+    /// same, when the task lets a semantic match be the stale answer.
+    #[must_use]
+    pub fn similar_stale(&self, near: &Near) -> Option<Hit> {
+        let semantic = self.policy.semantic.as_ref().filter(|s| s.stale)?;
+        if self.policy.stale_if_error.is_zero() {
+            return None;
+        }
+        self.nearest(near, semantic.threshold, self.policy.stale_if_error)
+    }
+
+    fn nearest(&self, near: &Near, threshold: f64, max_age: Duration) -> Option<Hit> {
+        self.store
+            .nearest(near, threshold)
+            .into_iter()
+            .find_map(|(similarity, key)| {
+                let entry = self.store.local.get(&key)?;
+                let age = entry.age();
+                (age <= max_age).then_some(Hit {
+                    entry,
+                    age,
+                    similarity: Some(similarity),
+                })
+            })
     }
 
     /// An entry another replica stored, if the shared store has it in time.
@@ -381,6 +527,7 @@ impl TaskCache {
             cache: Arc::clone(self),
             key: keyed.key,
             prompt_tokens,
+            near: None,
         })
     }
 
@@ -438,9 +585,18 @@ pub struct Fill {
     key: Key,
     /// The request's prompt estimate.
     prompt_tokens: u64,
+    /// Its prompt's place in the semantic index, when it was embedded.
+    near: Option<Near>,
 }
 
 impl Fill {
+    /// Indexes the answer under its prompt's embedding too.
+    #[must_use]
+    pub fn near(mut self, near: Option<Near>) -> Self {
+        self.near = near;
+        self
+    }
+
     /// A whole non-streamed answer (a `chat.completion` body); `usd` prices
     /// its usage.
     pub fn answer(self, body: &[u8], usd: impl Fn(u64, u64) -> f64) {
@@ -474,6 +630,9 @@ impl Fill {
         });
         if let Some(entry) = Entry::of(completion, cost, now_ms()) {
             self.cache.put(self.key, entry);
+            if let Some(near) = self.near {
+                self.cache.store.index(near, self.key);
+            }
         }
     }
 }
@@ -506,20 +665,20 @@ mod tests {
     use super::*;
 
     fn cache(max_bytes: u64) -> Arc<TaskCache> {
+        with_policy(max_bytes, None)
+    }
+
+    fn with_policy(max_bytes: u64, semantic: Option<SemanticPolicy>) -> Arc<TaskCache> {
         let policy = Policy {
             ttl: Duration::from_secs(600),
             stale_if_error: Duration::from_secs(3600),
             max_bytes,
             nondeterministic: false,
+            semantic,
         };
         let store = Arc::new(Store::new(max_bytes, policy.retention()));
-        Arc::new(TaskCache::new(
-            "t",
-            policy,
-            store,
-            Arc::default(),
-            &Metrics::new(),
-        ))
+        let metrics = Metrics::new();
+        Arc::new(TaskCache::new("t", policy, store, Arc::default(), &metrics))
     }
 
     fn asked(cache: &TaskCache, body: &str, cache_control: Option<&str>) -> Ask {
@@ -612,6 +771,73 @@ mod tests {
             cache.store.local.entry_count() > 100,
             "the bound is used, not emptied"
         );
+    }
+
+    fn semantic(max_bytes: u64) -> Arc<TaskCache> {
+        let semantic = SemanticPolicy {
+            embeddings: "embed".into(),
+            threshold: 0.9,
+            max_messages: 2,
+            stale: false,
+        };
+        with_policy(max_bytes, Some(semantic))
+    }
+
+    fn near(cache: &TaskCache, body: &str, vector: &[f32]) -> (Ask, Near) {
+        let ask = asked(cache, body, None);
+        let prompt = cache
+            .prompt(&ask, Protocol::Chat, body.as_bytes(), body.as_bytes())
+            .unwrap();
+        let near = Near {
+            rest: prompt.rest,
+            vector: vector.into(),
+        };
+        (ask, near)
+    }
+
+    #[test]
+    fn a_prompt_that_means_the_same_is_a_hit_above_the_threshold_and_a_miss_below() {
+        let cache = semantic(1 << 20);
+        let q = |text: &str| {
+            format!(r#"{{"messages":[{{"role":"user","content":"{text}"}}],"temperature":0}}"#)
+        };
+        let (ask, first) = near(&cache, &q("capital of France?"), &[1.0, 0.0, 0.0]);
+        assert!(cache.similar(&ask, &first).is_none(), "nothing kept yet");
+        cache
+            .fill(&ask, 1)
+            .unwrap()
+            .near(Some(first))
+            .answer(ANSWER.as_bytes(), |_, _| 0.0);
+        let (ask, close) = near(&cache, &q("France's capital?"), &[0.99, 0.1, 0.0]);
+        let hit = cache.similar(&ask, &close).expect("cos 0.995 is above 0.9");
+        assert!(hit.similarity.unwrap() > 0.99, "{:?}", hit.similarity);
+        let (ask, far) = near(&cache, &q("how tall is Everest?"), &[0.3, 0.95, 0.0]);
+        assert!(cache.similar(&ask, &far).is_none(), "cos 0.3 is below");
+        // The same prompt with other parameters is another question.
+        let other = r#"{"messages":[{"role":"user","content":"capital of France?"}],"temperature":0,"max_tokens":1}"#;
+        let (ask, same_words) = near(&cache, other, &[1.0, 0.0, 0.0]);
+        assert!(cache.similar(&ask, &same_words).is_none());
+        // Vectors of another size never match.
+        let (ask, other_size) = near(&cache, &q("capital of France?"), &[1.0, 0.0]);
+        assert!(cache.similar(&ask, &other_size).is_none());
+    }
+
+    #[test]
+    fn a_long_conversation_is_looked_up_exactly_only_and_the_index_is_bounded() {
+        let cache = semantic(64 * 1024);
+        let long = r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}],"temperature":0}"#;
+        let ask = asked(&cache, long, None);
+        assert!(cache
+            .prompt(&ask, Protocol::Chat, long.as_bytes(), long.as_bytes())
+            .is_none());
+        let body = r#"{"messages":[{"role":"user","content":"x"}],"temperature":0}"#;
+        for i in 0..1000 {
+            let (ask, n) = near(&cache, body, &[i as f32; 64]);
+            cache.store.index(n, ask.keyed.unwrap().key);
+        }
+        let index = cache.store.index.read();
+        assert!(index.1 <= 64 * 1024 / INDEX_SHARE, "{} bytes", index.1);
+        assert!(index.0.len() > 10);
     }
 
     #[test]

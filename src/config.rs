@@ -491,8 +491,8 @@ pub struct RawTask {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawCache {
-    /// `exact` (default): the same request, normalised. `semantic` is not
-    /// built yet.
+    /// `exact` (default): the same request, normalised. `semantic`: also
+    /// a prompt that means the same (needs `semantic`).
     #[schemars(with = "Option<schema_parts::Names<schema_parts::CacheModes>>")]
     pub mode: Option<String>,
     /// How long an answer is served as fresh (default 10m).
@@ -509,6 +509,27 @@ pub struct RawCache {
     #[serde(default, deserialize_with = "duration_text")]
     #[schemars(with = "Option<schema_parts::DurationText>")]
     pub stale_if_error: Option<String>,
+    /// How `mode: semantic` finds a prompt that means the same.
+    pub semantic: Option<RawSemantic>,
+}
+
+/// A semantic cache's lookup by meaning.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawSemantic {
+    /// The embeddings task of this file a prompt is embedded with (it fails
+    /// over like any other task).
+    pub embeddings: String,
+    /// The least cosine similarity of two prompts' embeddings that is a hit,
+    /// above 0 up to 1 (default 0.95).
+    #[schemars(extend("exclusiveMinimum" = 0.0, "maximum" = 1.0))]
+    pub threshold: Option<f64>,
+    /// A conversation of more turns (system turns aside) is looked up
+    /// exactly only (default 4).
+    #[schemars(range(min = 1))]
+    pub max_messages: Option<u32>,
+    /// A semantic match may be served as the stale answer too (default false).
+    pub stale: Option<bool>,
 }
 
 /// A batch task's queue.

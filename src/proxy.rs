@@ -183,7 +183,7 @@ async fn serve(
         return resp;
     }
     let mut render = shape.render;
-    let cached = cached::Cached::of(
+    let mut cached = cached::Cached::of(
         task,
         &x.body,
         x.headers,
@@ -196,8 +196,8 @@ async fn serve(
         request_id: &x.request_id,
         trace: &x.trace,
     };
-    if let Some(cached) = &cached {
-        if let Some(resp) = cached.fresh(&reply, &mut render).await {
+    if let Some(cached) = &mut cached {
+        if let Some(resp) = cached.fresh(x, &reply, &mut render).await {
             account::answered(task, None, resp.status().as_u16(), x.arrival);
             return resp;
         }

@@ -329,7 +329,7 @@ fn a_cache_that_cannot_work_is_refused_with_its_field() {
             .collect::<Vec<_>>()
             .join("\n")
     };
-    let e = errors("{ mode: semantic }", "");
+    let e = errors("{ mode: fuzzy }", "");
     assert!(e.contains("tasks.chat.cache.mode"), "{e}");
     let e = errors("{ max_bytes: lots }", "");
     assert!(e.contains("tasks.chat.cache.max_bytes"), "{e}");
@@ -337,4 +337,173 @@ fn a_cache_that_cannot_work_is_refused_with_its_field() {
     assert!(e.contains("tasks.chat.cache.ttl"), "{e}");
     let e = errors("{ max_bytes: 12 }", "");
     assert!(e.contains("at least 1KiB"), "{e}");
+}
+
+/// An embeddings upstream that knows three prompts: two that mean the same,
+/// one that does not (3-dimensional vectors).
+fn embedder() -> impl FnMut(usize, &fake::Seen) -> fake::Reply + Send + 'static {
+    |_, seen| {
+        let input = seen.body["input"].as_str().unwrap_or_default().to_owned();
+        let vector = if input.contains("capital of France") {
+            [1.0, 0.0, 0.0]
+        } else if input.contains("France's capital") {
+            [0.98, 0.2, 0.0]
+        } else {
+            [0.1, 0.99, 0.0]
+        };
+        fake::json(
+            200,
+            &json!({"object": "list", "model": "emb", "usage": {"prompt_tokens": 3, "total_tokens": 3},
+                    "data": [{"object": "embedding", "index": 0, "embedding": vector}]})
+            .to_string(),
+        )
+    }
+}
+
+/// Task `chat` = [a] with a semantic cache over task `embed` = [e].
+fn semantic_config(a: &Fake, e: &Fake, semantic: &str) -> String {
+    format!(
+        "version: 1
+providers:
+  pa: {{ base_url: '{}', retry: {{ max: 0 }} }}
+  pe: {{ base_url: '{}', retry: {{ max: 0 }} }}
+targets:
+  a: {{ provider: pa, model: ma }}
+  e: {{ provider: pe, model: me, embedding: {{ model_family: fam, dimensions: 3 }} }}
+tasks:
+  chat:
+    aliases: [gpt-4o]
+    chain: [a]
+    cache: {{ mode: semantic, ttl: 100ms, stale_if_error: 1h, semantic: {{ embeddings: embed, threshold: 0.95, {semantic} }} }}
+  embed: {{ chain: [e] }}
+",
+        a.url(),
+        e.url()
+    )
+}
+
+#[tokio::test]
+async fn a_prompt_that_means_the_same_is_a_semantic_hit_and_one_that_does_not_is_a_miss() {
+    let a = Fake::always(fake::completion("model-a", "Paris")).await;
+    let e = Fake::start(embedder()).await;
+    let gw = gateway(&semantic_config(&a, &e, "max_messages: 2")).await;
+    let first = send(&gw, &ask("What is the capital of France?"), &[]).await;
+    assert_eq!(first.header("x-switchyard-cache"), "miss");
+    assert_eq!((a.calls(), e.calls()), (1, 1), "the prompt was embedded");
+    let close = send(&gw, &ask("Tell me France's capital"), &[]).await;
+    assert_eq!(
+        close.header("x-switchyard-cache"),
+        "hit",
+        "cos 0.98 is above 0.95"
+    );
+    let similarity: f64 = close
+        .header("x-switchyard-cache-similarity")
+        .parse()
+        .unwrap();
+    assert!(similarity > 0.95 && similarity < 1.0, "{similarity}");
+    assert_eq!(close.json()["choices"][0]["message"]["content"], "Paris");
+    assert_eq!(a.calls(), 1, "a semantic hit makes no chat call");
+    let far = send(&gw, &ask("How tall is Everest?"), &[]).await;
+    assert_eq!(far.header("x-switchyard-cache"), "miss", "cos 0.3 is below");
+    assert_eq!(a.calls(), 2);
+    // A conversation longer than max_messages is looked up exactly only.
+    let long = json!({"model": "gpt-4o", "temperature": 0, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "Tell me France's capital"}]});
+    let embedded = e.calls();
+    assert_eq!(
+        send(&gw, &long, &[]).await.header("x-switchyard-cache"),
+        "miss"
+    );
+    assert_eq!(e.calls(), embedded, "not embedded");
+    // Every target down: the exact answer is served stale; a semantic match is not, by default.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    a.set(|_, _| fake::error(503, "down"));
+    let stale = send(&gw, &ask("What is the capital of France?"), &[]).await;
+    assert_eq!(
+        (
+            stale.status.as_u16(),
+            stale.header("x-switchyard-cache").as_str()
+        ),
+        (200, "stale")
+    );
+    let close = send(&gw, &ask("Tell me France's capital"), &[]).await;
+    assert_eq!(
+        close.status, 502,
+        "a semantic match is no stale answer unless the task says so"
+    );
+}
+
+#[tokio::test]
+async fn a_semantic_match_is_the_stale_answer_when_the_task_says_so_and_a_broken_embedder_only_costs_the_lookup(
+) {
+    let a = Fake::always(fake::completion("model-a", "Paris")).await;
+    let e = Fake::start(embedder()).await;
+    let gw = gateway(&semantic_config(&a, &e, "stale: true")).await;
+    send(&gw, &ask("What is the capital of France?"), &[]).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    a.set(|_, _| fake::error(503, "down"));
+    let close = send(&gw, &ask("Tell me France's capital"), &[]).await;
+    assert_eq!(
+        (
+            close.status.as_u16(),
+            close.header("x-switchyard-cache").as_str()
+        ),
+        (200, "stale")
+    );
+    assert_eq!(close.json()["choices"][0]["message"]["content"], "Paris");
+    // The embeddings task failing: the request goes on, looked up exactly.
+    a.set(|_, _| fake::completion("model-a", "fine"));
+    e.set(|_, _| fake::error(500, "embedder down"));
+    let ans = send(&gw, &ask("Something new"), &[]).await;
+    assert_eq!(
+        (
+            ans.status.as_u16(),
+            ans.header("x-switchyard-cache").as_str()
+        ),
+        (200, "miss")
+    );
+}
+
+#[test]
+fn a_semantic_cache_needs_an_embeddings_task() {
+    let a = "http://127.0.0.1:9";
+    let base = |cache: &str| {
+        format!(
+            "version: 1
+providers:
+  pa: {{ base_url: '{a}' }}
+targets:
+  a: {{ provider: pa, model: ma }}
+  e: {{ provider: pa, model: me, embedding: {{ model_family: fam, dimensions: 3 }} }}
+tasks:
+  chat: {{ chain: [a], cache: {cache} }}
+  embed: {{ chain: [e] }}
+"
+        )
+    };
+    let errors = |cache: &str| {
+        compile_errors(&base(cache))
+            .into_iter()
+            .map(|d| format!("{}: {}", d.path, d.message))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let e = errors("{ mode: semantic }");
+    assert!(
+        e.contains("tasks.chat.cache.mode") && e.contains("needs `semantic"),
+        "{e}"
+    );
+    let e = errors("{ mode: semantic, semantic: { embeddings: chat } }");
+    assert!(
+        e.contains("tasks.chat.cache.semantic.embeddings")
+            && e.contains("does not serve embeddings"),
+        "{e}"
+    );
+    let e = errors("{ mode: semantic, semantic: { embeddings: nope } }");
+    assert!(e.contains("unknown task `nope`"), "{e}");
+    let e = errors("{ mode: semantic, semantic: { embeddings: embed, threshold: 1.5 } }");
+    assert!(e.contains("tasks.chat.cache.semantic.threshold"), "{e}");
+    let e = errors("{ semantic: { embeddings: embed } }");
+    assert!(e.contains("only with `mode: semantic`"), "{e}");
 }

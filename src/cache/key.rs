@@ -49,15 +49,112 @@ pub fn of(task: &str, protocol: Protocol, body: &[u8]) -> Option<Keyed> {
     let temperature = fields.get("temperature").and_then(Value::as_f64);
     let seeded = fields.get("seed").is_some_and(|s| !s.is_null());
     let samples = !seeded && temperature.is_none_or(|t| t > 0.0);
-    let mut canonical = Vec::with_capacity(body.len());
+    Some(Keyed {
+        key: digest_of(task, protocol, &fields, body.len()),
+        samples,
+    })
+}
+
+/// SHA-256 of the task, the protocol and `fields` written canonically.
+fn digest_of(task: &str, protocol: Protocol, fields: &Map<String, Value>, size: usize) -> Key {
+    let mut canonical = Vec::with_capacity(size + 64);
     canonical.extend_from_slice(task.as_bytes());
     canonical.push(0);
     canonical.extend_from_slice(protocol.as_str().as_bytes());
     canonical.push(0);
-    write_sorted_object(&fields, &mut canonical);
+    write_sorted_object(fields, &mut canonical);
     let mut key = [0u8; 32];
     key.copy_from_slice(digest::digest(&digest::SHA256, &canonical).as_ref());
-    Some(Keyed { key, samples })
+    key
+}
+
+/// What a semantic lookup compares: everything but the conversation, as a
+/// key (a stored answer matches only a request that agrees on it), and the
+/// conversation as the text that is embedded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prompt {
+    /// The key of the request without its conversation (system turns stay in).
+    pub rest: Key,
+    /// The conversation's turns, a line each (`role: text`).
+    pub text: String,
+    /// How many turns (system turns aside).
+    pub turns: usize,
+}
+
+/// The prompt of a request: `body` the client's own (of `protocol`), `chat`
+/// its chat reading (the same body for a chat client), whose turns are
+/// read; `None` when either is not a JSON object.
+#[must_use]
+pub fn prompt(task: &str, protocol: Protocol, body: &[u8], chat: &[u8]) -> Option<Prompt> {
+    let Value::Object(mut rest) = serde_json::from_slice::<Value>(body).ok()? else {
+        return None;
+    };
+    let Value::Object(chat) = serde_json::from_slice::<Value>(chat).ok()? else {
+        return None;
+    };
+    for name in NOT_IN_KEY {
+        rest.remove(*name);
+    }
+    // The conversation of each protocol (a Responses conversation goes on
+    // from its `previous_response_id`: the chat reading has it whole).
+    for name in ["messages", "input", "previous_response_id"] {
+        rest.remove(name);
+    }
+    let (system, turns): (Vec<&Value>, Vec<&Value>) = chat
+        .get("messages")
+        .and_then(Value::as_array)
+        .map(|m| m.iter().partition(|m| is_system(m)))
+        .unwrap_or_default();
+    rest.insert(
+        " system".into(),
+        Value::Array(system.into_iter().cloned().collect()),
+    );
+    let text: Vec<String> = turns.iter().map(|m| turn_text(m)).collect();
+    Some(Prompt {
+        rest: digest_of(task, protocol, &rest, body.len()),
+        turns: text.len(),
+        text: text.join("\n"),
+    })
+}
+
+fn is_system(message: &Value) -> bool {
+    matches!(
+        message.get("role").and_then(Value::as_str),
+        Some("system" | "developer")
+    )
+}
+
+/// One chat turn as a line: its role, its text, its tool calls.
+fn turn_text(message: &Value) -> String {
+    let mut line = String::from(
+        message
+            .get("role")
+            .and_then(Value::as_str)
+            .unwrap_or("user"),
+    );
+    line.push_str(": ");
+    match message.get("content") {
+        Some(Value::String(text)) => line.push_str(text),
+        Some(Value::Array(parts)) => {
+            for text in parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+            {
+                line.push_str(text);
+            }
+        }
+        Some(_) | None => {}
+    }
+    let calls = message.get("tool_calls").and_then(Value::as_array);
+    for function in calls
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("function"))
+    {
+        let field = |f: &str| function.get(f).and_then(Value::as_str).unwrap_or_default();
+        line.push_str(&format!(" {}({})", field("name"), field("arguments")));
+    }
+    line
 }
 
 /// JSON with every object's keys in order and no whitespace: one spelling
@@ -192,6 +289,33 @@ mod tests {
         assert!(!key(&format!(r#"{{{m},"temperature":0}}"#)).samples);
         assert!(!key(&format!(r#"{{{m},"temperature":0.9,"seed":7}}"#)).samples);
         assert!(of("t", Protocol::Chat, b"[1]").is_none());
+    }
+
+    #[test]
+    fn a_prompt_is_the_conversation_and_its_rest_is_everything_else() {
+        let p = |body: &str| prompt("t", Protocol::Chat, body.as_bytes(), body.as_bytes()).unwrap();
+        let a = p(
+            r#"{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"capital of France?"}],"temperature":0}"#,
+        );
+        let b = p(
+            r#"{"temperature":0,"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"France's capital?"}]}],"stream":true}"#,
+        );
+        assert_eq!(a.rest, b.rest, "the same request but for its turns");
+        assert_eq!((a.text.as_str(), a.turns), ("user: capital of France?", 1));
+        assert_eq!(b.text, "user: France's capital?");
+        let other_system = p(
+            r#"{"messages":[{"role":"system","content":"be long"},{"role":"user","content":"capital of France?"}],"temperature":0}"#,
+        );
+        let other_params = p(
+            r#"{"messages":[{"role":"user","content":"capital of France?"}],"temperature":0,"max_tokens":3}"#,
+        );
+        assert_ne!(other_system.rest, a.rest, "a system turn is not the prompt");
+        assert_ne!(other_params.rest, a.rest);
+        let turns = p(
+            r#"{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"42"}]}"#,
+        );
+        assert_eq!(turns.turns, 3);
+        assert_eq!(turns.text, "user: hi\nassistant:  f({})\ntool: 42");
     }
 
     #[test]

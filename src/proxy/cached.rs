@@ -1,18 +1,23 @@
 //! A task's cache at both ends of the walk: a fresh answer served before any
 //! target is asked (past the front door's limits, spending no provider's
 //! bucket), the walk's answer kept ([`cache::Fill`], handed to the walk),
-//! and a stale answer served when the walk ends without one.
+//! and a stale answer served when the walk ends without one. A semantic
+//! cache embeds the prompt through its embeddings task ([`embedding`]) when
+//! the exact lookup misses.
 
 use std::sync::Arc;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use http::header::HeaderValue;
 use http::{Response, StatusCode};
-use tracing::warn;
+use http_body_util::BodyExt as _;
+use serde::Deserialize;
+use tokio::time::Instant;
+use tracing::{debug, warn};
 
-use super::respond;
+use super::{respond, Exchange};
 use crate::body::{self, Body};
-use crate::cache::{self, Ask, Hit, TaskCache};
+use crate::cache::{self, Ask, Hit, Near, Prompt, TaskCache};
 use crate::native::{self, Protocol, StreamRender};
 use crate::routing::Payload;
 use crate::snapshot::Task;
@@ -24,6 +29,9 @@ pub(super) struct Cached {
     ask: Ask,
     /// The request's prompt estimate (the usage of an answer that reports none).
     prompt_tokens: u64,
+    /// For a semantic cache: the prompt to embed, then its place in the index.
+    prompt: Option<Prompt>,
+    near: Option<Near>,
 }
 
 /// How a cached answer goes back.
@@ -50,29 +58,47 @@ impl Cached {
         let Payload::Chat(request) = payload else {
             return None;
         };
+        let chat = body;
         let (protocol, body) = request
             .native
             .map_or((Protocol::Chat, body), |n| (n.protocol, n.body));
+        let ask = cache.ask(protocol, body, headers);
         Some(Self {
             cache: Arc::clone(cache),
-            ask: cache.ask(protocol, body, headers),
+            prompt: cache.prompt(&ask, protocol, body, chat),
+            ask,
             prompt_tokens,
+            near: None,
         })
     }
 
     /// Where the walk's answer is kept, if it may be.
     pub(super) fn fill(&self) -> Option<cache::Fill> {
-        self.cache.fill(&self.ask, self.prompt_tokens)
+        let fill = self.cache.fill(&self.ask, self.prompt_tokens)?;
+        Some(fill.near(self.near.clone()))
     }
 
-    /// A fresh stored answer, served as the client asked for it.
+    /// A fresh stored answer (the same request, else, for a semantic cache,
+    /// one that means the same), served as the client asked for it.
     pub(super) async fn fresh(
-        &self,
+        &mut self,
+        x: &Exchange<'_>,
         reply: &Reply<'_>,
         render: &mut Option<Box<dyn StreamRender>>,
     ) -> Option<Response<Body>> {
-        let hit = self.cache.fresh(&self.ask).await?;
-        Some(self.serve(&hit, "hit", reply, render.take()))
+        if let Some(hit) = self.cache.fresh(&self.ask).await {
+            return Some(self.serve(&hit, "hit", reply, render.take()));
+        }
+        let prompt = self.prompt.take()?;
+        let task = &self.cache.policy.semantic.as_ref()?.embeddings;
+        let vector = embedding(x, task, &prompt.text).await?;
+        let near = Near {
+            rest: prompt.rest,
+            vector: vector.into(),
+        };
+        let hit = self.cache.similar(&self.ask, &near);
+        self.near = Some(near);
+        Some(self.serve(&hit?, "hit", reply, render.take()))
     }
 
     /// After the walk: when no target answered (502, 503, 504), an answer
@@ -86,7 +112,8 @@ impl Cached {
     ) -> Response<Body> {
         let unanswered = matches!(resp.status().as_u16(), 502..=504);
         if unanswered {
-            if let Some(hit) = self.cache.stale(&self.ask).await {
+            let semantic = || self.near.as_ref().and_then(|n| self.cache.similar_stale(n));
+            if let Some(hit) = self.cache.stale(&self.ask).await.or_else(semantic) {
                 warn!(
                     status = resp.status().as_u16(),
                     age_s = hit.age.as_secs(),
@@ -135,6 +162,57 @@ impl Cached {
         };
         respond::no_calls(&mut resp, reply.request_id);
         respond::cache_result(&mut resp, result, Some(hit.age.as_secs()));
+        if let Some(similarity) = hit.similarity {
+            respond::cache_similarity(&mut resp, similarity);
+        }
         resp
     }
+}
+
+/// The embedding of `text` by the embeddings task `task`, asked as any
+/// request of it is (its own limits, failover and access-log line); `None`
+/// when it gives none, and the request is then looked up exactly only.
+async fn embedding(x: &Exchange<'_>, task: &str, text: &str) -> Option<Vec<f32>> {
+    #[derive(Deserialize)]
+    struct Answer {
+        data: Vec<Datum>,
+    }
+    #[derive(Deserialize)]
+    struct Datum {
+        embedding: Vec<f32>,
+    }
+    // The client's `x-task-type` names the chat task, not this one.
+    let mut headers = x.headers.clone();
+    headers.remove(respond::H_TASK_TYPE);
+    let body = serde_json::json!({"model": task, "input": text, "encoding_format": "float"});
+    let arrival = Instant::now();
+    let log = tracing::Span::current();
+    let trace = RequestTrace::start(&headers, &x.request_id, arrival, x.snapshot.access_log, log);
+    let asked = Exchange {
+        snapshot: Arc::clone(&x.snapshot),
+        headers: &headers,
+        peer: x.peer,
+        body: Bytes::from(body.to_string()),
+        request_id: x.request_id.clone(),
+        arrival,
+        native: None,
+        trace,
+        drain: x.drain,
+        render: None,
+    };
+    let resp = Box::pin(super::embeddings(asked)).await;
+    if resp.status() != StatusCode::OK {
+        debug!(
+            task,
+            status = resp.status().as_u16(),
+            "no embedding for the semantic cache"
+        );
+        return None;
+    }
+    let bytes = match resp.into_body().collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(never) => match never {},
+    };
+    let answer: Answer = serde_json::from_slice(&bytes).ok()?;
+    answer.data.into_iter().next().map(|d| d.embedding)
 }

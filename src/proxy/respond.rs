@@ -33,6 +33,8 @@ pub const H_REPAIRED: &str = "x-switchyard-repaired";
 pub const H_SHOULD_RETRY: &str = "x-should-retry";
 /// Response header of a task with a cache: `hit`, `miss`, `stale` or `bypass`.
 pub const H_CACHE: &str = "x-switchyard-cache";
+/// Response header of a semantic hit: the cosine similarity of its prompt.
+pub const H_CACHE_SIMILARITY: &str = "x-switchyard-cache-similarity";
 
 // The same names as `HeaderName`s: inserting a `&str` name that is not a
 // standard header copies it into a new allocation on every call.
@@ -46,6 +48,7 @@ const N_HEDGE: HeaderName = HeaderName::from_static(H_HEDGE);
 const N_REPAIRED: HeaderName = HeaderName::from_static(H_REPAIRED);
 const N_SHOULD_RETRY: HeaderName = HeaderName::from_static(H_SHOULD_RETRY);
 const N_CACHE: HeaderName = HeaderName::from_static(H_CACHE);
+const N_CACHE_SIMILARITY: HeaderName = HeaderName::from_static(H_CACHE_SIMILARITY);
 
 /// Headers of a response switchyard makes: its own, plus the few hyper adds,
 /// without growing the map.
@@ -97,6 +100,13 @@ pub fn cache_result(resp: &mut Response<Body>, result: &'static str, age: Option
     h.insert(N_CACHE, HeaderValue::from_static(result));
     if let Some(age) = age {
         h.insert(http::header::AGE, HeaderValue::from(age));
+    }
+}
+
+/// How similar a semantic match's prompt was (`x-switchyard-cache-similarity`).
+pub fn cache_similarity(resp: &mut Response<Body>, similarity: f64) {
+    if let Ok(v) = HeaderValue::from_str(&format!("{similarity:.4}")) {
+        resp.headers_mut().insert(N_CACHE_SIMILARITY, v);
     }
 }
 

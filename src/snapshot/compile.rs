@@ -1608,7 +1608,7 @@ fn task(
         stream_recovery: stream_recovery(t, path, c),
         hedge: hedge(t, path, c),
         hedges: metrics.family(m::HEDGES, &[("task", name.to_owned().into())], &["result"]),
-        cache: cache(name, t, path, chat, live, c),
+        cache: cache(name, t, path, (chat, raw), live, c),
         embedding,
         chain,
     }
@@ -1743,7 +1743,7 @@ fn cache(
     name: &str,
     t: &RawTask,
     path: &str,
-    chat: bool,
+    (chat, config): (bool, &RawConfig),
     live: &LiveState,
     c: &mut Checks<'_>,
 ) -> Option<Arc<crate::cache::TaskCache>> {
@@ -1757,17 +1757,7 @@ fn cache(
         return None;
     };
     let cpath = format!("{path}.cache");
-    match raw.mode.as_deref() {
-        None | Some("exact") => {}
-        Some("semantic") => c.error(
-            &format!("{cpath}.mode"),
-            "the semantic cache is not built yet: use `exact`",
-        ),
-        Some(other) => c.error(
-            &format!("{cpath}.mode"),
-            format!("unknown cache mode `{other}`, expected exact"),
-        ),
-    }
+    let semantic = semantic(raw, &cpath, config, c);
     if !chat {
         c.error(
             &cpath,
@@ -1805,6 +1795,7 @@ fn cache(
         ),
         max_bytes,
         nondeterministic: t.cache_nondeterministic.unwrap_or(false),
+        semantic,
     };
     let id = (name.to_owned(), max_bytes, policy.retention());
     let store = live.caches.get_or_make(id, || {
@@ -1818,6 +1809,81 @@ fn cache(
         link,
         &live.metrics,
     )))
+}
+
+/// A cache's `mode` and, for `semantic`, how it looks up by meaning: an
+/// embeddings task of the file, a threshold in (0, 1], at least 1 turn.
+fn semantic(
+    raw: &crate::config::RawCache,
+    cpath: &str,
+    config: &RawConfig,
+    c: &mut Checks<'_>,
+) -> Option<crate::cache::SemanticPolicy> {
+    let semantic = match (raw.mode.as_deref(), &raw.semantic) {
+        (None | Some("exact"), None) => return None,
+        (Some("semantic"), Some(semantic)) => semantic,
+        (None | Some("exact"), Some(_)) => {
+            c.error(
+                &format!("{cpath}.semantic"),
+                "`semantic` is read only with `mode: semantic`",
+            );
+            return None;
+        }
+        (Some("semantic"), None) => {
+            c.error(
+                &format!("{cpath}.mode"),
+                "`mode: semantic` needs `semantic: { embeddings: TASK }`",
+            );
+            return None;
+        }
+        (Some(other), _) => {
+            c.error(
+                &format!("{cpath}.mode"),
+                format!("unknown cache mode `{other}`, expected exact or semantic"),
+            );
+            return None;
+        }
+    };
+    let spath = format!("{cpath}.semantic");
+    let name = &semantic.embeddings;
+    let embeds = config.tasks.get(name).map(|task| {
+        task.chain
+            .iter()
+            .all(|t| config.targets.get(t).is_some_and(|t| t.embedding.is_some()))
+    });
+    match embeds {
+        None => c.error(
+            &format!("{spath}.embeddings"),
+            format!("unknown task `{name}`"),
+        ),
+        Some(false) => c.error(
+            &format!("{spath}.embeddings"),
+            format!(
+                "task `{name}` does not serve embeddings: its targets declare no `embedding` space"
+            ),
+        ),
+        Some(true) => {}
+    }
+    let threshold = semantic.threshold.unwrap_or(0.95);
+    if !(threshold > 0.0 && threshold <= 1.0) {
+        c.error(
+            &format!("{spath}.threshold"),
+            "a cosine similarity above 0, up to 1",
+        );
+    }
+    let max_messages = semantic.max_messages.unwrap_or(4);
+    if max_messages == 0 {
+        c.error(
+            &format!("{spath}.max_messages"),
+            "at least 1 turn is looked up by meaning",
+        );
+    }
+    Some(crate::cache::SemanticPolicy {
+        embeddings: name.clone(),
+        threshold,
+        max_messages: max_messages as usize,
+        stale: semantic.stale.unwrap_or(false),
+    })
 }
 
 /// A task's hedging policy.
