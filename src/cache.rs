@@ -44,8 +44,10 @@ pub const MODES: &[&str] = &["exact", "semantic"];
 const INDEX_SHARE: u64 = 4;
 
 /// What the cache itself keeps per entry beyond the answer (moka's node,
-/// its deque and timer links, the key, the `Arc`).
-const ENTRY_OVERHEAD: usize = 256;
+/// its deque and timer links, the key, the `Arc`, the allocator's share):
+/// measured, 20,000 entries of 255-byte answers grew a young process's RSS
+/// by about 1,040 bytes each (BENCHMARKS.md, "The cache").
+const ENTRY_OVERHEAD: usize = 768;
 
 /// A task's `cache:` as compiled.
 #[derive(Debug, Clone, PartialEq)]

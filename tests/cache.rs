@@ -507,3 +507,37 @@ tasks:
     let e = errors("{ semantic: { embeddings: embed } }");
     assert!(e.contains("only with `mode: semantic`"), "{e}");
 }
+
+#[tokio::test]
+async fn a_hit_still_passes_the_front_door_and_max_age_bounds_what_the_client_takes() {
+    let a = Fake::always(fake::completion("model-a", "words")).await;
+    let gw = gateway(&cached(
+        &[hop("a", &a.url())],
+        "{ ttl: 10m }",
+        "rate_limit: { rps: 0.5, burst: 2 }",
+    ))
+    .await;
+    assert_eq!(send(&gw, &ask("q"), &[]).await.status, 200);
+    assert_eq!(
+        send(&gw, &ask("q"), &[]).await.header("x-switchyard-cache"),
+        "hit"
+    );
+    let limited = send(&gw, &ask("q"), &[]).await;
+    assert_eq!(limited.status, 429, "the task's bucket holds for hits too");
+    assert!(!limited.header("retry-after").is_empty());
+    assert_eq!(a.calls(), 1);
+
+    let b = Fake::always(fake::completion("model-b", "words")).await;
+    let gw = gateway(&cached(&[hop("b", &b.url())], "{ ttl: 10m }", "")).await;
+    send(&gw, &ask("q"), &[]).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let young = send(&gw, &ask("q"), &[("cache-control", "max-age=1")]).await;
+    assert_eq!(
+        young.header("x-switchyard-cache"),
+        "miss",
+        "a 1 s old answer is too old"
+    );
+    let ok = send(&gw, &ask("q"), &[("cache-control", "max-age=60")]).await;
+    assert_eq!(ok.header("x-switchyard-cache"), "hit");
+    assert_eq!(b.calls(), 2);
+}

@@ -1047,3 +1047,40 @@ tasks:
     assert_eq!(lines[1]["status"], 200);
     assert!(lines[1].get("error").is_none(), "{lines:#?}");
 }
+
+/// A task's cache says on the access line what it did: a hit has no target
+/// and no attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_line_says_what_the_cache_did() {
+    let a = Fake::always(fake::completion("model-a", "a")).await;
+    let yaml = routes(&[hop("a", &a.url())], "cache: { ttl: 10m }", "");
+    let (served, _dir) = json_logging(&yaml);
+    let body = serde_json::json!({"model": "gpt-4o", "temperature": 0,
+        "messages": [{"role": "user", "content": "x"}]});
+    for id in ["cache-0", "cache-1"] {
+        let ans = post_raw(
+            served.addr,
+            "/v1/chat/completions",
+            body.to_string(),
+            &[("x-request-id", id)],
+        )
+        .await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+    }
+    let mut lines = Vec::new();
+    let written = wait_blocking(Duration::from_secs(5), || {
+        lines = access_lines(&served.log());
+        lines.len() >= 2
+    });
+    assert!(written, "{}", served.log());
+    assert_eq!(
+        (lines[0]["cache"].as_str(), lines[0]["target"].as_str()),
+        (Some("miss"), Some("a"))
+    );
+    assert_eq!(
+        (lines[1]["cache"].as_str(), lines[1]["target"].as_str()),
+        (Some("hit"), Some("-"))
+    );
+    assert_eq!(lines[1]["attempts"], 0, "{}", lines[1]);
+    assert_eq!(a.calls(), 1);
+}

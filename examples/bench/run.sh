@@ -418,6 +418,28 @@ done
 SY_WARM_RSS=$(mem_kib "$SY_PID" VmRSS)
 curl -s "127.0.0.1:$P_SY/admin/targets" > "$OUT/sy-targets-after-warmup.json" || true
 
+# ---- switchyard: memory per cached answer (early, on a young heap) ----
+CACHE_ENTRIES="${CACHE_ENTRIES:-10000}"
+BEFORE_CACHE_RSS=0; AFTER_CACHE_RSS=0; CACHE_HELD_BYTES=0; CACHE_HELD=0
+if has switchyard-neutral-cached; then
+  log "cache: $CACHE_ENTRIES distinct answers kept"
+  BEFORE_CACHE_RSS=$(mem_kib "$SY_PID" VmRSS)
+  python3 - "$P_SY" "$CACHE_ENTRIES" <<'EOF'
+import http.client, json, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+for i in range(n):
+    body = json.dumps({"model": "neutral-plain-cached", "max_tokens": 16,
+                       "messages": [{"role": "user", "content": f"distinct question {i}"}]})
+    conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+    conn.getresponse().read()
+EOF
+  AFTER_CACHE_RSS=$(mem_kib "$SY_PID" VmRSS)
+  page=$(curl -s "127.0.0.1:$P_SY/metrics")
+  CACHE_HELD_BYTES=$(awk '/^switchyard_cache_bytes\{task="neutral-plain-cached"\}/ {print $2}' <<<"$page")
+  CACHE_HELD=$(awk '/^switchyard_cache_entries\{task="neutral-plain-cached"\}/ {print $2}' <<<"$page")
+fi
+
 # ---- the matrix ----
 printf 'mode\tpath\tconc\trep\trps\tp50_us\tp99_us\tok\tbad\tcpu_s_per_1000\n' > "$OUT/points.tsv"
 for mode in $MODES; do
@@ -496,28 +518,6 @@ done
 kill "$OHA_OPEN" 2>/dev/null || true; wait "$OHA_OPEN" 2>/dev/null || true
 sleep 2
 AFTER_OPEN_RSS=$(mem_kib "$SY_PID" VmRSS)
-
-# ---- switchyard: memory per cached answer ----
-CACHE_ENTRIES="${CACHE_ENTRIES:-10000}"
-BEFORE_CACHE_RSS=0; AFTER_CACHE_RSS=0; CACHE_HELD_BYTES=0; CACHE_HELD=0
-if has switchyard-neutral-cached; then
-  log "cache: $CACHE_ENTRIES distinct answers kept"
-  BEFORE_CACHE_RSS=$(mem_kib "$SY_PID" VmRSS)
-  python3 - "$P_SY" "$CACHE_ENTRIES" <<'EOF'
-import http.client, json, sys
-port, n = int(sys.argv[1]), int(sys.argv[2])
-conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-for i in range(n):
-    body = json.dumps({"model": "neutral-plain-cached", "max_tokens": 16,
-                       "messages": [{"role": "user", "content": f"distinct question {i}"}]})
-    conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
-    conn.getresponse().read()
-EOF
-  AFTER_CACHE_RSS=$(mem_kib "$SY_PID" VmRSS)
-  page=$(curl -s "127.0.0.1:$P_SY/metrics")
-  CACHE_HELD_BYTES=$(awk '/^switchyard_cache_bytes\{task="neutral-plain-cached"\}/ {print $2}' <<<"$page")
-  CACHE_HELD=$(awk '/^switchyard_cache_entries\{task="neutral-plain-cached"\}/ {print $2}' <<<"$page")
-fi
 
 # ---- switchyard: reload storm under full load ----
 log "reload storm: routes.yaml rewritten every 200 ms during a c=64 run"
