@@ -397,13 +397,21 @@ impl TaskCache {
     }
 
     /// Reads a request: its key (from the client's own body, so that what a
-    /// translation leaves out still counts), whether it may be looked up
-    /// and stored (a sampling request only with `cache_nondeterministic`;
-    /// the client's `Cache-Control`).
+    /// translation leaves out still counts, and the client `headers` that go
+    /// upstream as sent, `forwarded`), whether it may be looked up and
+    /// stored (a sampling request only with `cache_nondeterministic`; the
+    /// client's `Cache-Control`).
     #[must_use]
-    pub fn ask(&self, protocol: Protocol, body: &[u8], headers: &http::HeaderMap) -> Ask {
-        let keyed = key::of(&self.task, protocol, body);
-        let cacheable = keyed.is_some_and(|k| !k.samples || self.policy.nondeterministic);
+    pub fn ask(
+        &self,
+        protocol: Protocol,
+        body: &[u8],
+        headers: &http::HeaderMap,
+        forwarded: &http::HeaderMap,
+    ) -> Ask {
+        let keyed = key::of(&self.task, protocol, body, forwarded);
+        let cacheable =
+            keyed.is_some_and(|k| k.keepable && (!k.samples || self.policy.nondeterministic));
         let directives = Directives::of(headers);
         let max_age = directives.max_age.map_or(self.policy.ttl, |s| {
             self.policy.ttl.min(Duration::from_secs(s))
@@ -430,7 +438,7 @@ impl TaskCache {
     /// answered (whatever the client's `no-cache`: it asked for a fresh
     /// answer, and none can be had).
     pub async fn stale(&self, ask: &Ask) -> Option<Hit> {
-        let keyed = ask.keyed?;
+        let keyed = ask.keyed.filter(|k| k.keepable)?;
         if self.policy.stale_if_error.is_zero() || (keyed.samples && !self.policy.nondeterministic)
         {
             return None;
@@ -551,6 +559,11 @@ impl TaskCache {
     }
 
     fn put(&self, key: Key, entry: Entry) {
+        // One answer never takes more than an eighth of the bound: a huge
+        // one would evict the rest (and moka evicts in batches, after it).
+        if u64::from(entry.weight()) > self.policy.max_bytes / 8 {
+            return;
+        }
         let entry = Arc::new(entry);
         if let Some(shared) = self.link.0.load_full() {
             let ttl_ms = u64::try_from(self.policy.retention().as_millis()).unwrap_or(u64::MAX);
@@ -688,7 +701,12 @@ mod tests {
         if let Some(v) = cache_control {
             headers.insert(http::header::CACHE_CONTROL, v.parse().unwrap());
         }
-        cache.ask(Protocol::Chat, body.as_bytes(), &headers)
+        cache.ask(
+            Protocol::Chat,
+            body.as_bytes(),
+            &headers,
+            &http::HeaderMap::new(),
+        )
     }
 
     const ASK: &str = r#"{"messages":[{"role":"user","content":"hi"}],"temperature":0}"#;

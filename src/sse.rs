@@ -616,7 +616,7 @@ pub fn events_of_completion(completion: &[u8], include_usage: bool) -> Option<By
         let index = choice.get("index").cloned().unwrap_or(Value::from(0));
         let message = choice.get("message").unwrap_or(&Value::Null);
         let mut delta = json!({"role": "assistant"});
-        for field in ["content", "refusal"] {
+        for field in ["content", "refusal", "reasoning_content"] {
             if let Some(v) = message.get(field).filter(|v| !v.is_null()) {
                 delta[field] = v.clone();
             }

@@ -220,6 +220,11 @@ async fn when_no_target_answers_a_stale_answer_is_served_but_never_for_the_calle
         stale.json()["choices"][0]["message"]["content"],
         "yesterday's answer"
     );
+    assert_ne!(
+        stale.header("x-switchyard-attempts"),
+        "0",
+        "the walk's calls were made"
+    );
     assert_eq!(requests(&gw, "stale").await, 1.0);
     // Never asked before: nothing to fall back on.
     assert_eq!(send(&gw, &ask("new"), &[]).await.status, 502);
@@ -258,6 +263,15 @@ async fn a_messages_client_gets_its_hit_in_its_own_protocol() {
         "{text}"
     );
     assert!(text.contains("bonjour"));
+    // A beta header that goes upstream as sent may change the answer: another entry.
+    let beta = post_raw(
+        gw.addr,
+        "/v1/messages",
+        body.to_string(),
+        &[("anthropic-beta", "x-2025")],
+    )
+    .await;
+    assert_eq!(beta.header("x-switchyard-cache"), "miss");
     // A chat client asking the same thing is another protocol: its own entry.
     let chat = send(
         &gw,
@@ -267,7 +281,7 @@ async fn a_messages_client_gets_its_hit_in_its_own_protocol() {
     )
     .await;
     assert_eq!(chat.header("x-switchyard-cache"), "miss");
-    assert_eq!(a.calls(), 2);
+    assert_eq!(a.calls(), 3);
 }
 
 /// Two replicas of `yaml` sharing `redis`, each connected.

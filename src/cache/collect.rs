@@ -25,6 +25,8 @@ pub struct Collector {
 struct Choice {
     content: Option<String>,
     refusal: Option<String>,
+    /// The reasoning some servers stream beside the answer (`reasoning_content`).
+    reasoning: Option<String>,
     calls: BTreeMap<u64, Call>,
     finish: Option<Value>,
 }
@@ -47,7 +49,15 @@ impl Collector {
             self.spoiled = true;
             return;
         };
-        if self.bytes > MAX_COLLECTED_BYTES || chunk.contains_key("error") {
+        // Log probabilities are not replayed: a stream that carries them is not kept.
+        let logprobs = chunk
+            .get("choices")
+            .and_then(Value::as_array)
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.get("logprobs").is_some_and(|l| !l.is_null()))
+            });
+        if self.bytes > MAX_COLLECTED_BYTES || chunk.contains_key("error") || logprobs {
             self.spoiled = true;
             return;
         }
@@ -104,6 +114,7 @@ impl Choice {
         for (field, into) in [
             ("content", &mut self.content),
             ("refusal", &mut self.refusal),
+            ("reasoning_content", &mut self.reasoning),
         ] {
             if let Some(piece) = delta.get(field).and_then(Value::as_str) {
                 into.get_or_insert_with(String::new).push_str(piece);
@@ -134,6 +145,9 @@ impl Choice {
         let mut message = json!({"role": "assistant", "content": self.content});
         if let Some(refusal) = self.refusal {
             message["refusal"] = json!(refusal);
+        }
+        if let Some(reasoning) = self.reasoning {
+            message["reasoning_content"] = json!(reasoning);
         }
         if !self.calls.is_empty() {
             let calls: Vec<Value> = self

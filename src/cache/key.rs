@@ -34,12 +34,18 @@ pub struct Keyed {
     /// It samples: `temperature` absent (the providers' default is 1) or
     /// above 0, and no `seed`.
     pub samples: bool,
+    /// A stored answer can stand for it: not when it asks for `logprobs`
+    /// (a replayed stream cannot carry them), nor when a number in it is too
+    /// large to be read exactly (two such requests could share a key).
+    pub keepable: bool,
 }
 
-/// The key of `body` (a JSON object) in `task` for a client of `protocol`;
-/// `None` for a body that is not a JSON object.
+/// The key of `body` (a JSON object) in `task` for a client of `protocol`,
+/// with the client's `headers` that go upstream as sent (`forwarded`: an
+/// `anthropic-beta` changes the answer); `None` for a body that is not a
+/// JSON object.
 #[must_use]
-pub fn of(task: &str, protocol: Protocol, body: &[u8]) -> Option<Keyed> {
+pub fn of(task: &str, protocol: Protocol, body: &[u8], forwarded: &HeaderMap) -> Option<Keyed> {
     let Value::Object(mut fields) = serde_json::from_slice::<Value>(body).ok()? else {
         return None;
     };
@@ -49,23 +55,51 @@ pub fn of(task: &str, protocol: Protocol, body: &[u8]) -> Option<Keyed> {
     let temperature = fields.get("temperature").and_then(Value::as_f64);
     let seeded = fields.get("seed").is_some_and(|s| !s.is_null());
     let samples = !seeded && temperature.is_none_or(|t| t > 0.0);
+    let logprobs = fields
+        .get("logprobs")
+        .is_some_and(|l| l != &Value::Bool(false) && !l.is_null())
+        || fields.get("top_logprobs").is_some_and(|l| !l.is_null());
+    let mut headers = Map::new();
+    for (name, value) in forwarded {
+        let value = Value::String(String::from_utf8_lossy(value.as_bytes()).into_owned());
+        match headers.get_mut(name.as_str()) {
+            Some(Value::Array(values)) => values.push(value),
+            Some(_) | None => {
+                headers.insert(name.as_str().to_owned(), Value::Array(vec![value]));
+            }
+        }
+    }
+    fields.insert(" headers".into(), Value::Object(headers));
+    let (key, exact) = digest_of(task, protocol, &fields, body.len());
     Some(Keyed {
-        key: digest_of(task, protocol, &fields, body.len()),
+        key,
         samples,
+        keepable: exact && !logprobs,
     })
 }
 
-/// SHA-256 of the task, the protocol and `fields` written canonically.
-fn digest_of(task: &str, protocol: Protocol, fields: &Map<String, Value>, size: usize) -> Key {
-    let mut canonical = Vec::with_capacity(size + 64);
-    canonical.extend_from_slice(task.as_bytes());
-    canonical.push(0);
-    canonical.extend_from_slice(protocol.as_str().as_bytes());
-    canonical.push(0);
-    write_sorted_object(fields, &mut canonical);
+/// SHA-256 of the task, the protocol and `fields` written canonically, and
+/// whether every number in them was read exactly.
+fn digest_of(
+    task: &str,
+    protocol: Protocol,
+    fields: &Map<String, Value>,
+    size: usize,
+) -> (Key, bool) {
+    let mut canonical = Canonical {
+        out: Vec::with_capacity(size + 64),
+        exact: true,
+    };
+    canonical.out.extend_from_slice(task.as_bytes());
+    canonical.out.push(0);
+    canonical
+        .out
+        .extend_from_slice(protocol.as_str().as_bytes());
+    canonical.out.push(0);
+    canonical.object(fields);
     let mut key = [0u8; 32];
-    key.copy_from_slice(digest::digest(&digest::SHA256, &canonical).as_ref());
-    key
+    key.copy_from_slice(digest::digest(&digest::SHA256, &canonical.out).as_ref());
+    (key, canonical.exact)
 }
 
 /// What a semantic lookup compares: everything but the conversation, as a
@@ -109,9 +143,11 @@ pub fn prompt(task: &str, protocol: Protocol, body: &[u8], chat: &[u8]) -> Optio
         " system".into(),
         Value::Array(system.into_iter().cloned().collect()),
     );
-    let text: Vec<String> = turns.iter().map(|m| turn_text(m)).collect();
+    // A picture, a sound or a file is not in the text that is embedded: a
+    // conversation with one is looked up exactly only.
+    let text: Vec<String> = turns.iter().map(|m| turn_text(m)).collect::<Option<_>>()?;
     Some(Prompt {
-        rest: digest_of(task, protocol, &rest, body.len()),
+        rest: digest_of(task, protocol, &rest, body.len()).0,
         turns: text.len(),
         text: text.join("\n"),
     })
@@ -124,23 +160,20 @@ fn is_system(message: &Value) -> bool {
     )
 }
 
-/// One chat turn as a line: its role, its text, its tool calls.
-fn turn_text(message: &Value) -> String {
-    let mut line = String::from(
-        message
-            .get("role")
-            .and_then(Value::as_str)
-            .unwrap_or("user"),
-    );
+/// One chat turn as a line: its role (and `name`), its text, its tool
+/// calls; `None` for a turn with a part that is not text.
+fn turn_text(message: &Value) -> Option<String> {
+    let role = message.get("role").and_then(Value::as_str);
+    let mut line = String::from(role.unwrap_or("user"));
+    if let Some(name) = message.get("name").and_then(Value::as_str) {
+        line.push_str(&format!(" ({name})"));
+    }
     line.push_str(": ");
     match message.get("content") {
         Some(Value::String(text)) => line.push_str(text),
         Some(Value::Array(parts)) => {
-            for text in parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-            {
-                line.push_str(text);
+            for part in parts {
+                line.push_str(part.get("text").and_then(Value::as_str)?);
             }
         }
         Some(_) | None => {}
@@ -154,47 +187,82 @@ fn turn_text(message: &Value) -> String {
         let field = |f: &str| function.get(f).and_then(Value::as_str).unwrap_or_default();
         line.push_str(&format!(" {}({})", field("name"), field("arguments")));
     }
-    line
+    Some(line)
 }
 
-/// JSON with every object's keys in order and no whitespace: one spelling
-/// per request, whatever the client's key order and formatting. Strings and
-/// numbers are written as serde_json reads them (message text exactly).
-fn write_canonical(value: &Value, out: &mut Vec<u8>) {
-    match value {
-        Value::Object(fields) => write_sorted_object(fields, out),
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
+/// JSON with every object's keys in order, no whitespace, a `null` field
+/// left out (it counts as absent) and an integral number written as an
+/// integer (`0.0` is `0`): one spelling per request, whatever the client's
+/// key order and formatting. Strings are written as serde_json reads them
+/// (message text exactly).
+struct Canonical {
+    out: Vec<u8>,
+    /// No number was too large to be read exactly.
+    exact: bool,
+}
+
+impl Canonical {
+    fn value(&mut self, value: &Value) {
+        match value {
+            Value::Object(fields) => self.object(fields),
+            Value::Array(items) => {
+                self.out.push(b'[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        self.out.push(b',');
+                    }
+                    self.value(item);
                 }
-                write_canonical(item, out);
+                self.out.push(b']');
             }
-            out.push(b']');
-        }
-        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {
-            // Writing a scalar into a Vec cannot fail.
-            let _ = serde_json::to_writer(&mut *out, value);
+            Value::Number(n) => self.number(n),
+            Value::Null | Value::Bool(_) | Value::String(_) => {
+                // Writing a scalar into a Vec cannot fail.
+                let _ = serde_json::to_writer(&mut self.out, value);
+            }
         }
     }
-}
 
-fn write_sorted_object(fields: &Map<String, Value>, out: &mut Vec<u8>) {
-    let mut names: Vec<&String> = fields.keys().collect();
-    names.sort_unstable();
-    out.push(b'{');
-    for (i, name) in names.into_iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        let _ = serde_json::to_writer(&mut *out, name);
-        out.push(b':');
-        if let Some(value) = fields.get(name) {
-            write_canonical(value, out);
+    fn number(&mut self, n: &serde_json::Number) {
+        /// 2^53: past it an f64 no longer holds every integer.
+        const EXACT: f64 = 9_007_199_254_740_992.0;
+        match n.as_f64().filter(|_| n.is_f64()) {
+            Some(f) if f.fract() == 0.0 && f.abs() < EXACT => {
+                // An integral value below 2^53 converts exactly.
+                #[allow(clippy::cast_possible_truncation)]
+                let whole = f as i64;
+                self.out.extend_from_slice(whole.to_string().as_bytes());
+            }
+            Some(f) => {
+                self.exact &= f.abs() < EXACT;
+                let _ = serde_json::to_writer(&mut self.out, n);
+            }
+            None => {
+                let _ = serde_json::to_writer(&mut self.out, n);
+            }
         }
     }
-    out.push(b'}');
+
+    fn object(&mut self, fields: &Map<String, Value>) {
+        let mut names: Vec<&String> = fields
+            .iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, _)| k)
+            .collect();
+        names.sort_unstable();
+        self.out.push(b'{');
+        for (i, name) in names.into_iter().enumerate() {
+            if i > 0 {
+                self.out.push(b',');
+            }
+            let _ = serde_json::to_writer(&mut self.out, name);
+            self.out.push(b':');
+            if let Some(value) = fields.get(name) {
+                self.value(value);
+            }
+        }
+        self.out.push(b'}');
+    }
 }
 
 /// What the client's `Cache-Control` allows.
@@ -239,7 +307,7 @@ mod tests {
     use super::*;
 
     fn key(body: &str) -> Keyed {
-        of("t", Protocol::Chat, body.as_bytes()).unwrap()
+        of("t", Protocol::Chat, body.as_bytes(), &HeaderMap::new()).unwrap()
     }
 
     #[test]
@@ -275,10 +343,53 @@ mod tests {
             key(r#"{"messages":[{"role":"user","content":"hi "}],"temperature":0}"#).key,
             plain
         );
-        let other_task = of("u", Protocol::Chat, format!("{base}}}").as_bytes()).unwrap();
-        let other_protocol = of("t", Protocol::Messages, format!("{base}}}").as_bytes()).unwrap();
+        let other_task = of(
+            "u",
+            Protocol::Chat,
+            format!("{base}}}").as_bytes(),
+            &HeaderMap::new(),
+        )
+        .unwrap();
+        let other_protocol = of(
+            "t",
+            Protocol::Messages,
+            format!("{base}}}").as_bytes(),
+            &HeaderMap::new(),
+        )
+        .unwrap();
         assert_ne!(other_task.key, plain);
         assert_ne!(other_protocol.key, plain);
+    }
+
+    #[test]
+    fn numbers_and_nulls_have_one_spelling_and_what_cannot_be_read_exactly_is_not_kept() {
+        let m = r#""messages":[{"role":"user","content":"hi"}]"#;
+        assert_eq!(
+            key(&format!(r#"{{{m},"temperature":0}}"#)).key,
+            key(&format!(r#"{{{m},"temperature":0.0,"max_tokens":null}}"#)).key
+        );
+        assert_ne!(
+            key(&format!(r#"{{{m},"temperature":0}}"#)).key,
+            key(&format!(r#"{{{m},"temperature":0.5}}"#)).key
+        );
+        assert!(key(&format!(r#"{{{m},"seed":7}}"#)).keepable);
+        assert!(!key(&format!(r#"{{{m},"seed":18446744073709551616}}"#)).keepable);
+        assert!(!key(&format!(r#"{{{m},"temperature":0,"logprobs":true}}"#)).keepable);
+        assert!(!key(&format!(r#"{{{m},"temperature":0,"top_logprobs":2}}"#)).keepable);
+        assert!(key(&format!(r#"{{{m},"temperature":0,"logprobs":false}}"#)).keepable);
+    }
+
+    #[test]
+    fn a_header_that_goes_upstream_as_sent_is_in_the_key() {
+        let body = br#"{"messages":[{"role":"user","content":"hi"}],"temperature":0}"#;
+        let mut beta = HeaderMap::new();
+        beta.insert("anthropic-beta", "a".parse().unwrap());
+        let plain = of("t", Protocol::Messages, body, &HeaderMap::new()).unwrap();
+        let with_a = of("t", Protocol::Messages, body, &beta).unwrap();
+        beta.insert("anthropic-beta", "b".parse().unwrap());
+        let with_b = of("t", Protocol::Messages, body, &beta).unwrap();
+        assert_ne!(plain.key, with_a.key);
+        assert_ne!(with_a.key, with_b.key);
     }
 
     #[test]
@@ -288,7 +399,7 @@ mod tests {
         assert!(key(&format!(r#"{{{m},"temperature":0.7}}"#)).samples);
         assert!(!key(&format!(r#"{{{m},"temperature":0}}"#)).samples);
         assert!(!key(&format!(r#"{{{m},"temperature":0.9,"seed":7}}"#)).samples);
-        assert!(of("t", Protocol::Chat, b"[1]").is_none());
+        assert!(of("t", Protocol::Chat, b"[1]", &HeaderMap::new()).is_none());
     }
 
     #[test]
@@ -315,6 +426,13 @@ mod tests {
             r#"{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"42"}]}"#,
         );
         assert_eq!(turns.turns, 3);
+        let named = p(r#"{"messages":[{"role":"user","name":"alice","content":"hi"}]}"#);
+        assert_eq!(named.text, "user (alice): hi");
+        let image = r#"{"messages":[{"role":"user","content":[{"type":"text","text":"what is this?"},{"type":"image_url","image_url":{"url":"https://x/a.png"}}]}]}"#;
+        assert!(
+            prompt("t", Protocol::Chat, image.as_bytes(), image.as_bytes()).is_none(),
+            "a picture is not in the text: exact only"
+        );
         assert_eq!(turns.text, "user: hi\nassistant:  f({})\ntool: 42");
     }
 

@@ -62,7 +62,8 @@ impl Cached {
         let (protocol, body) = request
             .native
             .map_or((Protocol::Chat, body), |n| (n.protocol, n.body));
-        let ask = cache.ask(protocol, body, headers);
+        let forwarded = crate::upstream::forwardable(headers);
+        let ask = cache.ask(protocol, body, headers, &forwarded);
         Some(Self {
             cache: Arc::clone(cache),
             prompt: cache.prompt(&ask, protocol, body, chat),
@@ -119,7 +120,14 @@ impl Cached {
                     age_s = hit.age.as_secs(),
                     "no target answered: serving a stale answer from the cache"
                 );
-                return self.serve(&hit, "stale", reply, render);
+                let mut stale = self.serve(&hit, "stale", reply, render);
+                // The calls the walk made are this answer's calls too.
+                for name in [respond::H_ATTEMPTS, respond::H_FAILOVERS] {
+                    if let Some(value) = resp.headers().get(name) {
+                        stale.headers_mut().insert(name, value.clone());
+                    }
+                }
+                return stale;
             }
         }
         let result = if self.ask.lookup() { "miss" } else { "bypass" };
@@ -200,7 +208,9 @@ async fn embedding(x: &Exchange<'_>, task: &str, text: &str) -> Option<Vec<f32>>
         drain: x.drain,
         render: None,
     };
+    let trace = asked.trace.clone();
     let resp = Box::pin(super::embeddings(asked)).await;
+    trace.status(resp.status().as_u16());
     if resp.status() != StatusCode::OK {
         debug!(
             task,

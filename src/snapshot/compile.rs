@@ -1797,6 +1797,18 @@ fn cache(
         nondeterministic: t.cache_nondeterministic.unwrap_or(false),
         semantic,
     };
+    if !policy.stale_if_error.is_zero() && policy.stale_if_error <= policy.ttl {
+        c.warn(
+            &format!("{cpath}.stale_if_error"),
+            "not longer than `ttl`: every answer young enough to be served stale is still fresh (only a client's no-cache or max-age reaches it); make it longer",
+        );
+    }
+    if policy.semantic.as_ref().is_some_and(|s| s.stale) && policy.stale_if_error.is_zero() {
+        c.warn(
+            &format!("{cpath}.semantic.stale"),
+            "there is no `stale_if_error`: no answer is ever served stale",
+        );
+    }
     let id = (name.to_owned(), max_bytes, policy.retention());
     let store = live.caches.get_or_make(id, || {
         Some(crate::cache::Store::new(max_bytes, policy.retention()))
