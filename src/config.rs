@@ -50,6 +50,11 @@ pub struct RawConfig {
     /// Most chat requests in progress at once; more get 503 (default 1024; read at start).
     #[schemars(range(min = 1))]
     pub max_concurrent_requests: Option<usize>,
+    /// Runtimes that serve connections, one `current_thread` runtime on its
+    /// own thread each (default: one per core; 1: a single runtime serves
+    /// connections and background work together; read at start).
+    #[schemars(range(min = 1))]
+    pub runtimes: Option<usize>,
     /// How long shutdown waits for in-flight requests and streams (default 30s).
     #[serde(default, deserialize_with = "duration_text")]
     #[schemars(with = "Option<schema_parts::DurationText>")]

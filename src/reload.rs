@@ -338,6 +338,13 @@ fn warn_startup_changes(running: &Startup, file: &Startup) {
     if running.traces != file.traces {
         warn!("`telemetry.traces` changed: it is read at start; restart to apply it");
     }
+    if running.runtimes != file.runtimes {
+        warn!(
+            running = running.runtimes,
+            file = file.runtimes,
+            "`runtimes` changed: it is read at start; restart to apply it"
+        );
+    }
     if running.max_concurrent_requests != file.max_concurrent_requests {
         warn!(
             running = running.max_concurrent_requests,

@@ -47,7 +47,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
-use tracing::{info, warn, Instrument};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::body::{self, Body};
 use crate::config::diagnostic::Diagnostic;
@@ -60,6 +60,8 @@ use crate::request::ChatRequest;
 use crate::snapshot::{self as snap, CompileOptions, LiveState, Snapshot};
 use crate::state::App;
 use crate::telemetry::RequestTrace;
+
+mod workers;
 
 /// Largest request body accepted; larger gets 413.
 pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -234,17 +236,8 @@ impl Gateway {
                 app.live.clients.prune();
             }
         });
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT)
-            .max_headers(MAX_HEADERS)
-            .max_buf_size(MAX_HEAD_BYTES);
-        builder
-            .http2()
-            .max_header_list_size(u32::try_from(MAX_HEAD_BYTES).unwrap_or(u32::MAX));
-        let graceful = GracefulShutdown::new();
+        let mut workers = workers::Workers::start(self.app.startup.runtimes, &self.app);
+        let here = Server::new(Arc::clone(&self.app));
         tokio::pin!(shutdown);
         loop {
             let (accepted, kind) = tokio::select! {
@@ -262,18 +255,9 @@ impl Gateway {
                 }
             };
             let _ = stream.set_nodelay(true);
-            let app = Arc::clone(&self.app);
-            let service = service_fn(move |req| {
-                let app = Arc::clone(&app);
-                async move { Ok::<_, Infallible>(handle(app, req, peer, kind).await) }
-            });
-            let conn = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .into_owned();
-            let conn = graceful.watch(conn);
-            tokio::spawn(async move {
-                let _ = conn.await;
-            });
+            if let Some(stream) = workers.hand(stream, peer, kind) {
+                here.serve(stream, peer, kind);
+            }
         }
         drop(self.listener);
         drop(self.admin);
@@ -284,10 +268,62 @@ impl Gateway {
         }
         let drain = self.app.snapshot.load().drain_timeout;
         info!(drain_timeout = ?drain, "shutting down: draining in-flight requests");
-        let drained = graceful.shutdown();
+        tokio::join!(here.drain(), workers.drain());
+        Ok(())
+    }
+}
+
+/// Serves connections on the runtime it runs on, and drains them.
+struct Server {
+    app: Arc<App>,
+    builder: auto::Builder<TokioExecutor>,
+    graceful: GracefulShutdown,
+}
+
+impl Server {
+    fn new(app: Arc<App>) -> Self {
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .max_headers(MAX_HEADERS)
+            .max_buf_size(MAX_HEAD_BYTES);
+        builder
+            .http2()
+            .max_header_list_size(u32::try_from(MAX_HEAD_BYTES).unwrap_or(u32::MAX));
+        Self {
+            app,
+            builder,
+            graceful: GracefulShutdown::new(),
+        }
+    }
+
+    /// Serves one accepted connection (a task of the current runtime).
+    fn serve(&self, stream: tokio::net::TcpStream, peer: SocketAddr, kind: Listener) {
+        let app = Arc::clone(&self.app);
+        let service = service_fn(move |req| {
+            let app = Arc::clone(&app);
+            async move { Ok::<_, Infallible>(handle(app, req, peer, kind).await) }
+        });
+        let conn = self
+            .builder
+            .serve_connection(TokioIo::new(stream), service)
+            .into_owned();
+        let conn = self.graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+
+    /// Lets in-flight requests and streams finish, for at most the
+    /// config's `drain_timeout`; then cuts the streams still running.
+    async fn drain(self) {
+        let drain = self.app.snapshot.load().drain_timeout;
+        let drained = self.graceful.shutdown();
         tokio::pin!(drained);
         tokio::select! {
-            () = &mut drained => info!("drained"),
+            () = &mut drained => debug!("drained"),
             () = tokio::time::sleep(drain) => {
                 warn!("drain timeout; cutting the streams still running and closing remaining connections");
                 // Streams end with a `drain` error event, so their clients
@@ -296,7 +332,6 @@ impl Gateway {
                 let _ = tokio::time::timeout(DRAIN_CUT_GRACE, drained).await;
             }
         }
-        Ok(())
     }
 }
 
@@ -850,24 +885,56 @@ fn is_json_media_type(value: &str) -> bool {
 
 /// Reads a request body: at most [`MAX_BODY_BYTES`] (refused early on a
 /// larger `Content-Length`), within [`BODY_READ_TIMEOUT`].
-async fn read_body(headers: &http::HeaderMap, incoming: Incoming) -> Result<Bytes, GatewayError> {
+async fn read_body(
+    headers: &http::HeaderMap,
+    mut incoming: Incoming,
+) -> Result<Bytes, GatewayError> {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        discard(&mut incoming, declared).await;
         return Err(GatewayError::PayloadTooLarge(MAX_BODY_BYTES));
     }
-    let read = tokio::time::timeout(BODY_READ_TIMEOUT, body::read_all(incoming, MAX_BODY_BYTES))
+    let read = body::read_all(&mut incoming, MAX_BODY_BYTES);
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, read)
         .await
         .map_err(|_| GatewayError::BodyTimeout(BODY_READ_TIMEOUT))?;
     match read {
         Ok(bytes) => Ok(bytes),
-        Err(body::ReadError::TooLarge) => Err(GatewayError::PayloadTooLarge(MAX_BODY_BYTES)),
+        Err(body::ReadError::TooLarge) => {
+            discard(&mut incoming, declared).await;
+            Err(GatewayError::PayloadTooLarge(MAX_BODY_BYTES))
+        }
         // hyper's only body errors are the connection's: the client went away
         // (or broke the framing, which no one is left to hear about either).
         Err(body::ReadError::Body(_)) => Err(GatewayError::ClientGone),
     }
+}
+
+/// The most of an oversized body read and thrown away, so that a client
+/// still sending it gets to read its 413 rather than a broken pipe (hyper
+/// closes a connection whose request body is left unread).
+const MAX_DISCARDED_BYTES: u64 = 64 << 20;
+
+/// Reads the rest of a body that will not be used, up to
+/// [`MAX_DISCARDED_BYTES`] and within [`BODY_READ_TIMEOUT`].
+async fn discard(incoming: &mut Incoming, declared: Option<u64>) {
+    use http_body_util::BodyExt as _;
+    if declared.is_some_and(|n| n > MAX_DISCARDED_BYTES) {
+        return;
+    }
+    let drained = async {
+        let mut seen = 0u64;
+        while let Some(Ok(frame)) = incoming.frame().await {
+            seen += frame.data_ref().map_or(0, |d| d.len() as u64);
+            if seen > MAX_DISCARDED_BYTES {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(BODY_READ_TIMEOUT, drained).await;
 }
 
 /// `?protocol=` of `/admin/explain`: whose body it is (chat when absent).

@@ -602,6 +602,8 @@ pub struct Startup {
     pub admin_listen: Option<SocketAddr>,
     /// Most chat requests in progress at once.
     pub max_concurrent_requests: usize,
+    /// Runtimes serving connections (`runtimes`, default one per core).
+    pub runtimes: usize,
     /// `telemetry.traces`: where OpenTelemetry traces go (with the `OTEL_*` environment).
     pub traces: crate::telemetry::TraceSettings,
     /// `shared_state.redis`: the store shared with the other replicas, if any.

@@ -42,6 +42,7 @@ mod keys;
 mod readme;
 mod regressions;
 mod routing;
+mod runtimes;
 mod sanitize;
 mod semantics;
 mod shared_state;

@@ -61,6 +61,7 @@
 #      OUT (/tmp/switchyard-bench/DATE) PORT_BASE (19000) PEERS_VENV (~/.cache/switchyard-peers/venv)
 #      CARGO_TARGET_DIR (target) SKIP_BUILD=1 to use existing binaries
 #      SWITCHYARD_BIN (the release build) to measure another switchyard binary
+#      SY_RUNTIMES: switchyard's `runtimes` (default: its own, one per core)
 #      SCRAPE_EVERY (15): seconds between GET /metrics, as Prometheus would (0: never;
 #      switchyard at 97bc620 keeps every histogram sample until the next scrape)
 set -euo pipefail
@@ -207,6 +208,7 @@ routes() { # variant: 0 or 1 (the reload storm alternates; they differ only in a
 # switchyard bench config, variant $1
 version: 1
 listen: 127.0.0.1:$P_SY
+${SY_RUNTIMES:+runtimes: $SY_RUNTIMES}
 providers:
   live: { base_url: 'http://127.0.0.1:$P_FAKE/v1', timeout: 3$1s }
   dead1: { base_url: 'http://127.0.0.1:$P_DEAD1/v1' }

@@ -182,6 +182,14 @@ fn startup_settings(raw: &RawConfig, c: &mut Checks<'_>) -> Startup {
         Some(n) => n,
         None => 1024,
     };
+    let runtimes = match raw.runtimes {
+        Some(0) => {
+            c.error("runtimes", "at least 1 runtime serves connections");
+            1
+        }
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+    };
     for (key, set) in [
         ("listen", raw.listen.is_some()),
         ("admin_listen", raw.admin_listen.is_some()),
@@ -189,6 +197,7 @@ fn startup_settings(raw: &RawConfig, c: &mut Checks<'_>) -> Startup {
             "max_concurrent_requests",
             raw.max_concurrent_requests.is_some(),
         ),
+        ("runtimes", raw.runtimes.is_some()),
     ] {
         if set {
             c.note(
@@ -201,6 +210,7 @@ fn startup_settings(raw: &RawConfig, c: &mut Checks<'_>) -> Startup {
         listen,
         admin_listen,
         max_concurrent_requests,
+        runtimes,
         traces: trace_settings(raw, c),
         shared_state: shared_store(raw, c),
     }
