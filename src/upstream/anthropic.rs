@@ -913,16 +913,6 @@ fn read_blocks(content: &[Block<'_>]) -> Result<(String, Vec<wire::ToolCall>), T
         match block.kind.as_deref() {
             Some("text") => text.push_str(block.text.as_deref().unwrap_or_default()),
             Some("tool_use") => {
-                let field = |v: &Option<Cow<'_, str>>, k: &str| {
-                    v.as_deref()
-                        .filter(|v| !v.is_empty())
-                        .map(str::to_owned)
-                        .ok_or_else(|| {
-                            TranslateError::InvalidResponse(format!(
-                                "a tool_use block without `{k}`"
-                            ))
-                        })
-                };
                 let arguments = match block.input.map(|raw| raw.get().trim_start()) {
                     None => "{}".to_owned(),
                     Some("null") => "{}".to_owned(),
@@ -934,10 +924,10 @@ fn read_blocks(content: &[Block<'_>]) -> Result<(String, Vec<wire::ToolCall>), T
                     }
                 };
                 tool_calls.push(wire::ToolCall {
-                    id: field(&block.id, "id")?,
+                    id: tool_use_field(&block.id, "id")?,
                     kind: "function",
                     function: wire::Function {
-                        name: field(&block.name, "name")?,
+                        name: tool_use_field(&block.name, "name")?,
                         arguments,
                     },
                 });
@@ -1019,6 +1009,16 @@ mod wire {
             }
         }
     }
+}
+/// A `tool_use` block's `id` or `name` (`what`): a call without one is no answer.
+fn tool_use_field(value: &Option<Cow<'_, str>>, what: &str) -> Result<String, TranslateError> {
+    value
+        .as_deref()
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            TranslateError::InvalidResponse(format!("a tool_use block without `{what}`"))
+        })
 }
 
 /// An Anthropic error body -> an OpenAI-format error body {"error":{"message","type","code"}} (keeps the message;
@@ -1223,23 +1223,16 @@ impl MessagesStream {
                 _ => Vec::new(),
             },
             "tool_use" => {
-                let named = |v: &Option<Cow<'_, str>>, k: &str| {
-                    v.as_deref()
-                        .filter(|v| !v.is_empty())
-                        .map(str::to_owned)
-                        .ok_or_else(|| {
-                            TranslateError::InvalidResponse(format!(
-                                "a tool_use block without `{k}`"
-                            ))
-                        })
-                };
                 let index = self.tools.len();
                 self.tools.push(ToolBlock {
                     block: block_index(event)?,
                     index,
                     sent_arguments: false,
                 });
-                let (id, name) = (named(&block.id, "id")?, named(&block.name, "name")?);
+                let (id, name) = (
+                    tool_use_field(&block.id, "id")?,
+                    tool_use_field(&block.name, "name")?,
+                );
                 vec![self.head.call(index, &id, &name)]
             }
             _ => Vec::new(),
