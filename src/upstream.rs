@@ -26,7 +26,6 @@ use crate::classify::NetworkKind;
 use crate::native::Protocol;
 use crate::request::{ChatRequest, EmbeddingsRequest};
 use crate::sse::{Chunk, Upstream};
-use pool::HttpClient;
 
 /// Every protocol, by its `routes.yaml` name.
 pub const ADAPTERS: &[&dyn Adapter] = &[&openai::OpenAi, &anthropic::Anthropic];
@@ -287,7 +286,7 @@ pub struct Endpoint {
     /// Whether the host is a DNS name (to tell DNS failures from others).
     pub host_is_name: bool,
     /// The pooled client.
-    pub client: std::sync::Arc<HttpClient>,
+    pub client: std::sync::Arc<pool::Pool>,
 }
 
 /// Why a request got no response head.
@@ -421,7 +420,7 @@ impl Endpoint {
             crate::telemetry::inject(h);
             req
         };
-        pool::send(&self.client, build, resends)
+        pool::send(self.client.client(), build, resends)
             .await
             .map_err(|e| pool::request_error_kind(&e, self.host_is_name))
     }

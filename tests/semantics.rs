@@ -597,10 +597,12 @@ async fn closes_reused_connections_after(
 async fn a_pooled_connection_closed_while_idle_is_resent_outside_health_and_retries() {
     let (addr, requests) = closes_reused_connections().await;
     let url = format!("http://{addr}/v1");
+    // One runtime: each request must find the last one's pooled connection
+    // (every runtime pools its own).
     let gw = gateway(&routes(
         &[hop("a", &url).provider("retry: { max: 0 }")],
         "",
-        "",
+        "runtimes: 1\n",
     ))
     .await;
     for i in 0..3 {
@@ -635,7 +637,8 @@ async fn a_silence_then_a_close_on_a_reused_connection_is_not_resent() {
             hop("b", &b.url()),
         ],
         "",
-        "",
+        // One runtime: the second request reuses the first's connection.
+        "runtimes: 1\n",
     ))
     .await;
     let first = chat(gw.addr, hello("gpt-4o")).await;

@@ -1,6 +1,7 @@
 //! One `current_thread` runtime per core: the acceptor hands each accepted
 //! connection to the next worker, whose runtime serves it and every request
-//! on it (and their upstream calls) to the end, on that one thread. What
+//! on it (and their upstream calls, on upstream connections of its own:
+//! `upstream::pool`) to the end, on that one thread. What
 //! requests share (the snapshot, health, buckets, metrics) is the one `App`;
 //! background work (reload, prober, shared state, upkeep) stays on the
 //! runtime that runs [`super::Gateway::run`].
@@ -42,7 +43,7 @@ impl Workers {
             let app = Arc::clone(app);
             let spawned = std::thread::Builder::new()
                 .name(format!("switchyard-worker-{i}"))
-                .spawn(move || work(app, rx, done_tx));
+                .spawn(move || work(i, app, rx, done_tx));
             match spawned {
                 Ok(_) => {
                     workers.senders.push(tx);
@@ -96,7 +97,12 @@ impl Workers {
 
 /// A worker thread: its runtime serves what it is handed until the acceptor
 /// stops, then drains.
-fn work(app: Arc<App>, mut rx: mpsc::UnboundedReceiver<Handoff>, done: oneshot::Sender<()>) {
+fn work(
+    index: usize,
+    app: Arc<App>,
+    mut rx: mpsc::UnboundedReceiver<Handoff>,
+    done: oneshot::Sender<()>,
+) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -108,6 +114,7 @@ fn work(app: Arc<App>, mut rx: mpsc::UnboundedReceiver<Handoff>, done: oneshot::
             return;
         }
     };
+    crate::upstream::pool::own_pools_on_this_thread(index);
     runtime.block_on(async move {
         let server = Server::new(app);
         while let Some((std, peer, kind)) = rx.recv().await {

@@ -38,11 +38,62 @@ pub type HttpClient = Client<Counting<HttpsConnector<HttpConnector>>, Full<Bytes
 /// of provider load balancers, so we close first and never reuse a dead one).
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// Upstream clients by provider `base_url` and connect timeout; lives outside
+/// One provider's pool: the client of the thread that asks, so that on a
+/// worker runtime (`runtimes`) a request's upstream connections are that
+/// runtime's own (their tasks run on its thread); elsewhere (the prober,
+/// the main runtime) the shared one. Dropping the pool drops them all, and
+/// their idle connections with them.
+#[derive(Debug)]
+pub struct Pool {
+    connect_timeout: Duration,
+    shared: HttpClient,
+    /// By worker index, made on the worker's first call.
+    workers: Box<[std::sync::OnceLock<HttpClient>]>,
+}
+
+/// Workers with pools of their own; a worker past them uses the shared one.
+const MAX_WORKER_POOLS: usize = 64;
+
+thread_local! {
+    /// The index of the worker runtime this thread is, if it is one.
+    static WORKER: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Marks the calling thread as worker `index`: its requests use pools of
+/// their own.
+pub fn own_pools_on_this_thread(index: usize) {
+    WORKER.with(|w| w.set(Some(index)));
+}
+
+impl Pool {
+    fn new(connect_timeout: Duration) -> Self {
+        Self {
+            connect_timeout,
+            shared: build(connect_timeout, POOL_IDLE_TIMEOUT),
+            workers: (0..MAX_WORKER_POOLS)
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+        }
+    }
+
+    /// The client a request on this thread uses.
+    #[must_use]
+    pub fn client(&self) -> &HttpClient {
+        let own = WORKER
+            .with(std::cell::Cell::get)
+            .and_then(|i| self.workers.get(i));
+        match own {
+            Some(slot) => slot.get_or_init(|| build(self.connect_timeout, POOL_IDLE_TIMEOUT)),
+            None => &self.shared,
+        }
+    }
+}
+
+/// Upstream pools by provider `base_url` and connect timeout; lives outside
 /// config snapshots.
 #[derive(Default)]
 pub struct Clients {
-    by_provider: Mutex<HashMap<(String, Duration), Arc<HttpClient>>>,
+    by_provider: Mutex<HashMap<(String, Duration), Arc<Pool>>>,
 }
 
 impl std::fmt::Debug for Clients {
@@ -54,11 +105,11 @@ impl std::fmt::Debug for Clients {
 impl Clients {
     /// The pooled client of the provider at `base_url` whose TCP+TLS connect
     /// gives up after `connect_timeout`.
-    pub fn get(&self, base_url: &str, connect_timeout: Duration) -> Arc<HttpClient> {
+    pub fn get(&self, base_url: &str, connect_timeout: Duration) -> Arc<Pool> {
         let mut map = self.by_provider.lock();
         Arc::clone(
             map.entry((base_url.to_owned(), connect_timeout))
-                .or_insert_with(|| Arc::new(build(connect_timeout, POOL_IDLE_TIMEOUT))),
+                .or_insert_with(|| Arc::new(Pool::new(connect_timeout))),
         )
     }
 
@@ -372,8 +423,8 @@ mod tests {
         let clients = Clients::default();
         let removed = clients.get(&url, Duration::from_secs(1));
         let kept = clients.get(&kept_url, Duration::from_secs(1));
-        call_once(&removed, &url).await;
-        call_once(&kept, &kept_url).await;
+        call_once(removed.client(), &url).await;
+        call_once(kept.client(), &kept_url).await;
         drop(removed); // the snapshot that named this provider is gone
         clients.prune();
         let seen = tokio::time::timeout(Duration::from_secs(10), closed.recv()).await;
