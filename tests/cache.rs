@@ -26,6 +26,20 @@ async fn send(gw: &Gw, body: &Value, headers: &[(&str, &str)]) -> Answer {
     post_raw(gw.addr, "/v1/chat/completions", body.to_string(), headers).await
 }
 
+/// An answer's status and what the cache said of it.
+fn said(ans: &Answer) -> (u16, String) {
+    (ans.status.as_u16(), ans.header("x-switchyard-cache"))
+}
+
+/// Every problem `validate` finds in `yaml`, as `path: message` lines.
+fn refusals(yaml: &str) -> String {
+    compile_errors(yaml)
+        .into_iter()
+        .map(|d| format!("{}: {}", d.path, d.message))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 async fn requests(gw: &Gw, result: &str) -> f64 {
     let series = format!("switchyard_cache_requests_total{{task=\"chat\",result=\"{result}\"}}");
     series_value(&metrics_page(gw).await, &series).unwrap_or(0.0)
@@ -192,13 +206,7 @@ async fn nothing_is_kept_from_an_error_or_an_interrupted_stream() {
     assert_eq!(send(&gw, &ask("e"), &[]).await.status, 502);
     b.set(|_, _| fake::completion("model-b", "fine"));
     let after = send(&gw, &ask("e"), &[]).await;
-    assert_eq!(
-        (
-            after.status.as_u16(),
-            after.header("x-switchyard-cache").as_str()
-        ),
-        (200, "miss")
-    );
+    assert_eq!(said(&after), (200, "miss".to_owned()));
 }
 
 #[tokio::test]
@@ -336,13 +344,7 @@ async fn a_replica_serves_what_another_paid_for_and_a_lost_store_is_only_a_miss(
 #[test]
 fn a_cache_that_cannot_work_is_refused_with_its_field() {
     let a = "http://127.0.0.1:9";
-    let errors = |cache: &str, more: &str| {
-        compile_errors(&cached(&[hop("a", a)], cache, more))
-            .into_iter()
-            .map(|d| format!("{}: {}", d.path, d.message))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
+    let errors = |cache: &str, more: &str| refusals(&cached(&[hop("a", a)], cache, more));
     let e = errors("{ mode: fuzzy }", "");
     assert!(e.contains("tasks.chat.cache.mode"), "{e}");
     let e = errors("{ max_bytes: lots }", "");
@@ -434,13 +436,7 @@ async fn a_prompt_that_means_the_same_is_a_semantic_hit_and_one_that_does_not_is
     tokio::time::sleep(Duration::from_millis(150)).await;
     a.set(|_, _| fake::error(503, "down"));
     let stale = send(&gw, &ask("What is the capital of France?"), &[]).await;
-    assert_eq!(
-        (
-            stale.status.as_u16(),
-            stale.header("x-switchyard-cache").as_str()
-        ),
-        (200, "stale")
-    );
+    assert_eq!(said(&stale), (200, "stale".to_owned()));
     let close = send(&gw, &ask("Tell me France's capital"), &[]).await;
     assert_eq!(
         close.status, 502,
@@ -458,25 +454,13 @@ async fn a_semantic_match_is_the_stale_answer_when_the_task_says_so_and_a_broken
     tokio::time::sleep(Duration::from_millis(150)).await;
     a.set(|_, _| fake::error(503, "down"));
     let close = send(&gw, &ask("Tell me France's capital"), &[]).await;
-    assert_eq!(
-        (
-            close.status.as_u16(),
-            close.header("x-switchyard-cache").as_str()
-        ),
-        (200, "stale")
-    );
+    assert_eq!(said(&close), (200, "stale".to_owned()));
     assert_eq!(close.json()["choices"][0]["message"]["content"], "Paris");
     // The embeddings task failing: the request goes on, looked up exactly.
     a.set(|_, _| fake::completion("model-a", "fine"));
     e.set(|_, _| fake::error(500, "embedder down"));
     let ans = send(&gw, &ask("Something new"), &[]).await;
-    assert_eq!(
-        (
-            ans.status.as_u16(),
-            ans.header("x-switchyard-cache").as_str()
-        ),
-        (200, "miss")
-    );
+    assert_eq!(said(&ans), (200, "miss".to_owned()));
 }
 
 #[test]
@@ -496,13 +480,7 @@ tasks:
 "
         )
     };
-    let errors = |cache: &str| {
-        compile_errors(&base(cache))
-            .into_iter()
-            .map(|d| format!("{}: {}", d.path, d.message))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
+    let errors = |cache: &str| refusals(&base(cache));
     let e = errors("{ mode: semantic }");
     assert!(
         e.contains("tasks.chat.cache.mode") && e.contains("needs `semantic"),
