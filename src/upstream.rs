@@ -8,8 +8,10 @@
 //! [`ADAPTERS`]. Nothing outside this module matches on a protocol.
 
 pub mod anthropic;
+pub mod bedrock;
 pub mod chunk;
 pub mod decode;
+pub mod gemini;
 pub mod openai;
 pub mod pool;
 pub mod responses;

@@ -1,0 +1,1 @@
+//! Bedrock Converse wire translation (in progress).

@@ -1,0 +1,1 @@
+//! Gemini wire translation (in progress).
