@@ -176,8 +176,29 @@ pub struct RawProvider {
     pub protocol: Option<String>,
     /// Base URL, absolute `http://` or `https://` with a host and no query
     /// string; requests go to it plus the protocol's path (see `protocol`).
+    /// Required, except for `gemini` (default
+    /// `https://generativelanguage.googleapis.com/v1beta`), `vertex` (from
+    /// `location` and `project`) and `bedrock` (from `region`).
     #[schemars(regex(pattern = schema_parts::HTTP_URL))]
-    pub base_url: String,
+    pub base_url: Option<String>,
+    /// The AWS region (`protocol: bedrock`): where requests are signed for,
+    /// and the default `base_url`
+    /// (`https://bedrock-runtime.{region}.amazonaws.com`).
+    pub region: Option<String>,
+    /// The named profile of the AWS shared config and credentials files
+    /// (`protocol: bedrock` without an API key; default: `AWS_PROFILE`, else
+    /// `default`).
+    pub aws_profile: Option<String>,
+    /// The Google Cloud project (`protocol: vertex`).
+    pub project: Option<String>,
+    /// The Vertex AI location (`protocol: vertex`): a region such as
+    /// `us-central1`, or `global`.
+    pub location: Option<String>,
+    /// A Google service-account key file (`protocol: vertex`; e.g. a mounted
+    /// Secret). Unset: Application Default Credentials
+    /// (`GOOGLE_APPLICATION_CREDENTIALS`, else the metadata server, as GKE
+    /// Workload Identity provides; `GCE_METADATA_HOST` overrides its host).
+    pub credentials_file: Option<String>,
     /// Environment variable holding the API key, sent in the protocol's key
     /// header. Unset: a warning at start (an error under `--strict`); a reload
     /// adding a provider whose key cannot be read is refused.

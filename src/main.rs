@@ -6,6 +6,9 @@ use clap::Parser;
 use switchyard::cli::{self, Cli, Command};
 
 fn main() -> ExitCode {
+    // The clouds' credential libraries (Google's) use the process's TLS
+    // provider; switchyard's is ring. Fails only if one is set already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     match cli.command {
         Command::Validate { paths, strict } => cli::validate(&paths, strict),

@@ -98,6 +98,7 @@ async fn reprobe_key(target: Arc<Target>, index: usize, max: Duration) {
             let resends = std::sync::atomic::AtomicU32::new(0);
             let call = provider.endpoint.send(Outgoing {
                 op,
+                model: &target.model,
                 credential: key.credential.as_ref(),
                 body,
                 request_id: None,
@@ -171,6 +172,7 @@ pub async fn probe(target: Arc<Target>) -> bool {
             let resends = std::sync::atomic::AtomicU32::new(0);
             let call = endpoint.send(Outgoing {
                 op,
+                model: &target.model,
                 credential,
                 body,
                 request_id: None,

@@ -8,9 +8,11 @@
 //! [`ADAPTERS`]. Nothing outside this module matches on a protocol.
 
 pub mod anthropic;
+pub mod auth;
 pub mod bedrock;
 pub mod chunk;
 pub mod decode;
+pub mod eventstream;
 pub mod gemini;
 pub mod openai;
 pub mod pool;
@@ -20,7 +22,7 @@ use std::sync::atomic::AtomicU32;
 
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, ACCEPT_ENCODING, CONTENT_TYPE};
-use http::{Method, Request, Response, Uri};
+use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
@@ -85,8 +87,45 @@ pub trait Adapter: Send + Sync + std::fmt::Debug {
     /// The `protocol:` value in routes.yaml.
     fn name(&self) -> &'static str;
 
-    /// The path under `base_url` that chat requests go to.
+    /// The path under `base_url` that chat requests go to (for a protocol
+    /// with [`Adapter::call_path`], its shape, for the docs).
     fn chat_path(&self) -> &'static str;
+
+    /// The path of one call under `base_url`, for a protocol that puts the
+    /// model or the stream mode in the URL (Gemini, Vertex AI, Bedrock); a
+    /// query string in it is kept. `None`: the fixed paths.
+    fn call_path(&self, _op: Operation, _model: &str, _stream: bool) -> Option<String> {
+        None
+    }
+
+    /// How its streams are framed.
+    fn framing(&self) -> Framing {
+        Framing::Sse
+    }
+
+    /// `base_url` when the provider sets none, from where it is (a cloud's
+    /// region, project and location).
+    ///
+    /// # Errors
+    /// What the provider must set instead (`base_url`, or the place).
+    fn default_base_url(&self, _place: &Place<'_>) -> Result<String, String> {
+        Err("base_url is required".into())
+    }
+
+    /// The provider settings of [`Place`] this protocol reads (any other set
+    /// is refused).
+    fn place_keys(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Where the provider's identity comes from when it has no key of its
+    /// own (`None`: it is sent without one).
+    ///
+    /// # Errors
+    /// The place or the credentials file cannot make one.
+    fn auth(&self, _place: &Place<'_>, _base_url: &str) -> Result<Option<auth::Auth>, String> {
+        Ok(None)
+    }
 
     /// Headers this protocol needs on every request (set unless the provider's
     /// `headers` already has them).
@@ -135,18 +174,94 @@ pub trait Adapter: Send + Sync + std::fmt::Debug {
         model: &str,
     ) -> Result<Bytes, Unsupported>;
 
-    /// A 2xx body as a `chat.completion` JSON.
+    /// A 2xx body as a `chat.completion` JSON; `model`: the target's.
     ///
     /// # Errors
     /// The body is not an answer of this protocol.
-    fn decode_answer(&self, body: Bytes) -> Result<Bytes, Malformed>;
+    fn decode_answer(&self, body: Bytes, model: &str) -> Result<Bytes, Malformed>;
 
-    /// An error body in OpenAI format when this protocol has its own (else as is).
-    fn decode_error(&self, body: Bytes) -> Bytes;
+    /// A 2xx embeddings body in OpenAI's shape (as is, for a protocol whose
+    /// embeddings are OpenAI's).
+    ///
+    /// # Errors
+    /// The body is not an embeddings answer of this protocol.
+    fn decode_embeddings(&self, body: Bytes, _model: &str) -> Result<Bytes, Malformed> {
+        Ok(body)
+    }
+
+    /// An error answer in OpenAI format, with the status it stands for and
+    /// any wait it advertises in its body (as is, when the protocol's errors
+    /// already are OpenAI's).
+    fn decode_error(&self, status: StatusCode, _headers: &HeaderMap, body: Bytes) -> ErrorAnswer {
+        ErrorAnswer {
+            status,
+            body,
+            wait: None,
+        }
+    }
 
     /// A translator of stream events, or `None` when the events already are
-    /// `chat.completion.chunk`s.
-    fn stream_translator(&self, include_usage: bool) -> Option<Box<dyn StreamTranslator>>;
+    /// `chat.completion.chunk`s; `model`: the target's.
+    fn stream_translator(
+        &self,
+        include_usage: bool,
+        model: &str,
+    ) -> Option<Box<dyn StreamTranslator>>;
+}
+
+/// An upstream's error answer, read ([`Adapter::decode_error`]).
+#[derive(Debug, Clone)]
+pub struct ErrorAnswer {
+    /// The status it stands for (a protocol may send a 400 for a rate limit).
+    pub status: StatusCode,
+    /// In OpenAI's error shape when the protocol has its own.
+    pub body: Bytes,
+    /// A wait the body advertises (Google's `RetryInfo.retryDelay`), beside
+    /// the headers' own.
+    pub wait: Option<std::time::Duration>,
+}
+
+/// Where a provider is and how it proves who it is, for protocols whose
+/// endpoint and identity follow from it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Place<'a> {
+    /// `aws_profile:`, a profile of the AWS shared files.
+    pub aws_profile: Option<&'a str>,
+    /// The JSON of `credentials_file:`, read.
+    pub credentials: Option<&'a serde_json::Value>,
+    /// A cloud region (`region:`; Bedrock's `us-east-1`).
+    pub region: Option<&'a str>,
+    /// A cloud project (`project:`; Vertex AI's).
+    pub project: Option<&'a str>,
+    /// A cloud location (`location:`; Vertex AI's `us-central1` or `global`).
+    pub location: Option<&'a str>,
+}
+
+/// How a protocol frames its streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// Server-sent events (`text/event-stream`).
+    Sse,
+    /// AWS's binary event stream (`application/vnd.amazon.eventstream`),
+    /// each message with its CRCs.
+    AwsEventStream,
+}
+
+impl Framing {
+    /// Whether a response's `content-type` is a stream of this framing.
+    #[must_use]
+    pub fn is_stream(self, content_type: Option<&HeaderValue>) -> bool {
+        let Some(value) = content_type.and_then(|v| v.to_str().ok()) else {
+            return false;
+        };
+        let expected = match self {
+            Framing::Sse => "text/event-stream",
+            Framing::AwsEventStream => "application/vnd.amazon.eventstream",
+        };
+        value
+            .get(..expected.len())
+            .is_some_and(|v| v.eq_ignore_ascii_case(expected))
+    }
 }
 
 /// Translates one protocol's stream, event by event, into OpenAI chunk events.
@@ -186,6 +301,11 @@ impl Operation {
 /// The URLs of a provider's operations (with its query parameters).
 #[derive(Debug, Clone)]
 pub struct Urls {
+    /// `base_url`, without a trailing `/`, for the paths made per call
+    /// ([`Adapter::call_path`]).
+    pub base: String,
+    /// The query string every call carries (encoded; a query key included).
+    pub query: String,
     /// `{base_url}/{chat_path}?{query}`.
     pub chat: Uri,
     /// `{base_url}/{embeddings_path}?{query}`, if the protocol has embeddings.
@@ -198,6 +318,19 @@ pub struct Urls {
 }
 
 impl Urls {
+    /// `{base}/{path}` with the query string (after the path's own, if any).
+    ///
+    /// # Errors
+    /// The result is not a URI (a model name with characters a path cannot hold).
+    pub fn join(&self, path: &str) -> Result<Uri, http::uri::InvalidUri> {
+        let sep = match (self.query.is_empty(), path.contains('?')) {
+            (true, _) => "",
+            (false, true) => "&",
+            (false, false) => "?",
+        };
+        format!("{}/{path}{sep}{}", self.base, self.query).parse()
+    }
+
     /// The URL of `op`, if the provider serves it.
     #[must_use]
     pub fn of(&self, op: Operation) -> Option<&Uri> {
@@ -233,6 +366,8 @@ impl std::fmt::Debug for Credential {
 pub struct Outgoing<'a> {
     /// What it asks for.
     pub op: Operation,
+    /// The target's model (in the URL, for some protocols).
+    pub model: &'a str,
     /// The key it goes with, if the provider has one.
     pub credential: Option<&'a Credential>,
     /// The encoded body.
@@ -287,6 +422,9 @@ pub struct Endpoint {
     pub headers: HeaderMap,
     /// Whether the host is a DNS name (to tell DNS failures from others).
     pub host_is_name: bool,
+    /// Where the provider's identity comes from when it is not a key of the
+    /// pool (a Google token, AWS SigV4).
+    pub auth: Option<std::sync::Arc<auth::Auth>>,
     /// The pooled client.
     pub client: std::sync::Arc<pool::Pool>,
 }
@@ -367,6 +505,7 @@ impl Endpoint {
     pub async fn send(&self, out: Outgoing<'_>) -> Result<Response<Incoming>, SendError> {
         let Outgoing {
             op,
+            model,
             credential,
             body,
             request_id,
@@ -379,13 +518,30 @@ impl Endpoint {
             Some(Credential::Query(urls)) => urls,
             Some(Credential::Header(..)) | None => &self.urls,
         };
+        let adapter = self.adapter_for(native);
+        let per_call = match adapter.call_path(op, model, stream) {
+            Some(path) => Some(
+                urls.join(&path)
+                    .map_err(|_| SendError::Upstream(NetworkKind::Protocol))?,
+            ),
+            None => None,
+        };
         let second = urls
             .native
             .as_ref()
             .filter(|_| native && op == Operation::Chat);
-        let url = second
+        let url = per_call
+            .as_ref()
+            .or(second)
             .or_else(|| urls.of(op))
             .ok_or(SendError::Upstream(NetworkKind::Protocol))?;
+        let ready = match &self.auth {
+            Some(auth) => Some(auth.ready().await.map_err(|e| {
+                tracing::warn!(error = %e, "provider credentials unavailable");
+                SendError::Upstream(NetworkKind::Connect)
+            })?),
+            None => None,
+        };
         let build = || {
             let mut req = Request::new(Full::new(body.clone()));
             *req.method_mut() = Method::POST;
@@ -409,17 +565,21 @@ impl Endpoint {
                 h.insert(X_REQUEST_ID, id.clone());
             }
             if let Some(client) = client {
-                for name in self.adapter_for(native).forwarded_headers() {
+                for name in adapter.forwarded_headers() {
                     if let Some(value) = client.get(name) {
                         h.insert(name.clone(), value.clone());
                     }
                 }
             }
-            if stream {
+            if stream && adapter.framing() == Framing::Sse {
                 h.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
             }
             // The attempt's span as the upstream's parent (tracing on only).
             crate::telemetry::inject(h);
+            // Last: a signature covers every header set before it.
+            if let (Some(auth), Some(ready)) = (&self.auth, &ready) {
+                auth.apply(ready, &mut req, &body);
+            }
             req
         };
         pool::send(self.client.client(), build, resends)
@@ -435,12 +595,56 @@ impl Endpoint {
 #[derive(Debug)]
 pub struct Events {
     decoder: decode::Decoder,
-    parser: crate::sse::Parser,
+    framer: Framer,
     translator: Option<Box<dyn StreamTranslator>>,
     /// The client speaks this protocol: each upstream event rides on its
     /// first translation ([`crate::sse::Upstream`]).
     native: bool,
     ready: std::collections::VecDeque<crate::sse::Event>,
+}
+
+/// A stream's framing, read into events.
+#[derive(Debug)]
+enum Framer {
+    Sse(crate::sse::Parser),
+    Aws(eventstream::Frames),
+}
+
+impl Framer {
+    fn push(&mut self, bytes: &[u8]) {
+        match self {
+            Framer::Sse(parser) => parser.push(bytes),
+            Framer::Aws(frames) => frames.push(bytes),
+        }
+    }
+
+    fn pending(&self) -> usize {
+        match self {
+            Framer::Sse(parser) => parser.pending(),
+            Framer::Aws(frames) => frames.pending(),
+        }
+    }
+
+    /// The next event: an SSE event as it came, or a binary message as an
+    /// event with its tagged JSON for `data` (nothing raw to pass on).
+    fn next_event(&mut self, eof: bool) -> Option<crate::sse::Event> {
+        match self {
+            Framer::Sse(parser) => parser.next_event(eof),
+            Framer::Aws(frames) => {
+                let (data, malformed) = match frames.next_message()? {
+                    eventstream::Read::Message(data) => (Some(data), false),
+                    eventstream::Read::Corrupt => (None, true),
+                };
+                Some(crate::sse::Event {
+                    raw: Bytes::new(),
+                    data,
+                    malformed,
+                    reading: None,
+                    upstream: Upstream::Chat,
+                })
+            }
+        }
+    }
 }
 
 /// Most bytes one compressed read may decode to (the parser then bounds
@@ -455,14 +659,19 @@ impl Events {
     /// Only if a decoder cannot be set up.
     pub fn new(
         adapter: &dyn Adapter,
+        model: &str,
         include_usage: bool,
         coding: decode::Coding,
         native: bool,
     ) -> std::io::Result<Self> {
-        let translator = adapter.stream_translator(include_usage);
+        let translator = adapter.stream_translator(include_usage, model);
+        let framer = match adapter.framing() {
+            Framing::Sse => Framer::Sse(crate::sse::Parser::default()),
+            Framing::AwsEventStream => Framer::Aws(eventstream::Frames::default()),
+        };
         Ok(Self {
             decoder: decode::Decoder::new(coding, MAX_DECODED_READ, true)?,
-            parser: crate::sse::Parser::default(),
+            framer,
             native: native && translator.is_some(),
             translator,
             ready: std::collections::VecDeque::new(),
@@ -475,18 +684,18 @@ impl Events {
     /// Corrupt encoded data, or one read that decodes to more than 16 MiB.
     pub fn push(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         if self.decoder.is_identity() {
-            self.parser.push(bytes);
+            self.framer.push(bytes);
             return Ok(());
         }
         let decoded = self.decoder.push(bytes)?;
-        self.parser.push(&decoded);
+        self.framer.push(&decoded);
         Ok(())
     }
 
     /// Bytes held that do not yet form a complete event.
     #[must_use]
     pub fn pending(&self) -> usize {
-        self.parser.pending()
+        self.framer.pending()
     }
 
     /// Puts events back to be read first, in order (a continuation's events
@@ -504,10 +713,13 @@ impl Events {
             if let Some(e) = self.ready.pop_front() {
                 return Some(e);
             }
-            let event = self.parser.next_event(eof)?;
+            let event = self.framer.next_event(eof)?;
             let Some(translator) = &mut self.translator else {
                 return Some(event);
             };
+            if event.malformed {
+                return Some(event);
+            }
             // Comments and `event:`-only lines carry nothing to translate.
             let Some(data) = event.data.as_deref() else {
                 continue;

@@ -50,6 +50,7 @@ pub async fn at_provider(
     let resends = AtomicU32::new(0);
     let sent = provider.endpoint.send(Outgoing {
         op: Operation::CountTokens,
+        model: &target.model,
         credential,
         body: Bytes::from(Value::Object(object).to_string()),
         request_id: Some(request_id),

@@ -395,6 +395,7 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
     );
     let sent = provider.endpoint.send(Outgoing {
         op: call.op,
+        model: &call.target.model,
         credential,
         body,
         request_id: Some(call.request_id),
@@ -422,11 +423,11 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
             .health
             .record_latency(Instant::now(), started.elapsed());
     }
-    let is_sse = response
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let is_sse = provider
+        .endpoint
+        .adapter_for(call.native)
+        .framing()
+        .is_stream(response.headers().get(CONTENT_TYPE));
     if call.stream && response.status().is_success() && is_sse {
         // Rules may claim a 2xx stream by its status or headers before a byte is read.
         let status = response.status().as_u16();
@@ -458,6 +459,14 @@ pub async fn run(call: &Call<'_>, body: Bytes, permit: Permit) -> Attempt {
     // Non-streaming (or an error status, which is never wrapped in a stream).
     let (parts, incoming) = response.into_parts();
     read_answer(call, parts, incoming, permit, attempt_deadline).await
+}
+
+/// `headers` with a `Retry-After` of `wait` (whole seconds, rounded up).
+fn with_retry_after(headers: &HeaderMap, wait: Duration) -> HeaderMap {
+    let mut with = headers.clone();
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    with.insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+    with
 }
 
 /// Reads a non-streamed answer whole (bounded, by the attempt's deadline),
@@ -514,7 +523,18 @@ fn answered(
     let adapter = target.provider.endpoint.adapter_for(call.native);
     let code = status.as_u16();
     if !status.is_success() {
-        let bytes = adapter.decode_error(bytes);
+        let error = adapter.decode_error(status, headers, bytes);
+        let (status, bytes) = (error.status, error.body);
+        let code = status.as_u16();
+        // A wait advertised in the body is heard as a `Retry-After`.
+        let advertised;
+        let headers = match error.wait {
+            Some(wait) if !headers.contains_key(http::header::RETRY_AFTER) => {
+                advertised = with_retry_after(headers, wait);
+                &advertised
+            }
+            Some(_) | None => headers,
+        };
         let outcome = Outcome::Response {
             status: code,
             headers,
@@ -532,11 +552,12 @@ fn answered(
     }
     // Kept only while the answer is as the target sent it.
     let raw = (call.native && call.op == Operation::Chat).then(|| bytes.clone());
+    let model = &target.model;
     let decoded = match call.op {
-        Operation::Chat => adapter.decode_answer(bytes),
-        // Only the OpenAI protocol has embeddings: its answer is as sent
-        // (a token count never runs through an attempt).
-        Operation::Embeddings | Operation::CountTokens => Ok(bytes),
+        Operation::Chat => adapter.decode_answer(bytes, model),
+        Operation::Embeddings => adapter.decode_embeddings(bytes, model),
+        // A token count never runs through an attempt.
+        Operation::CountTokens => Ok(bytes),
     };
     let bytes = match decoded {
         Ok(b) => b,
@@ -811,6 +832,7 @@ async fn hold(
     let events = Coding::of(headers).and_then(|coding| {
         Events::new(
             provider.endpoint.adapter_for(call.native),
+            &target.model,
             call.include_usage,
             coding,
             call.native,

@@ -735,8 +735,25 @@ fn provider(
             200,
         ),
     };
-    let base_url = p.base_url.trim_end_matches('/').to_owned();
-    let endpoint = endpoint(p, &base_url, path, connect_timeout, live, c);
+    let credentials = credentials_file(p, path, c);
+    let place = upstream::Place {
+        region: p.region.as_deref(),
+        project: p.project.as_deref(),
+        location: p.location.as_deref(),
+        aws_profile: p.aws_profile.as_deref(),
+        credentials: credentials.as_ref(),
+    };
+    let adapter = protocol(p, path, c);
+    let base_url = base_url(p, adapter, &place, path, c)?;
+    let endpoint = adapter.and_then(|adapter| {
+        let at = Located {
+            adapter,
+            base_url: &base_url,
+            place: &place,
+            path,
+        };
+        endpoint(p, &at, connect_timeout, live, c)
+    });
     let keys = endpoint
         .as_ref()
         .map(|e| keys(name, p, path, &base_url, e, live, c))
@@ -792,16 +809,13 @@ fn provider(
     })
 }
 
-/// A provider's protocol, URLs and headers (the keys come per request).
-fn endpoint(
+/// The protocol a provider names (`openai` when it names none).
+fn protocol(
     p: &RawProvider,
-    base_url: &str,
     path: &str,
-    connect_timeout: Duration,
-    live: &LiveState,
     c: &mut Checks<'_>,
-) -> Option<Endpoint> {
-    let adapter = match p.protocol.as_deref() {
+) -> Option<&'static dyn upstream::Adapter> {
+    match p.protocol.as_deref() {
         None => Some(upstream::ADAPTERS[0]),
         Some(name) => upstream::adapter(name).or_else(|| {
             c.error(
@@ -813,7 +827,95 @@ fn endpoint(
             );
             None
         }),
+    }
+}
+
+/// `base_url` as set (without a trailing `/`), else the protocol's default
+/// for the provider's place; the place settings the protocol does not read
+/// are refused.
+fn base_url(
+    p: &RawProvider,
+    adapter: Option<&'static dyn upstream::Adapter>,
+    place: &upstream::Place<'_>,
+    path: &str,
+    c: &mut Checks<'_>,
+) -> Option<String> {
+    let Some(adapter) = adapter else {
+        return p
+            .base_url
+            .as_deref()
+            .map(|u| u.trim_end_matches('/').to_owned());
     };
+    let set = [
+        ("region", p.region.is_some()),
+        ("aws_profile", p.aws_profile.is_some()),
+        ("project", p.project.is_some()),
+        ("location", p.location.is_some()),
+        ("credentials_file", p.credentials_file.is_some()),
+    ];
+    for (key, _) in set
+        .iter()
+        .filter(|(key, set)| *set && !adapter.place_keys().contains(key))
+    {
+        c.error(
+            &format!("{path}.{key}"),
+            format!("`{key}` is not a setting of `protocol: {}`", adapter.name()),
+        );
+    }
+    match &p.base_url {
+        Some(url) => Some(url.trim_end_matches('/').to_owned()),
+        None => adapter
+            .default_base_url(place)
+            .map_err(|e| c.error(path, e))
+            .ok(),
+    }
+}
+
+/// The JSON of a provider's `credentials_file`, read now (and at each reload).
+fn credentials_file(p: &RawProvider, path: &str, c: &mut Checks<'_>) -> Option<serde_json::Value> {
+    let file = c.file(p.credentials_file.as_deref()?);
+    let at = format!("{path}.credentials_file");
+    let text = std::fs::read_to_string(&file)
+        .map_err(|e| c.error(&at, format!("cannot read `{}`: {e}", file.display())))
+        .ok()?;
+    // Never the text in a message: it holds a private key.
+    serde_json::from_str(&text)
+        .map_err(|e| {
+            c.error(
+                &at,
+                format!(
+                    "`{}` is not JSON (line {}, column {})",
+                    file.display(),
+                    e.line(),
+                    e.column()
+                ),
+            );
+        })
+        .ok()
+}
+
+/// A provider's protocol and where it is.
+struct Located<'a> {
+    adapter: &'static dyn upstream::Adapter,
+    base_url: &'a str,
+    place: &'a upstream::Place<'a>,
+    path: &'a str,
+}
+
+/// A provider's protocol, URLs and headers (the keys come per request).
+fn endpoint(
+    p: &RawProvider,
+    at: &Located<'_>,
+    connect_timeout: Duration,
+    live: &LiveState,
+    c: &mut Checks<'_>,
+) -> Option<Endpoint> {
+    let Located {
+        adapter,
+        base_url,
+        place,
+        path,
+    } = *at;
     let url_path = format!("{path}.base_url");
     let base = c.url(&url_path, base_url);
     if base.as_ref().is_some_and(|u| u.query().is_some()) {
@@ -832,7 +934,6 @@ fn endpoint(
             headers.insert(name, value);
         }
     }
-    let adapter = adapter?;
     for (name, value) in adapter.required_headers() {
         if !headers.contains_key(*name) {
             headers.insert(
@@ -859,12 +960,23 @@ fn endpoint(
             .parse::<std::net::IpAddr>()
             .is_err()
     });
+    let keyless = p.api_key_env.is_none() && p.api_key_file.is_none() && p.keys.is_empty();
+    let auth = if keyless {
+        adapter
+            .auth(place, base_url)
+            .map_err(|e| c.error(path, e))
+            .ok()?
+            .map(Arc::new)
+    } else {
+        None
+    };
     Some(Endpoint {
         adapter,
         native,
         urls,
         headers,
         host_is_name,
+        auth,
         client: live.clients.get(base_url, connect_timeout),
     })
 }
@@ -904,10 +1016,18 @@ fn urls(
         let sep = if query.is_empty() { "" } else { "?" };
         format!("{base_url}/{path}{sep}{query}").parse::<Uri>()
     };
+    // A protocol that makes its paths per call has none fixed: its URLs here
+    // are the base's, for the host and for whether an operation is served.
+    let per_call = adapter
+        .call_path(upstream::Operation::Chat, "model", false)
+        .is_some();
+    let fixed = |path: &str| if per_call { url("") } else { url(path) };
     Ok(Urls {
-        chat: url(adapter.chat_path())?,
-        embeddings: adapter.embeddings_path().map(url).transpose()?,
-        count_tokens: adapter.count_tokens_path().map(url).transpose()?,
+        base: base_url.to_owned(),
+        query: query.to_owned(),
+        chat: fixed(adapter.chat_path())?,
+        embeddings: adapter.embeddings_path().map(fixed).transpose()?,
+        count_tokens: adapter.count_tokens_path().map(fixed).transpose()?,
         native: native.map(|a| url(a.chat_path())).transpose()?,
     })
 }
@@ -1171,9 +1291,8 @@ fn credential(
     if let Some(param) = &p.key_query {
         let mut params = p.query.clone();
         params.insert(param.clone(), secret.expose().to_owned());
-        let base_url = p.base_url.trim_end_matches('/');
         return urls(
-            base_url,
+            &endpoint.urls.base,
             endpoint.adapter,
             endpoint.native,
             &query_string(&params),

@@ -108,7 +108,7 @@ impl Adapter for Anthropic {
         ))
     }
 
-    fn decode_answer(&self, body: Bytes) -> Result<Bytes, Malformed> {
+    fn decode_answer(&self, body: Bytes, _model: &str) -> Result<Bytes, Malformed> {
         // An error envelope inside a 2xx is an in-band error, read like the
         // status Anthropic pairs with its type (an `overloaded_error` as 529).
         match from_messages_response(&body) {
@@ -120,11 +120,24 @@ impl Adapter for Anthropic {
         }
     }
 
-    fn decode_error(&self, body: Bytes) -> Bytes {
-        to_openai_error(&body).unwrap_or(body)
+    fn decode_error(
+        &self,
+        status: http::StatusCode,
+        _headers: &http::HeaderMap,
+        body: Bytes,
+    ) -> super::ErrorAnswer {
+        super::ErrorAnswer {
+            status,
+            body: to_openai_error(&body).unwrap_or(body),
+            wait: None,
+        }
     }
 
-    fn stream_translator(&self, include_usage: bool) -> Option<Box<dyn super::StreamTranslator>> {
+    fn stream_translator(
+        &self,
+        include_usage: bool,
+        _model: &str,
+    ) -> Option<Box<dyn super::StreamTranslator>> {
         Some(Box::new(MessagesStream::new(include_usage)))
     }
 }

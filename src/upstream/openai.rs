@@ -48,15 +48,15 @@ impl Adapter for OpenAi {
         Ok(request.with_model(model))
     }
 
-    fn decode_answer(&self, body: Bytes) -> Result<Bytes, Malformed> {
+    fn decode_answer(&self, body: Bytes, _model: &str) -> Result<Bytes, Malformed> {
         Ok(body)
     }
 
-    fn decode_error(&self, body: Bytes) -> Bytes {
-        body
-    }
-
-    fn stream_translator(&self, _include_usage: bool) -> Option<Box<dyn StreamTranslator>> {
+    fn stream_translator(
+        &self,
+        _include_usage: bool,
+        _model: &str,
+    ) -> Option<Box<dyn StreamTranslator>> {
         None
     }
 }

@@ -61,17 +61,17 @@ impl Adapter for Responses {
         Err(Unsupported("the Responses API has no embeddings".into()))
     }
 
-    fn decode_answer(&self, body: Bytes) -> Result<Bytes, Malformed> {
+    fn decode_answer(&self, body: Bytes, _model: &str) -> Result<Bytes, Malformed> {
         let response: Response<'_> =
             serde_json::from_slice(&body).map_err(|e| Malformed(format!("not a response: {e}")))?;
         completion_of(&response)
     }
 
-    fn decode_error(&self, body: Bytes) -> Bytes {
-        body
-    }
-
-    fn stream_translator(&self, include_usage: bool) -> Option<Box<dyn StreamTranslator>> {
+    fn stream_translator(
+        &self,
+        include_usage: bool,
+        _model: &str,
+    ) -> Option<Box<dyn StreamTranslator>> {
         Some(Box::new(ResponsesStream {
             include_usage,
             ..ResponsesStream::default()
@@ -519,7 +519,7 @@ mod tests {
 
     fn chat(body: &str) -> serde_json::Value {
         let bytes = Responses
-            .decode_answer(Bytes::from(body.to_owned()))
+            .decode_answer(Bytes::from(body.to_owned()), "m")
             .unwrap();
         serde_json::from_slice(&bytes).unwrap()
     }
@@ -553,16 +553,17 @@ mod tests {
         );
         assert_eq!(c["choices"][0]["finish_reason"], "length");
         assert!(c["choices"][0]["message"]["content"].is_null());
-        let failed = Responses.decode_answer(Bytes::from_static(
-            br#"{"id":"r","status":"failed","output":[]}"#,
-        ));
+        let failed = Responses.decode_answer(
+            Bytes::from_static(br#"{"id":"r","status":"failed","output":[]}"#),
+            "m",
+        );
         assert!(failed.is_err());
-        let junk = Responses.decode_answer(Bytes::from_static(b"{\"id\":1}"));
+        let junk = Responses.decode_answer(Bytes::from_static(b"{\"id\":1}"), "m");
         assert!(junk.is_err());
     }
 
     fn run(events: &[&str], include_usage: bool) -> Vec<String> {
-        let mut t = Responses.stream_translator(include_usage).unwrap();
+        let mut t = Responses.stream_translator(include_usage, "m").unwrap();
         events
             .iter()
             .flat_map(|e| t.on_event(e).unwrap())

@@ -1,0 +1,265 @@
+//! A provider's proof of identity beyond a static key: a token that expires
+//! (Vertex AI's OAuth2 access token) or a signature over each request (AWS
+//! SigV4 for Bedrock). Both come from their clouds' own libraries
+//! (`google-cloud-auth`, `aws-config` + `aws-sigv4`), which find the
+//! credentials the way a pod has them; switchyard only caches what they give
+//! and refreshes it before it expires. A static API key stays a
+//! [`super::Credential`] of the provider's key pool.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use aws_credential_types::provider::ProvideCredentials;
+use aws_credential_types::Credentials as AwsCredentials;
+use bytes::Bytes;
+use http::header::{HeaderValue, AUTHORIZATION};
+use http::Request;
+use http_body_util::Full;
+use tracing::debug;
+
+/// How long before a credential's expiry a fresh one is fetched.
+const REFRESH_AHEAD: Duration = Duration::from_secs(300);
+
+/// Why a call has no credentials (never with any part of a secret).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct AuthError(pub String);
+
+/// Where a provider's identity comes from.
+#[derive(Debug)]
+pub enum Auth {
+    /// A Google OAuth2 access token (Vertex AI).
+    Google(GoogleToken),
+    /// AWS SigV4 over each request (Bedrock without an API key).
+    SigV4(SigV4),
+}
+
+/// What one request carries: a bearer token, or credentials to sign it with.
+#[derive(Clone)]
+pub enum Ready {
+    /// `authorization: Bearer {token}`, marked sensitive.
+    Bearer(HeaderValue),
+    /// Sign with these credentials.
+    Sign(Arc<AwsCredentials>),
+}
+
+impl std::fmt::Debug for Ready {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Ready::Bearer(_) => f.write_str("Bearer(*****)"),
+            Ready::Sign(_) => f.write_str("Sign(*****)"),
+        }
+    }
+}
+
+impl Auth {
+    /// The credentials of one request, cached or fetched now.
+    ///
+    /// # Errors
+    /// The source has none to give (no credentials found, the token endpoint
+    /// or the metadata server failed).
+    pub async fn ready(&self) -> Result<Ready, AuthError> {
+        match self {
+            Auth::Google(google) => google.ready().await,
+            Auth::SigV4(signer) => signer.ready().await.map(Ready::Sign),
+        }
+    }
+
+    /// Puts `ready` on a built request: its header, or its signature (over
+    /// the method, the URL, every header set so far and the body).
+    pub fn apply(&self, ready: &Ready, request: &mut Request<Full<Bytes>>, body: &[u8]) {
+        match (self, ready) {
+            (_, Ready::Bearer(value)) => {
+                request.headers_mut().insert(AUTHORIZATION, value.clone());
+            }
+            (Auth::SigV4(signer), Ready::Sign(credentials)) => {
+                if let Err(e) = signer.sign(credentials, request, body) {
+                    // Sent unsigned, the upstream refuses it as a 403.
+                    debug!(error = %e, "SigV4 signing failed");
+                }
+            }
+            (Auth::Google(_), Ready::Sign(_)) => {}
+        }
+    }
+}
+
+/// An OAuth2 access token for Google Cloud, from a service-account file or
+/// Application Default Credentials (`GOOGLE_APPLICATION_CREDENTIALS`, else
+/// the metadata server: GKE Workload Identity). The library caches the
+/// token and refreshes it before it expires.
+pub struct GoogleToken {
+    credentials: google_cloud_auth::credentials::AccessTokenCredentials,
+}
+
+impl std::fmt::Debug for GoogleToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GoogleToken(*****)")
+    }
+}
+
+/// The scope every Vertex AI call needs.
+const CLOUD_PLATFORM: &str = "https://www.googleapis.com/auth/cloud-platform";
+
+impl GoogleToken {
+    /// From a credentials file's JSON (a service account, or any other kind
+    /// Google's library reads), or `None`: Application Default Credentials.
+    ///
+    /// # Errors
+    /// The JSON is not a credential the library knows.
+    pub fn new(file: Option<serde_json::Value>) -> Result<Self, AuthError> {
+        use google_cloud_auth::credentials::{self, service_account};
+        let built = match file {
+            Some(json) if json.get("type").and_then(|t| t.as_str()) == Some("service_account") => {
+                service_account::Builder::new(json)
+                    .with_access_specifier(service_account::AccessSpecifier::from_scopes([
+                        CLOUD_PLATFORM,
+                    ]))
+                    .build_access_token_credentials()
+            }
+            Some(_) => {
+                return Err(AuthError(
+                    "credentials_file: only service-account keys (\"type\": \"service_account\") are read; \
+                     for other kinds leave credentials_file unset and use GOOGLE_APPLICATION_CREDENTIALS"
+                        .into(),
+                ))
+            }
+            None => credentials::Builder::default()
+                .with_scopes([CLOUD_PLATFORM])
+                .build_access_token_credentials(),
+        };
+        built
+            .map(|credentials| Self { credentials })
+            .map_err(|e| AuthError(format!("Google credentials: {e}")))
+    }
+
+    async fn ready(&self) -> Result<Ready, AuthError> {
+        let token = self
+            .credentials
+            .access_token()
+            .await
+            .map_err(|e| AuthError(format!("no Google access token: {e}")))?;
+        let mut value = HeaderValue::from_str(&format!("Bearer {}", token.token))
+            .map_err(|_| AuthError("the Google access token is not a header value".into()))?;
+        value.set_sensitive(true);
+        Ok(Ready::Bearer(value))
+    }
+}
+
+/// AWS SigV4 with the standard credential chain (environment, shared files
+/// and a profile, web identity, container credentials, instance metadata),
+/// built on first use; credentials are kept until five minutes before they
+/// expire, one refresh at a time.
+pub struct SigV4 {
+    region: String,
+    service: &'static str,
+    profile: Option<String>,
+    chain:
+        tokio::sync::OnceCell<aws_config::default_provider::credentials::DefaultCredentialsChain>,
+    current: tokio::sync::Mutex<Option<Arc<AwsCredentials>>>,
+}
+
+impl std::fmt::Debug for SigV4 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SigV4")
+            .field("region", &self.region)
+            .field("service", &self.service)
+            .field("profile", &self.profile)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SigV4 {
+    /// Signs for `service` in `region`, with credentials of `profile` when
+    /// given (else the chain's own choice, `AWS_PROFILE` or `default`).
+    #[must_use]
+    pub fn new(region: &str, service: &'static str, profile: Option<&str>) -> Self {
+        Self {
+            region: region.to_owned(),
+            service,
+            profile: profile.map(str::to_owned),
+            chain: tokio::sync::OnceCell::new(),
+            current: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    async fn ready(&self) -> Result<Arc<AwsCredentials>, AuthError> {
+        let mut current = self.current.lock().await;
+        if let Some(credentials) = current.as_ref().filter(|c| fresh(c)) {
+            return Ok(Arc::clone(credentials));
+        }
+        let chain = self.chain.get_or_init(|| self.build_chain()).await;
+        let fetched = chain
+            .provide_credentials()
+            .await
+            .map_err(|e| AuthError(format!("no AWS credentials: {e}")))?;
+        let fetched = Arc::new(fetched);
+        *current = Some(Arc::clone(&fetched));
+        Ok(fetched)
+    }
+
+    async fn build_chain(
+        &self,
+    ) -> aws_config::default_provider::credentials::DefaultCredentialsChain {
+        use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
+        let client = aws_smithy_http_client::Builder::new()
+            .tls_provider(Provider::Rustls(CryptoMode::Ring))
+            .build_https();
+        let region = aws_config::Region::new(self.region.clone());
+        let config = aws_config::provider_config::ProviderConfig::default()
+            .with_http_client(client)
+            .with_region(Some(region.clone()));
+        let mut builder =
+            aws_config::default_provider::credentials::DefaultCredentialsChain::builder()
+                .configure(config)
+                .region(region);
+        if let Some(profile) = &self.profile {
+            builder = builder.profile_name(profile);
+        }
+        builder.build().await
+    }
+
+    fn sign(
+        &self,
+        credentials: &AwsCredentials,
+        request: &mut Request<Full<Bytes>>,
+        body: &[u8],
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettings};
+        use aws_sigv4::sign::v4;
+        let identity = credentials.clone().into();
+        let params = v4::SigningParams::builder()
+            .identity(&identity)
+            .region(&self.region)
+            .name(self.service)
+            .time(SystemTime::now())
+            .settings(SigningSettings::default())
+            .build()?
+            .into();
+        let uri = request.uri().to_string();
+        let headers = request
+            .headers()
+            .iter()
+            .filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?)));
+        let signable = SignableRequest::new(
+            request.method().as_str(),
+            uri,
+            headers,
+            SignableBody::Bytes(body),
+        )?;
+        let (instructions, _signature) = sign(signable, &params)?.into_parts();
+        instructions.apply_to_request_http1x(request);
+        for name in [AUTHORIZATION.as_str(), "x-amz-security-token"] {
+            if let Some(value) = request.headers_mut().get_mut(name) {
+                value.set_sensitive(true);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether credentials can still sign for a while (long-term ones always).
+fn fresh(credentials: &AwsCredentials) -> bool {
+    credentials
+        .expiry()
+        .is_none_or(|at| at > SystemTime::now() + REFRESH_AHEAD)
+}
