@@ -17,6 +17,7 @@ pub mod gemini;
 pub mod openai;
 pub mod pool;
 pub mod responses;
+pub mod vertex;
 
 use std::sync::atomic::AtomicU32;
 
@@ -32,7 +33,13 @@ use crate::request::{ChatRequest, EmbeddingsRequest};
 use crate::sse::{Chunk, Upstream};
 
 /// Every protocol, by its `routes.yaml` name.
-pub const ADAPTERS: &[&dyn Adapter] = &[&openai::OpenAi, &anthropic::Anthropic];
+pub const ADAPTERS: &[&dyn Adapter] = &[
+    &openai::OpenAi,
+    &anthropic::Anthropic,
+    &gemini::Gemini,
+    &vertex::Vertex,
+    &bedrock::Bedrock,
+];
 
 /// The adapter named `name` in `routes.yaml`, if there is one.
 #[must_use]

@@ -77,6 +77,16 @@ impl<'a> EmbeddingsRequest<'a> {
     pub fn with_model(&self, model: &str) -> Bytes {
         with_model(self.body, self.model_span.as_ref(), model)
     }
+
+    /// The body as a JSON object, for a protocol that rewrites it whole.
+    ///
+    /// # Errors
+    /// Only if the body is not a JSON object (parse checked it is).
+    pub fn to_object(
+        &self,
+    ) -> Result<serde_json::Map<String, serde_json::Value>, serde_json::Error> {
+        serde_json::from_slice(self.body)
+    }
 }
 
 /// One `input` entry as it may be written.
