@@ -962,11 +962,9 @@ fn endpoint(
     });
     let keyless = p.api_key_env.is_none() && p.api_key_file.is_none() && p.keys.is_empty();
     let auth = if keyless {
-        adapter
-            .auth(place, base_url)
+        provider_auth(adapter, place, base_url, live)
             .map_err(|e| c.error(path, e))
             .ok()?
-            .map(Arc::new)
     } else {
         None
     };
@@ -979,6 +977,37 @@ fn endpoint(
         auth,
         client: live.clients.get(base_url, connect_timeout),
     })
+}
+
+/// A keyless provider's credential source, the one a previous snapshot made
+/// when nothing it depends on changed.
+fn provider_auth(
+    adapter: &'static dyn upstream::Adapter,
+    place: &upstream::Place<'_>,
+    base_url: &str,
+    live: &LiveState,
+) -> Result<Option<Arc<upstream::auth::Auth>>, String> {
+    let identity = format!(
+        "{}\n{base_url}\n{:?}\n{:?}\n{:?}\n{:?}\n{:x}",
+        adapter.name(),
+        place.region,
+        place.project,
+        place.location,
+        place.aws_profile,
+        place.credentials.map_or(0, |json| hash(&json.to_string())),
+    );
+    let mut refused = None;
+    let auth = live.auths.get_or_make(identity, || {
+        adapter
+            .auth(place, base_url)
+            .map_err(|e| refused = Some(e))
+            .ok()
+            .flatten()
+    });
+    match refused {
+        Some(e) => Err(e),
+        None => Ok(auth),
+    }
 }
 
 /// The provider's second API (`responses: true`: an `openai` provider that

@@ -92,6 +92,10 @@ pub struct LiveState {
     pub health: health::Registry,
     /// Upstream client pools.
     pub clients: Clients,
+    /// Providers' credential sources (a cached token, AWS credentials), by
+    /// protocol, place and a fingerprint of the credentials file, so a
+    /// reload keeps what they fetched.
+    pub auths: Keyed<String, crate::upstream::auth::Auth>,
     /// Routing state per task (round-robin cursors, weights, fallback spend).
     pub tasks: Keyed<String, TaskState>,
     /// The waiting line of each batch task's queue, by task name.
@@ -128,6 +132,7 @@ impl LiveState {
         self.provider_limits.prune();
         self.task_limits.prune();
         self.clients.prune();
+        self.auths.prune();
     }
 }
 

@@ -85,10 +85,13 @@ impl Auth {
 
 /// An OAuth2 access token for Google Cloud, from a service-account file or
 /// Application Default Credentials (`GOOGLE_APPLICATION_CREDENTIALS`, else
-/// the metadata server: GKE Workload Identity). The library caches the
-/// token and refreshes it before it expires.
+/// the metadata server: GKE Workload Identity). The library is set up on
+/// first use (it starts its refresh task on the runtime it is made on, and
+/// `validate` makes no runtime); it caches the token and refreshes it before
+/// it expires.
 pub struct GoogleToken {
-    credentials: google_cloud_auth::credentials::AccessTokenCredentials,
+    file: Option<serde_json::Value>,
+    credentials: tokio::sync::OnceCell<google_cloud_auth::credentials::AccessTokenCredentials>,
 }
 
 impl std::fmt::Debug for GoogleToken {
@@ -101,40 +104,58 @@ impl std::fmt::Debug for GoogleToken {
 const CLOUD_PLATFORM: &str = "https://www.googleapis.com/auth/cloud-platform";
 
 impl GoogleToken {
-    /// From a credentials file's JSON (a service account, or any other kind
-    /// Google's library reads), or `None`: Application Default Credentials.
+    /// From a service-account key file's JSON, or `None`: Application
+    /// Default Credentials.
     ///
     /// # Errors
-    /// The JSON is not a credential the library knows.
+    /// The JSON is not a service-account key.
     pub fn new(file: Option<serde_json::Value>) -> Result<Self, AuthError> {
-        use google_cloud_auth::credentials::{self, service_account};
-        let built = match file {
-            Some(json) if json.get("type").and_then(|t| t.as_str()) == Some("service_account") => {
-                service_account::Builder::new(json)
-                    .with_access_specifier(service_account::AccessSpecifier::from_scopes([
-                        CLOUD_PLATFORM,
-                    ]))
-                    .build_access_token_credentials()
-            }
-            Some(_) => {
+        if let Some(json) = &file {
+            let text = |key: &str| json.get(key).and_then(serde_json::Value::as_str);
+            if text("type") != Some("service_account") {
                 return Err(AuthError(
-                    "credentials_file: only service-account keys (\"type\": \"service_account\") are read; \
-                     for other kinds leave credentials_file unset and use GOOGLE_APPLICATION_CREDENTIALS"
+                    "credentials_file: a service-account key (\"type\": \"service_account\") is expected; \
+                     for other kinds of credentials leave credentials_file unset and set \
+                     GOOGLE_APPLICATION_CREDENTIALS"
                         .into(),
-                ))
+                ));
             }
+            if let Some(missing) = ["client_email", "private_key"]
+                .into_iter()
+                .find(|key| text(key).is_none())
+            {
+                return Err(AuthError(format!(
+                    "credentials_file: the service-account key has no `{missing}`"
+                )));
+            }
+        }
+        Ok(Self {
+            file,
+            credentials: tokio::sync::OnceCell::new(),
+        })
+    }
+
+    fn build(&self) -> Result<google_cloud_auth::credentials::AccessTokenCredentials, AuthError> {
+        use google_cloud_auth::credentials::{self, service_account};
+        let built = match &self.file {
+            Some(json) => service_account::Builder::new(json.clone())
+                .with_access_specifier(service_account::AccessSpecifier::from_scopes([
+                    CLOUD_PLATFORM,
+                ]))
+                .build_access_token_credentials(),
             None => credentials::Builder::default()
                 .with_scopes([CLOUD_PLATFORM])
                 .build_access_token_credentials(),
         };
-        built
-            .map(|credentials| Self { credentials })
-            .map_err(|e| AuthError(format!("Google credentials: {e}")))
+        built.map_err(|e| AuthError(format!("Google credentials: {e}")))
     }
 
     async fn ready(&self) -> Result<Ready, AuthError> {
-        let token = self
+        let credentials = self
             .credentials
+            .get_or_try_init(|| async { self.build() })
+            .await?;
+        let token = credentials
             .access_token()
             .await
             .map_err(|e| AuthError(format!("no Google access token: {e}")))?;

@@ -14,6 +14,11 @@
 #      VERCEL_SDK_DIR  where the Vercel AI SDK is installed with npm (default ~/.cache/switchyard-sdk-node)
 #      KEEP_LOGS=1     keep the work dir (routes.yaml, logs) after the run
 #      SDK_TIMEOUT     seconds for the test run itself (default 180)
+#      SDK_SUITES      which test modules run (default "openai clouds"): `openai` is
+#                      test_openai_sdk.py (with the modules it imports), `clouds` is
+#                      test_clouds.py (Gemini API, Vertex AI, Bedrock through
+#                      tests/sdk/fake_clouds.py; it starts switchyards of its own)
+#      SDK_CLOUDS_TIMEOUT  seconds for test_clouds.py (default 240)
 #
 # Everything listens on 127.0.0.1 ports the OS picks (port 0): the fakes write
 # theirs to a file, switchyard's bound address is read from its JSON log.
@@ -23,6 +28,8 @@ set -euo pipefail
 OPENAI_VERSION=3.57.0 # the version examples/real_llm and the peers venv use
 FAKELLM_VERSION=0.3.5 # third-party mock of the OpenAI + Anthropic APIs (the peers use it too)
 ANTHROPIC_VERSION=2.17.0 # the anthropic SDK as a client of /v1/messages (test_front_door.py)
+BOTOCORE_VERSION=1.44.18 # test_clouds.py: fake_clouds.py checks SigV4 with botocore's signer; self-tests use its clients
+CRYPTOGRAPHY_VERSION=51.0.1 # test_clouds.py: the service-account RSA key, and the fake's JWT check
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 VENV="${SDK_VENV:-$HOME/.cache/switchyard-sdk-venv}"
@@ -75,6 +82,13 @@ if ! "$PY" -c "import anthropic, pydantic, sys; sys.exit(anthropic.__version__ !
   echo "== installing anthropic==$ANTHROPIC_VERSION into $VENV"
   PIP_DISABLE_PIP_VERSION_CHECK=1 "$PY" -m pip install --quiet "anthropic==$ANTHROPIC_VERSION" "openai==$OPENAI_VERSION" \
     >"$WORK/pip-anthropic.log" 2>&1 || setup_failed "pip install anthropic==$ANTHROPIC_VERSION failed" "$WORK/pip-anthropic.log"
+fi
+
+if ! "$PY" -c "import botocore, cryptography, sys; sys.exit(botocore.__version__ != '$BOTOCORE_VERSION' or cryptography.__version__ != '$CRYPTOGRAPHY_VERSION')" 2>/dev/null; then
+  echo "== installing botocore==$BOTOCORE_VERSION cryptography==$CRYPTOGRAPHY_VERSION into $VENV"
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$PY" -m pip install --quiet "botocore==$BOTOCORE_VERSION" \
+    "cryptography==$CRYPTOGRAPHY_VERSION" "openai==$OPENAI_VERSION" >"$WORK/pip-clouds.log" 2>&1 ||
+    setup_failed "pip install botocore==$BOTOCORE_VERSION cryptography==$CRYPTOGRAPHY_VERSION failed" "$WORK/pip-clouds.log"
 fi
 
 # ---- the Vercel AI SDK (npm), in a directory of its own ------------------------
@@ -208,25 +222,59 @@ export FAKELLM_URL="http://127.0.0.1:$MOCK_PORT"
 export SDK_SUMMARY_FILE="$WORK/summary"
 export VERCEL_SDK_DIR="$NODE_DIR"
 export PYTHONDONTWRITEBYTECODE=1
+SUITES=" ${SDK_SUITES:-openai clouds} "
 status=0
-# In the background and waited for, so that INT/TERM reach the trap at once.
-timeout -k 5 "${SDK_TIMEOUT:-180}" "$PY" "$HERE/test_openai_sdk.py" -v "$@" 2>&1 &
-TESTS_PID=$!
-PIDS+=("$TESTS_PID")
-wait "$TESTS_PID" || status=$?
+if [[ "$SUITES" == *" openai "* ]]; then
+  # In the background and waited for, so that INT/TERM reach the trap at once.
+  timeout -k 5 "${SDK_TIMEOUT:-180}" "$PY" "$HERE/test_openai_sdk.py" -v "$@" 2>&1 &
+  TESTS_PID=$!
+  PIDS+=("$TESTS_PID")
+  wait "$TESTS_PID" || status=$?
 
-if [ "$status" -ne 0 ]; then
-  echo "--- switchyard log, last 40 lines ($WORK/switchyard.log) ---"
-  tail -n 40 "$WORK/switchyard.log" || true
-  echo "--- fakellm log, last 20 lines ($WORK/fakellm.log) ---"
-  tail -n 20 "$WORK/fakellm.log" || true
-  [ "$status" -eq 124 ] && echo "sdk tests: timed out after ${SDK_TIMEOUT:-180} s"
+  if [ "$status" -ne 0 ]; then
+    echo "--- switchyard log, last 40 lines ($WORK/switchyard.log) ---"
+    tail -n 40 "$WORK/switchyard.log" || true
+    echo "--- fakellm log, last 20 lines ($WORK/fakellm.log) ---"
+    tail -n 20 "$WORK/fakellm.log" || true
+    [ "$status" -eq 124 ] && echo "sdk tests: timed out after ${SDK_TIMEOUT:-180} s"
+  fi
+  kill -0 "$SY_PID" 2>/dev/null || { echo "sdk tests: switchyard died during the run"; status=1; }
+  if [ ! -s "$SDK_SUMMARY_FILE" ]; then
+    echo "0 passed, 1 failed" >"$SDK_SUMMARY_FILE"
+    [ "$status" -ne 0 ] || status=1
+  fi
 fi
-kill -0 "$SY_PID" 2>/dev/null || { echo "sdk tests: switchyard died during the run"; status=1; }
-if [ -s "$SDK_SUMMARY_FILE" ]; then
-  cat "$SDK_SUMMARY_FILE"
-else
-  echo "0 passed, 1 failed"
-  [ "$status" -ne 0 ] || status=1
+
+# ---- test_clouds.py: Gemini API, Vertex AI and Bedrock (fakes in fake_clouds.py) -------------
+# It starts its fake and one switchyard per scenario itself (the binary: SWITCHYARD_BIN_PATH),
+# and runs only those of the names given on the command line that are its own.
+if [[ "$SUITES" == *" clouds "* ]]; then
+  clouds_status=0
+  SDK_SUMMARY_FILE="$WORK/summary-clouds" timeout -k 5 "${SDK_CLOUDS_TIMEOUT:-240}" \
+    "$PY" "$HERE/test_clouds.py" -v "$@" 2>&1 &
+  TESTS_PID=$!
+  PIDS+=("$TESTS_PID")
+  wait "$TESTS_PID" || clouds_status=$?
+  [ "$clouds_status" -eq 124 ] && echo "sdk tests: test_clouds.py timed out after ${SDK_CLOUDS_TIMEOUT:-240} s"
+  [ -s "$WORK/summary-clouds" ] || echo "0 passed, 1 failed" >"$WORK/summary-clouds"
+  [ "$clouds_status" -eq 0 ] || status=$clouds_status
 fi
+
+# The last line: the modules' counts added up.
+"$PY" - "$SDK_SUMMARY_FILE" "$WORK/summary-clouds" <<'EOF' || { echo "0 passed, 1 failed"; [ "$status" -ne 0 ] || status=1; }
+import re, sys
+total = {"passed": 0, "failed": 0, "skipped": 0}
+seen = False
+for path in sys.argv[1:]:
+    try:
+        line = open(path).read().strip()
+    except OSError:
+        continue
+    seen = True
+    for n, what in re.findall(r"(\d+) (passed|failed|skipped)", line):
+        total[what] += int(n)
+if not seen:
+    sys.exit(1)
+print(f"{total['passed']} passed, {total['failed']} failed" + (f", {total['skipped']} skipped" if total["skipped"] else ""))
+EOF
 exit "$status"
