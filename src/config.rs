@@ -165,6 +165,7 @@ pub struct RawSanitize {
 /// One upstream account.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = schema_parts::provider_rules)]
 pub struct RawProvider {
     /// Wire protocol, the name of an adapter in `upstream::ADAPTERS` (default `openai`).
     // The schema's list and description come from the registry, so a new

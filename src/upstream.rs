@@ -116,12 +116,21 @@ pub trait Adapter: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// What the provider must set instead (`base_url`, or the place).
     fn default_base_url(&self, _place: &Place<'_>) -> Result<String, String> {
-        Err("base_url is required".into())
+        Err(format!(
+            "missing field `base_url` (`protocol: {}` has no default)",
+            self.name()
+        ))
     }
 
     /// The provider settings of [`Place`] this protocol reads (any other set
     /// is refused).
     fn place_keys(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// The settings of [`Place`] that stand in for `base_url` together (for
+    /// the JSON Schema; [`Adapter::default_base_url`] says so to `validate`).
+    fn place_required(&self) -> &'static [&'static str] {
         &[]
     }
 

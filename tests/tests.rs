@@ -18,6 +18,7 @@ mod failover;
 mod streaming;
 
 mod cli;
+mod clouds;
 mod embeddings;
 mod endpoints;
 mod reload;

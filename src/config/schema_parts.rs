@@ -16,7 +16,7 @@ use super::Strategy;
 use crate::classify::{Action, NetworkKind};
 use crate::health::AllDown;
 use crate::schema::Mode;
-use crate::upstream::ADAPTERS;
+use crate::upstream::{Place, ADAPTERS};
 
 /// Units humantime reads, longest spelling first.
 const UNITS: &str = "nanos|nsec|ns|usec|us|µs|millis|msec|ms|seconds|second|secs|sec|s|minutes|minute|mins|min|m|hours|hour|hrs|hr|h|days|day|d|weeks|week|wks|wk|w|months|month|M|years|year|yrs|yr|y";
@@ -105,6 +105,50 @@ pub fn protocol_description() -> String {
         each.join(", "),
         ADAPTERS.first().map_or("openai", |a| a.name())
     )
+}
+
+/// What each protocol requires of a provider, and which settings only some
+/// protocols read, as the JSON Schema's conditions (from the registry, as
+/// `validate` checks them): `base_url` unless the protocol has a default
+/// (Gemini's) or the place settings that make one (Bedrock's `region`,
+/// Vertex AI's `project` and `location`).
+pub fn provider_rules(schema: &mut Schema) {
+    let is = |names: Vec<&str>| json_schema!({ "required": ["protocol"], "properties": { "protocol": { "enum": names } } });
+    let mut rules = Vec::new();
+    for adapter in ADAPTERS {
+        let then = if adapter.default_base_url(&Place::default()).is_ok() {
+            continue;
+        } else if adapter.place_required().is_empty() {
+            json_schema!({ "required": ["base_url"] })
+        } else {
+            json_schema!({ "anyOf": [{ "required": ["base_url"] }, { "required": adapter.place_required() }] })
+        };
+        let when = if ADAPTERS
+            .first()
+            .is_some_and(|first| first.name() == adapter.name())
+        {
+            json_schema!({ "anyOf": [{ "not": { "required": ["protocol"] } }, is(vec![adapter.name()])] })
+        } else {
+            is(vec![adapter.name()])
+        };
+        rules.push(json_schema!({ "if": when, "then": then }));
+    }
+    let mut keys: Vec<&str> = ADAPTERS
+        .iter()
+        .flat_map(|a| a.place_keys())
+        .copied()
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    for key in keys {
+        let readers = ADAPTERS
+            .iter()
+            .filter(|a| a.place_keys().contains(&key))
+            .map(|a| a.name())
+            .collect();
+        rules.push(json_schema!({ "if": { "required": [key] }, "then": is(readers) }));
+    }
+    schema.insert("allOf".into(), rules.into());
 }
 
 /// `tasks.*.strategy`.

@@ -864,6 +864,8 @@ fn base_url(
     }
     match &p.base_url {
         Some(url) => Some(url.trim_end_matches('/').to_owned()),
+        // Its own error (a wrong type) was reported already.
+        None if c.gone(&format!("{path}.base_url")) => None,
         None => adapter
             .default_base_url(place)
             .map_err(|e| c.error(path, e))

@@ -105,6 +105,10 @@ impl super::Adapter for Bedrock {
         &["region", "aws_profile"]
     }
 
+    fn place_required(&self) -> &'static [&'static str] {
+        &["region"]
+    }
+
     fn auth(
         &self,
         place: &super::Place<'_>,

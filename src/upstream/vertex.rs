@@ -69,6 +69,10 @@ impl Adapter for Vertex {
         &["project", "location", "credentials_file"]
     }
 
+    fn place_required(&self) -> &'static [&'static str] {
+        &["project", "location"]
+    }
+
     fn auth(&self, place: &Place<'_>, _base_url: &str) -> Result<Option<Auth>, String> {
         GoogleToken::new(place.credentials.cloned())
             .map(|token| Some(Auth::Google(token)))
