@@ -211,6 +211,7 @@ async fn serve(
         tried: Vec::new(),
         task,
         op: shape.payload.operation(),
+        base64: shape.payload.base64(),
         stream: shape.stream,
         include_usage: shape.include_usage,
         resends: AtomicU32::new(0),
@@ -353,6 +354,8 @@ struct Walk<'a> {
     task: &'a Arc<Task>,
     /// What the request asks of the providers.
     op: Operation,
+    /// Embeddings asked for as base64.
+    base64: bool,
     /// A streaming request.
     stream: bool,
     /// `stream_options.include_usage`.
@@ -972,6 +975,7 @@ impl Walk<'_> {
         Call {
             key,
             op: self.op,
+            base64: self.base64,
             resends: &self.resends,
             snapshot: self.snapshot,
             task: self.task,

@@ -16,7 +16,7 @@ use serde_json::value::RawValue;
 use crate::tokens;
 
 mod embeddings;
-pub use embeddings::EmbeddingsRequest;
+pub use embeddings::{as_base64, EmbeddingsRequest};
 
 /// Why a body is not a request the gateway can take.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -568,6 +568,15 @@ impl Payload<'_> {
             Payload::Embeddings(_) => Operation::Embeddings,
         }
     }
+
+    /// Embeddings asked for as base64 (`encoding_format: base64`).
+    #[must_use]
+    pub fn base64(self) -> bool {
+        match self {
+            Payload::Chat(_) => false,
+            Payload::Embeddings(request) => request.base64,
+        }
+    }
 }
 
 /// A target admitted for one attempt (and its same-target retries).

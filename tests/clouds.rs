@@ -195,3 +195,28 @@ fn a_bedrock_provider_with_a_key_sends_it_as_a_bearer_token_and_signs_nothing() 
         "the key never prints: {shown}"
     );
 }
+
+#[test]
+fn the_cloud_examples_validate_and_keep_their_roads_in_order() {
+    for (text, task, roads) in [
+        (
+            include_str!("../examples/claude-everywhere/routes.yaml"),
+            "claude",
+            &["anthropic", "bedrock", "vertex"][..],
+        ),
+        (
+            include_str!("../examples/gemini-everywhere/routes.yaml"),
+            "gemini",
+            &["gemini", "vertex"][..],
+        ),
+    ] {
+        assert_eq!(schema_errors(text), Vec::<String>::new());
+        let compiled = compiled(text);
+        let chain: Vec<&str> = compiled.snapshot.tasks[task]
+            .chain
+            .iter()
+            .map(|t| t.provider.endpoint.adapter.name())
+            .collect();
+        assert_eq!(chain, roads);
+    }
+}

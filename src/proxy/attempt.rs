@@ -29,7 +29,7 @@ use crate::snapshot::{ApiKey, Provider, Snapshot, Target, Task};
 use crate::sse::{self, Chunk};
 use crate::telemetry::AttemptInfo;
 use crate::upstream::decode::{self, Coding};
-use crate::upstream::{pool, Events, LocalResource, Operation, Outgoing, SendError};
+use crate::upstream::{pool, Adapter, Events, LocalResource, Operation, Outgoing, SendError};
 
 /// Events held before the commit point, at most; past this the stream commits anyway.
 const HOLD_MAX_EVENTS: usize = 64;
@@ -73,6 +73,9 @@ pub struct Call<'a> {
     pub key: Option<usize>,
     /// What the request asks of the provider.
     pub op: Operation,
+    /// Embeddings asked for as base64: vectors a protocol gave as numbers
+    /// are encoded (an upstream may ignore the ask, or not have it).
+    pub base64: bool,
     /// Counts stale-connection resends (upstream calls too).
     pub resends: &'a AtomicU32,
     /// The target speaks the client's protocol and was sent the client's
@@ -511,6 +514,42 @@ async fn read_answer(
     answered(call, parts.status, &parts.headers, bytes, permit)
 }
 
+/// An error answer, read by its protocol and classified.
+fn refused(
+    call: &Call<'_>,
+    adapter: &dyn Adapter,
+    status: StatusCode,
+    headers: &HeaderMap,
+    bytes: Bytes,
+    permit: Permit,
+) -> Attempt {
+    let error = adapter.decode_error(status, headers, bytes);
+    let (status, bytes) = (error.status, error.body);
+    let code = status.as_u16();
+    // A wait advertised in the body is heard as a `Retry-After`.
+    let advertised;
+    let headers = match error.wait {
+        Some(wait) if !headers.contains_key(http::header::RETRY_AFTER) => {
+            advertised = with_retry_after(headers, wait);
+            &advertised
+        }
+        Some(_) | None => headers,
+    };
+    let outcome = Outcome::Response {
+        status: code,
+        headers,
+        body: Some(&bytes),
+    };
+    let decision = call.target.provider.errors.classify_failure(&outcome);
+    Attempt::Failed(Failed {
+        decision,
+        outcome: AttemptOutcome::Status(code),
+        status: Some(code),
+        answer: Some((status, bytes)),
+        permit,
+    })
+}
+
 /// Decodes and classifies a non-streamed answer.
 fn answered(
     call: &Call<'_>,
@@ -523,39 +562,20 @@ fn answered(
     let adapter = target.provider.endpoint.adapter_for(call.native);
     let code = status.as_u16();
     if !status.is_success() {
-        let error = adapter.decode_error(status, headers, bytes);
-        let (status, bytes) = (error.status, error.body);
-        let code = status.as_u16();
-        // A wait advertised in the body is heard as a `Retry-After`.
-        let advertised;
-        let headers = match error.wait {
-            Some(wait) if !headers.contains_key(http::header::RETRY_AFTER) => {
-                advertised = with_retry_after(headers, wait);
-                &advertised
-            }
-            Some(_) | None => headers,
-        };
-        let outcome = Outcome::Response {
-            status: code,
-            headers,
-            body: Some(&bytes),
-        };
-        let decision = target.provider.errors.classify_failure(&outcome);
-        let failed = Failed {
-            decision,
-            outcome: AttemptOutcome::Status(code),
-            status: Some(code),
-            answer: Some((status, bytes)),
-            permit,
-        };
-        return Attempt::Failed(failed);
+        return refused(call, adapter, status, headers, bytes, permit);
     }
     // Kept only while the answer is as the target sent it.
     let raw = (call.native && call.op == Operation::Chat).then(|| bytes.clone());
     let model = &target.model;
     let decoded = match call.op {
         Operation::Chat => adapter.decode_answer(bytes, model),
-        Operation::Embeddings => adapter.decode_embeddings(bytes, model),
+        Operation::Embeddings => adapter.decode_embeddings(bytes, model).map(|b| {
+            if call.base64 {
+                crate::request::as_base64(b)
+            } else {
+                b
+            }
+        }),
         // A token count never runs through an attempt.
         Operation::CountTokens => Ok(bytes),
     };

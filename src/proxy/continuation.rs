@@ -451,6 +451,7 @@ impl Recovery {
         Call {
             key,
             op: Operation::Chat,
+            base64: false,
             // The client's headers went out long ago: nothing to add a resend to.
             resends: &self.resends,
             snapshot,

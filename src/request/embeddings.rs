@@ -33,6 +33,8 @@ pub struct EmbeddingsRequest<'a> {
     model_span: Option<Range<usize>>,
     /// Estimated input tokens.
     pub input_tokens: u64,
+    /// `encoding_format: base64`: the vectors go back as base64 float32.
+    pub base64: bool,
 }
 
 impl<'a> EmbeddingsRequest<'a> {
@@ -48,8 +50,11 @@ impl<'a> EmbeddingsRequest<'a> {
         let wire: Wire<'a> = object(body)?;
         let model = model(wire.model)?;
         let input_tokens = input_tokens(wire.input)?;
+        let mut base64 = false;
         if let Some(raw) = wire.encoding_format.filter(|r| r.get() != "null") {
-            if !matches!(string(raw).as_deref(), Some("float" | "base64")) {
+            let format = string(raw);
+            base64 = format.as_deref() == Some("base64");
+            if !matches!(format.as_deref(), Some("float" | "base64")) {
                 return Err(RequestError::field(
                     "encoding_format",
                     "`encoding_format` must be `float` or `base64`",
@@ -69,6 +74,7 @@ impl<'a> EmbeddingsRequest<'a> {
             model,
             model_span: wire.model.and_then(|raw| span_in(body, raw)),
             input_tokens,
+            base64,
         })
     }
 
@@ -87,6 +93,47 @@ impl<'a> EmbeddingsRequest<'a> {
     ) -> Result<serde_json::Map<String, serde_json::Value>, serde_json::Error> {
         serde_json::from_slice(self.body)
     }
+}
+
+/// An OpenAI embeddings answer with each vector given as numbers turned into
+/// base64 of little-endian float32, as `encoding_format: base64` asks;
+/// vectors already in base64, and bodies that are no such answer, as they are.
+#[must_use]
+pub fn as_base64(body: Bytes) -> Bytes {
+    use base64::Engine as _;
+    // The common case, an upstream that honoured the ask, costs a byte scan.
+    let numbers = memchr::memmem::find(&body, b"\"embedding\":[").is_some()
+        || memchr::memmem::find(&body, b"\"embedding\": [").is_some();
+    if !numbers {
+        return body;
+    }
+    let Ok(mut answer) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return body;
+    };
+    let Some(data) = answer.get_mut("data").and_then(|d| d.as_array_mut()) else {
+        return body;
+    };
+    let mut changed = false;
+    for item in data {
+        let Some(vector) = item.get("embedding").and_then(|e| e.as_array()) else {
+            continue;
+        };
+        let mut bytes = Vec::with_capacity(vector.len() * 4);
+        for x in vector {
+            let Some(x) = x.as_f64() else {
+                return body;
+            };
+            #[allow(clippy::cast_possible_truncation)] // float32 is the format
+            bytes.extend_from_slice(&(x as f32).to_le_bytes());
+        }
+        let text = base64::engine::general_purpose::STANDARD.encode(&bytes);
+        item["embedding"] = serde_json::Value::String(text);
+        changed = true;
+    }
+    if !changed {
+        return body;
+    }
+    Bytes::from(answer.to_string())
 }
 
 /// One `input` entry as it may be written.
@@ -139,6 +186,23 @@ fn input_tokens(raw: Option<&RawValue>) -> Result<u64, RequestError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn vectors_given_as_numbers_become_base64_float32() {
+        let answer = bytes::Bytes::from_static(
+            br#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[1.0,-0.5]},{"object":"embedding","index":1,"embedding":"AACAPw=="}],"model":"m"}"#,
+        );
+        let out: serde_json::Value = serde_json::from_slice(&super::as_base64(answer)).unwrap();
+        // 1.0f32 = 00 00 80 3f, -0.5f32 = 00 00 00 bf (little-endian).
+        assert_eq!(out["data"][0]["embedding"], "AACAPwAAAL8=");
+        assert_eq!(
+            out["data"][1]["embedding"], "AACAPw==",
+            "already base64: as it was"
+        );
+        assert_eq!(out["model"], "m");
+        let junk = bytes::Bytes::from_static(b"not json");
+        assert_eq!(super::as_base64(junk.clone()), junk);
+    }
+
     use super::*;
 
     #[test]

@@ -736,13 +736,7 @@ fn provider(
         ),
     };
     let credentials = credentials_file(p, path, c);
-    let place = upstream::Place {
-        region: p.region.as_deref(),
-        project: p.project.as_deref(),
-        location: p.location.as_deref(),
-        aws_profile: p.aws_profile.as_deref(),
-        credentials: credentials.as_ref(),
-    };
+    let place = place(p, credentials.as_ref());
     let adapter = protocol(p, path, c);
     let base_url = base_url(p, adapter, &place, path, c)?;
     let endpoint = adapter.and_then(|adapter| {
@@ -807,6 +801,20 @@ fn provider(
             })
             .unwrap_or_default(),
     })
+}
+
+/// Where a provider is, as its settings say.
+fn place<'a>(
+    p: &'a RawProvider,
+    credentials: Option<&'a serde_json::Value>,
+) -> upstream::Place<'a> {
+    upstream::Place {
+        region: p.region.as_deref(),
+        project: p.project.as_deref(),
+        location: p.location.as_deref(),
+        aws_profile: p.aws_profile.as_deref(),
+        credentials,
+    }
 }
 
 /// The protocol a provider names (`openai` when it names none).

@@ -1770,8 +1770,8 @@ impl GeminiStream {
 ///
 /// # Errors
 /// No text input ([`TranslateError::InvalidRequest`]); token-array inputs
-/// and `encoding_format: base64` ([`TranslateError::Unsupported`]: Gemini
-/// embeds text and answers floats).
+/// ([`TranslateError::Unsupported`]: Gemini embeds text). Gemini answers
+/// numbers: `encoding_format: base64` is the gateway's to honour, after.
 pub fn to_embed_request(openai: &Map<String, Value>, model: &str) -> Result<Value, TranslateError> {
     let texts: Vec<&str> = match non_null(openai, "input") {
         Some(Value::String(s)) => vec![s.as_str()],
@@ -1793,7 +1793,7 @@ pub fn to_embed_request(openai: &Map<String, Value>, model: &str) -> Result<Valu
         Some(_) | None => return Err(invalid("`input` must be a string or an array of strings")),
     };
     match non_null(openai, "encoding_format").map(|f| f.as_str()) {
-        None | Some(Some("float")) => {}
+        None | Some(Some("float" | "base64")) => {}
         Some(other) => {
             return Err(unsupported(format!(
                 "`encoding_format` = {}",
@@ -2780,9 +2780,10 @@ mod tests {
         unsupported_naming(to(json!({ "input": [1, 2, 3] }), "m"), "token");
         unsupported_naming(to(json!({ "input": [[1, 2], [3]] }), "m"), "token");
         unsupported_naming(
-            to(json!({ "input": "a", "encoding_format": "base64" }), "m"),
-            "base64",
+            to(json!({ "input": "a", "encoding_format": "int8" }), "m"),
+            "int8",
         );
+        assert!(to(json!({ "input": "a", "encoding_format": "base64" }), "m").is_ok());
         assert!(matches!(
             to(json!({ "input": [] }), "m"),
             Err(TranslateError::InvalidRequest(_))

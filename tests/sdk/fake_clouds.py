@@ -35,6 +35,9 @@ What it serves, by path:
                                       .../default/email, .../default/scopes,
                                       .../default/?recursive=true,
                                       universe/universe-domain, project/project-id
+  POST /v1/messages                   the Anthropic Messages API: `x-api-key` one of
+                                      `anthropic_keys`, an `anthropic-version` header,
+                                      `model` in the body (service "anthropic")
   POST /model/{modelId}/converse      AWS Bedrock Converse (JSON)
   POST /model/{modelId}/converse-stream   (application/vnd.amazon.eventstream)
       auth: SigV4 (service `bedrock`, the configured region), checked by
@@ -46,9 +49,19 @@ What it serves, by path:
   POST / (Action=AssumeRoleWithWebIdentity)   AWS STS (query protocol, XML answer)
   GET  /container-creds                       ECS/EKS container credentials
                                               (`Authorization` must be the token)
+  GET  /container-creds/rotating/{seconds}    a NEW set on every fetch, its Expiration
+                                              `seconds` away; issuing it retires every earlier
+                                              rotating set (Bedrock answers ExpiredTokenException
+                                              for a retired or expired set)
   GET  /_calls                        {"counts": {...}, "calls": [...], "rejections": [...],
                                        "issued": {...}}: what was called, by service and model
   POST /_reset                        forget calls, counts and rejections (not issued credentials)
+  POST /_control                      switches, merged: {"fail": {ROAD: STATUS or null}} makes a road
+                                      answer STATUS whatever the model (ROAD: gemini, vertex,
+                                      vertex-anthropic, anthropic, bedrock); {"mds_expires_in": N}
+                                      the metadata server's token lifetime (default 3599);
+                                      {"mds_grace": S}: a metadata token is refused S s after its
+                                      successor was issued (default 1.5). Answers the switches.
   GET  /_health                       200 ok
 
 Behaviour by model name / model id (a substring anywhere in it):
@@ -68,8 +81,16 @@ Behaviour by model name / model id (a substring anywhere in it):
                 must answer a call the previous assistant turn made, by name for
                 Gemini, by id for Bedrock and Anthropic).
 
+What every answered call also records in /_calls (beside the request): `images` (each
+image the request carried, checked: base64 that decodes, PNG bytes when it says PNG;
+Gemini `inlineData`, Anthropic `image` source base64/url, Converse `image.source.bytes`),
+`json_output` and `schema` (Gemini `responseMimeType: application/json` with
+`responseSchema`; Converse `outputConfig.textFormat` json_schema, its schema JSON text
+parsed; the answer is then JSON fitting the schema), and `usage` ({"prompt",
+"completion"}: the token counts the answer reports; an image adds to the prompt's).
+
 The CONFIG file (JSON; every key optional):
-  {"gemini_keys": ["..."],
+  {"gemini_keys": ["..."], "anthropic_keys": ["..."],
    "aws": {"region": "us-east-1",
            "credentials": [{"name": "static", "access": "AKIA...", "secret": "...", "token": null}],
            "api_keys": ["..."]},
@@ -172,6 +193,42 @@ def b64url_decode(s: str) -> bytes:
     return base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
 
 
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def check_image(media_type: str, data, bad) -> dict:
+    """A base64 image as a cloud takes it: decodable, and its bytes the type it claims
+    (PNG only is checked by content). Returns what /_calls records of it."""
+    if not isinstance(data, str) or not data:
+        raise bad(f"fake: image data must be a non-empty base64 string, got {type(data).__name__}")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except ValueError:
+        raise bad("fake: image data is not valid base64") from None
+    if media_type in ("image/png", "png") and not raw.startswith(PNG_MAGIC):
+        raise bad(f"fake: image declared {media_type} but its bytes are not a PNG")
+    return {"media_type": media_type, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+
+
+def json_for_schema(schema) -> object:
+    """A value that fits a (simple) JSON schema: what a model constrained to it answers."""
+    if not isinstance(schema, dict):
+        return {}
+    t = schema.get("type")
+    t = t.lower() if isinstance(t, str) else t
+    if t == "object" or "properties" in schema:
+        return {k: json_for_schema(v) for k, v in (schema.get("properties") or {}).items()}
+    if t == "array":
+        return [json_for_schema(schema.get("items") or {})]
+    if t in ("integer", "number"):
+        return 18
+    if t == "boolean":
+        return True
+    if schema.get("enum"):
+        return schema["enum"][0]
+    return "Paris"
+
+
 def iso_z(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -238,6 +295,14 @@ class State:
         self.counts: dict[str, int] = {}
         self.rejections: list[dict] = []
         self.google_tokens: dict[str, str] = {}  # token -> how it was issued ("sa:EMAIL", "mds")
+        # token -> {"expires": epoch, "retired": epoch or None}: a token is refused past either
+        # (a metadata-server token is retired `mds_grace` s after its successor is issued).
+        self.google_token_life: dict[str, dict] = {}
+        # Switched by POST /_control (see the docstring): failures by road, the metadata
+        # server's token lifetime and the grace an old token keeps after a successor.
+        self.control: dict = {"fail": {}, "mds_expires_in": 3599, "mds_grace": 1.5}
+        self.control.update(config.get("control") or {})
+        self.anthropic_keys = set(config.get("anthropic_keys") or [])
         aws = config.get("aws") or {}
         self.region = aws.get("region", "us-east-1")
         self.aws_creds: dict[str, dict] = {}  # access key id -> {name, access, secret, token}
@@ -255,21 +320,33 @@ class State:
         with self.lock:
             self.counts[key] = self.counts.get(key, 0) + 1
 
-    def record(self, service: str, model: str, path: str, headers, body, auth: str = "") -> None:
+    def record(self, service: str, model: str, path: str, headers, body, auth: str = "") -> dict:
+        """Records a call; the returned dict takes what the answer says later (`usage`,
+        `images`, `json_output`) for /_calls."""
+        entry = {
+            "service": service,
+            "model": model,
+            "path": path,
+            "auth": auth,
+            "headers": {k.lower(): v for k, v in headers.items()},
+            "body": body,
+        }
         with self.lock:
             key = f"{service}:{model}" if model else service
             self.counts[key] = self.counts.get(key, 0) + 1
-            self.calls.append(
-                {
-                    "service": service,
-                    "model": model,
-                    "path": path,
-                    "auth": auth,
-                    "headers": {k.lower(): v for k, v in headers.items()},
-                    "body": body,
-                }
-            )
+            self.calls.append(entry)
             del self.calls[:-MAX_CALLS]
+        return entry
+
+    def note(self, entry: dict, **fields) -> None:
+        with self.lock:
+            entry.update(fields)
+
+    def failing(self, road: str) -> int | None:
+        """The status POST /_control set for `road` (gemini, vertex, vertex-anthropic,
+        anthropic, bedrock), if any."""
+        with self.lock:
+            return (self.control.get("fail") or {}).get(road)
 
     def reject(self, service: str, path: str, status: int, reason: str) -> None:
         with self.lock:
@@ -279,15 +356,23 @@ class State:
 
     def snapshot(self) -> dict:
         with self.lock:
-            return {
-                "counts": dict(self.counts),
-                "calls": list(self.calls),
-                "rejections": list(self.rejections),
-                "issued": {
-                    "google_tokens": dict(self.google_tokens),
-                    "aws_access_keys": sorted(self.aws_creds),
-                },
-            }
+            return json.loads(
+                json.dumps(
+                    {
+                        "counts": self.counts,
+                        "calls": self.calls,
+                        "rejections": self.rejections,
+                        "control": self.control,
+                        "issued": {
+                            "google_tokens": self.google_tokens,
+                            "google_token_life": self.google_token_life,
+                            "aws_access_keys": sorted(self.aws_creds),
+                            # Sets the fake made up itself (rotating container credentials).
+                            "aws_rotated": [c for c in self.aws_creds.values() if c.get("name") == "rotating"],
+                        },
+                    }
+                )
+            )
 
     def reset(self) -> None:
         with self.lock:
@@ -424,6 +509,18 @@ class Handler(BaseHTTPRequestHandler):
             if path == "/_reset" and method == "POST":
                 self.state.reset()
                 return self.send_json(200, {"ok": True})
+            if path == "/_control" and method == "POST":
+                change = json.loads(raw or b"{}")
+                with self.state.lock:
+                    fail = dict(self.state.control.get("fail") or {})
+                    for road, status in (change.pop("fail", None) or {}).items():
+                        if status is None:
+                            fail.pop(road, None)
+                        else:
+                            fail[road] = int(status)
+                    self.state.control.update(change, fail=fail)
+                    now = dict(self.state.control)
+                return self.send_json(200, now)
             if path == "/" and method == "GET" and self.headers.get("Metadata-Flavor"):
                 service = "mds"  # the metadata server's root, as clients ping it
                 return self.send(
@@ -438,6 +535,12 @@ class Handler(BaseHTTPRequestHandler):
             if path == "/container-creds" and method == "GET":
                 service = "container"
                 return self.container_creds()
+            if path.startswith("/container-creds/rotating/") and method == "GET":
+                service = "container"
+                return self.container_creds_rotating(int(path.rsplit("/", 1)[1]))
+            if path == "/v1/messages" and method == "POST":
+                service = "anthropic"
+                return self.anthropic_api(raw)
             if path.startswith("/v1beta/") and method == "POST":
                 service = "gemini"
                 return self.gemini(path, query, raw)
@@ -459,10 +562,18 @@ class Handler(BaseHTTPRequestHandler):
 
     # ---- Google: auth ------------------------------------------------------------------------
 
-    def issue_google_token(self, how: str) -> str:
+    def issue_google_token(self, how: str, expires_in: int = 3599) -> str:
         token = f"ya29.fake-{how.split(':')[0]}-{secrets.token_urlsafe(24)}"
+        now = time.time()
         with self.state.lock:
+            if how == "mds":
+                # Its successor retires every earlier metadata-server token after a grace.
+                grace = float(self.state.control.get("mds_grace", 1.5))
+                for t, life in self.state.google_token_life.items():
+                    if self.state.google_tokens.get(t) == "mds" and life["retired"] is None:
+                        life["retired"] = now + grace
             self.state.google_tokens[token] = how
+            self.state.google_token_life[token] = {"issued": now, "expires": now + expires_in, "retired": None}
         return token
 
     def verify_jwt(self, jwt: str, err) -> tuple[dict, dict]:
@@ -551,11 +662,13 @@ class Handler(BaseHTTPRequestHandler):
                         f"scopes {scopes!r} lack {CLOUD_PLATFORM}".encode(),
                         {"Content-Type": "text/plain", **flavor},
                     )
-                token = self.issue_google_token("mds")
+                with self.state.lock:
+                    expires_in = int(self.state.control.get("mds_expires_in", 3599))
+                token = self.issue_google_token("mds", expires_in)
                 self.state.record("mds", "token", self.path, self.headers, {"scopes": scopes})
                 return self.send_json(
                     200,
-                    {"access_token": token, "expires_in": 3599, "token_type": "Bearer"},
+                    {"access_token": token, "expires_in": expires_in, "token_type": "Bearer"},
                     {"Content-Type": "application/json", **flavor},
                 )
             self.state.record("mds", rest.strip("/") or "account", self.path, self.headers, None)
@@ -594,7 +707,18 @@ class Handler(BaseHTTPRequestHandler):
         token = auth[len("Bearer ") :]
         with self.state.lock:
             how = self.state.google_tokens.get(token)
+            life = self.state.google_token_life.get(token)
         if how:
+            now = time.time()
+            if life and now > life["expires"]:
+                raise google_error(401, "UNAUTHENTICATED", "Request had invalid authentication credentials: expired")
+            if life and life["retired"] is not None and now > life["retired"]:
+                raise google_error(
+                    401,
+                    "UNAUTHENTICATED",
+                    "Request had invalid authentication credentials (fake: a retired token, "
+                    f"{now - life['retired']:.1f} s past its grace after a successor was issued)",
+                )
             return how
 
         def err(msg):
@@ -652,7 +776,9 @@ class Handler(BaseHTTPRequestHandler):
             raise google_error(400, "INVALID_ARGUMENT", "fake: a key= query parameter on Vertex")
         how = self.vertex_bearer()
         if publisher == "anthropic":
-            return self.vertex_anthropic(model, op, raw, how)
+            if op not in ("rawPredict", "streamRawPredict"):
+                raise google_error(404, "NOT_FOUND", f"fake: method {op} not served for anthropic")
+            return self.anthropic_messages("vertex-anthropic", model, op == "streamRawPredict", raw, how)
         self.google_generate("vertex", model, op, query, raw, auth=how, vertex=True)
 
     def google_generate(
@@ -662,7 +788,10 @@ class Handler(BaseHTTPRequestHandler):
             return google_error(400, "INVALID_ARGUMENT", msg)
 
         body = self.json_body(raw, bad)
-        self.state.record(service, model, self.path, self.headers, body, auth)
+        entry = self.state.record(service, model, self.path, self.headers, body, auth)
+        failing = self.state.failing(service)
+        if failing:
+            raise google_error(failing, "UNAVAILABLE", f"fake: {service} is switched to fail ({failing})")
         if op == "batchEmbedContents" and not vertex:
             return self.gemini_embed(model, body, bad)
         if op not in ("generateContent", "streamGenerateContent"):
@@ -686,6 +815,27 @@ class Handler(BaseHTTPRequestHandler):
         si = body.get("systemInstruction")
         if si is not None and not (isinstance(si, dict) and isinstance(si.get("parts"), list)):
             raise bad("fake: systemInstruction must be a Content ({parts: [...]})")
+        images = []
+        for c in contents:
+            for part in c["parts"]:
+                if "inlineData" in part or "inline_data" in part:
+                    blob = part.get("inlineData") or part.get("inline_data")
+                    mime = blob.get("mimeType") or blob.get("mime_type")
+                    if not mime:
+                        raise bad("* GenerateContentRequest.contents[].parts[].inline_data.mime_type: required")
+                    if mime.startswith("image/"):
+                        images.append(check_image(mime, blob.get("data"), bad))
+        gen = body.get("generationConfig") or {}
+        json_schema = None
+        if "responseSchema" in gen or "responseJsonSchema" in gen:
+            if gen.get("responseMimeType") != "application/json":
+                raise bad("response_mime_type: must be application/json when response_schema is set")
+            json_schema = gen.get("responseSchema") or gen.get("responseJsonSchema")
+            if not isinstance(json_schema, dict) or "type" not in json_schema:
+                raise bad("* GenerationConfig.response_schema: a Schema object with a type is required")
+        self.state.note(
+            entry, images=images, json_output=gen.get("responseMimeType") == "application/json", schema=json_schema
+        )
 
         if "exhausted" in model:
             raise google_error(
@@ -733,11 +883,14 @@ class Handler(BaseHTTPRequestHandler):
             d = declarations[0]
             parts = [{"functionCall": {"name": d["name"], "args": {"location": "Paris, France", "unit": "celsius"}}}]
             finish = "STOP"
+        elif gen.get("responseMimeType") == "application/json":
+            parts = [{"text": json.dumps(json_for_schema(json_schema) if json_schema else {"answer": label})}]
+            finish = "STOP"
         else:
             parts = [{"text": f"Hello from {label}"}]
             finish = "STOP"
 
-        prompt_tokens = 8
+        prompt_tokens = 8 + 250 * len(images)
         text = "".join(p.get("text", "") for p in parts)
         out_tokens = max(len(words(text)), 1) + (5 if "functionCall" in parts[0] else 0)
         usage = {
@@ -746,6 +899,7 @@ class Handler(BaseHTTPRequestHandler):
             "totalTokenCount": prompt_tokens + out_tokens,
             "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt_tokens}],
         }
+        self.state.note(entry, usage={"prompt": prompt_tokens, "completion": out_tokens})
         response_id = secrets.token_urlsafe(16)
         common = {"modelVersion": model, "responseId": response_id}
         if vertex:
@@ -804,14 +958,41 @@ class Handler(BaseHTTPRequestHandler):
             if r.get("model") != f"models/{model}":
                 raise bad(f"requests[{i}].model {r.get('model')!r} must be models/{model}")
             text = "".join(p.get("text", "") for p in (r.get("content") or {}).get("parts") or [])
-            dim = int(r.get("outputDimensionality") or 8)
+            default_dim = 3072 if "gemini-embedding" in model else 768 if "text-embedding" in model else 8
+            dim = int(r.get("outputDimensionality") or default_dim)
             h = hashlib.sha256(text.encode()).digest()
             out.append({"values": [round((h[j % 32] - 128) / 128, 6) for j in range(dim)]})
         self.send_json(200, {"embeddings": out})
 
     # ---- Vertex: Anthropic ---------------------------------------------------------------------
 
-    def vertex_anthropic(self, model: str, op: str, raw: bytes, how: str) -> None:
+    def anthropic_api(self, raw: bytes) -> None:
+        """The Anthropic Messages API itself (`POST /v1/messages`, `x-api-key`)."""
+
+        def err(status, etype, msg):
+            return Reject(
+                status,
+                json.dumps({"type": "error", "error": {"type": etype, "message": msg}}).encode(),
+                {"Content-Type": "application/json", "request-id": f"req_{secrets.token_hex(8)}"},
+                msg,
+            )
+
+        key = self.headers.get("x-api-key")
+        if not key or key not in self.state.anthropic_keys:
+            raise err(401, "authentication_error", "invalid x-api-key")
+        if not self.headers.get("anthropic-version"):
+            raise err(400, "invalid_request_error", "anthropic-version: header is required")
+        body = self.json_body(raw, lambda m: err(400, "invalid_request_error", m))
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise err(400, "invalid_request_error", "model: Field required")
+        self.anthropic_messages("anthropic", model, bool(body.get("stream")), raw, "api-key")
+
+    def anthropic_messages(self, service: str, model: str, stream: bool, raw: bytes, how: str) -> None:
+        """Anthropic Messages: on Vertex (`vertex-anthropic`: model in the URL,
+        `anthropic_version` in the body) or the Anthropic API (`anthropic`)."""
+        vertex = service == "vertex-anthropic"
+
         def bad(msg):
             return Reject(
                 400,
@@ -821,14 +1002,13 @@ class Handler(BaseHTTPRequestHandler):
             )
 
         body = self.json_body(raw, bad)
-        self.state.record("vertex-anthropic", model, self.path, self.headers, body, how)
-        if op not in ("rawPredict", "streamRawPredict"):
-            raise google_error(404, "NOT_FOUND", f"fake: method {op} not served for anthropic")
-        if "model" in body:
+        entry = self.state.record(service, model, self.path, self.headers, body, how)
+        allowed = ANTHROPIC_KEYS if vertex else (ANTHROPIC_KEYS - {"anthropic_version"}) | {"model", "service_tier"}
+        if vertex and "model" in body:
             raise bad("model: Extra inputs are not permitted (on Vertex the model is in the URL)")
-        if body.get("anthropic_version") != VERTEX_ANTHROPIC_VERSION:
+        if vertex and body.get("anthropic_version") != VERTEX_ANTHROPIC_VERSION:
             raise bad(f"anthropic_version {body.get('anthropic_version')!r}, want {VERTEX_ANTHROPIC_VERSION!r}")
-        unknown = set(body) - ANTHROPIC_KEYS
+        unknown = set(body) - allowed
         if unknown:
             raise bad(f"{sorted(unknown)[0]}: Extra inputs are not permitted")
         if not isinstance(body.get("max_tokens"), int):
@@ -836,11 +1016,32 @@ class Handler(BaseHTTPRequestHandler):
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs or msgs[0].get("role") != "user":
             raise bad('messages: the first message must use the "user" role')
-        stream = op == "streamRawPredict"
-        if stream and body.get("stream") is not True:
+        if vertex and stream and body.get("stream") is not True:
             raise bad('fake: streamRawPredict without "stream": true')
-        if not stream and body.get("stream"):
+        if vertex and not stream and body.get("stream"):
             raise bad('fake: rawPredict with "stream": true')
+        images = []
+        for i, msg in enumerate(msgs):
+            for b in msg.get("content") if isinstance(msg.get("content"), list) else []:
+                if isinstance(b, dict) and b.get("type") == "image":
+                    src = b.get("source") or {}
+                    if src.get("type") == "base64":
+                        if src.get("media_type") not in ("image/jpeg", "image/png", "image/gif", "image/webp"):
+                            raise bad(f"messages.{i}: image source.media_type {src.get('media_type')!r}")
+                        images.append({"source": "base64", **check_image(src["media_type"], src.get("data"), bad)})
+                    elif src.get("type") == "url":
+                        images.append({"source": "url", "url": src.get("url")})
+                    else:
+                        raise bad(f"messages.{i}: image source.type {src.get('type')!r}")
+        self.state.note(entry, images=images)
+        failing = self.state.failing(service)
+        if failing:
+            raise Reject(
+                failing,
+                json.dumps({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}).encode(),
+                {"Content-Type": "application/json"},
+                f"fake: {service} is switched to fail ({failing})",
+            )
         if "exhausted" in model:
             raise google_error(
                 429,
@@ -856,7 +1057,7 @@ class Handler(BaseHTTPRequestHandler):
                 "overloaded",
             )
 
-        label = f"vertex-anthropic {model}"
+        label = f"{service} {model}"
         last = msgs[-1]
         content = last.get("content")
         results = (
@@ -890,9 +1091,10 @@ class Handler(BaseHTTPRequestHandler):
         else:
             blocks = [{"type": "text", "text": f"Hello from {label}"}]
             stop = "end_turn"
-        msg_id = f"msg_vrtx_{secrets.token_hex(10)}"
+        msg_id = f"msg_vrtx_{secrets.token_hex(10)}" if vertex else f"msg_{secrets.token_hex(12)}"
         upstream_model = model.replace("@", "-")
-        usage = {"input_tokens": 12, "output_tokens": 9}
+        usage = {"input_tokens": 12 + 300 * len(images), "output_tokens": 9}
+        self.state.note(entry, usage={"prompt": usage["input_tokens"], "completion": usage["output_tokens"]})
         if not stream:
             return self.send_json(
                 200,
@@ -924,7 +1126,7 @@ class Handler(BaseHTTPRequestHandler):
                     "content": [],
                     "stop_reason": None,
                     "stop_sequence": None,
-                    "usage": {"input_tokens": 12, "output_tokens": 1},
+                    "usage": {"input_tokens": usage["input_tokens"], "output_tokens": 1},
                 },
             },
         )
@@ -1013,6 +1215,14 @@ class Handler(BaseHTTPRequestHandler):
                 403,
                 "UnrecognizedClientException",
                 "The security token included in the request is invalid.",
+                "com.amazon.coral.service",
+            )
+        if cred.get("retired") or (cred.get("expires") and time.time() > cred["expires"]):
+            raise aws_error(
+                403,
+                "ExpiredTokenException",
+                "The security token included in the request is expired "
+                f"(fake: {'retired by a newer set' if cred.get('retired') else 'past its Expiration'}).",
                 "com.amazon.coral.service",
             )
         amz_date = self.headers.get("X-Amz-Date", "")
@@ -1178,6 +1388,42 @@ class Handler(BaseHTTPRequestHandler):
             },
         )
 
+    def container_creds_rotating(self, lifetime: int) -> None:
+        """A new credential set on every fetch, valid `lifetime` s; issuing it retires
+        every earlier rotating set (Bedrock refuses those from then on)."""
+        cfg = self.state.config.get("container") or {}
+        self.state.record("container", "rotating", self.path, self.headers, None)
+        if not cfg or self.headers.get("Authorization") != cfg.get("auth_token"):
+            raise Reject(
+                401,
+                json.dumps({"code": "Unauthorized", "message": "fake: wrong or missing Authorization"}).encode(),
+                reason="container credentials: bad Authorization",
+            )
+        expires = time.time() + lifetime
+        issue = {
+            "name": "rotating",
+            "access": "ASIA" + secrets.token_hex(8).upper(),
+            "secret": secrets.token_urlsafe(30),
+            "token": "IQoJb3JpZ2luROT" + secrets.token_urlsafe(48),
+            "expires": expires,
+            "retired": False,
+        }
+        with self.state.lock:
+            for c in self.state.aws_creds.values():
+                if c.get("name") == "rotating":
+                    c["retired"] = True
+            self.state.aws_creds[issue["access"]] = issue
+        self.send_json(
+            200,
+            {
+                "RoleArn": "arn:aws:iam::123456789012:role/fake-task-role",
+                "AccessKeyId": issue["access"],
+                "SecretAccessKey": issue["secret"],
+                "Token": issue["token"],
+                "Expiration": iso_z(expires),
+            },
+        )
+
     # ---- Bedrock Converse ------------------------------------------------------------------------
 
     def bedrock(self, path: str, raw: bytes) -> None:
@@ -1192,7 +1438,7 @@ class Handler(BaseHTTPRequestHandler):
             return aws_error(400, "ValidationException", msg)
 
         body = self.json_body(raw, bad)
-        self.state.record("bedrock", model, self.path, self.headers, body, how)
+        entry = self.state.record("bedrock", model, self.path, self.headers, body, how)
         unknown = set(body) - CONVERSE_KEYS
         if unknown:
             raise bad(
@@ -1223,6 +1469,42 @@ class Handler(BaseHTTPRequestHandler):
         system = body.get("system")
         if system is not None and not (isinstance(system, list) and all(isinstance(s, dict) for s in system)):
             raise bad("system: must be a list of SystemContentBlock")
+        images = []
+        for i, msg in enumerate(msgs):
+            for b in msg["content"]:
+                if "image" in b:
+                    img = b["image"]
+                    if img.get("format") not in ("png", "jpeg", "gif", "webp"):
+                        raise bad(f"messages.{i}: image.format {img.get('format')!r} is not png, jpeg, gif or webp")
+                    src = img.get("source") or {}
+                    if set(src) != {"bytes"} and set(src) != {"s3Location"}:
+                        raise bad(f"messages.{i}: image.source is a union: bytes or s3Location ({sorted(src)})")
+                    if "bytes" in src:
+                        images.append(check_image(f"image/{img['format']}", src["bytes"], bad))
+        # OutputConfig.textFormat (botocore's shape): {type: json_schema, structure: {jsonSchema:
+        # {schema: "<JSON text>", name?, description?}}}.
+        schema = None
+        out_cfg = body.get("outputConfig")
+        if out_cfg is not None:
+            tf = out_cfg.get("textFormat") if isinstance(out_cfg, dict) else None
+            if set(out_cfg) - {"textFormat", "effort"}:
+                raise bad(f"outputConfig: unknown member {sorted(set(out_cfg) - {'textFormat', 'effort'})}")
+            if tf is not None:
+                if tf.get("type") != "json_schema" or set(tf) != {"type", "structure"}:
+                    raise bad(f"outputConfig.textFormat: type json_schema and structure required, got {tf!r}")
+                js = (tf.get("structure") or {}).get("jsonSchema")
+                if not isinstance(js, dict) or not isinstance(js.get("schema"), str):
+                    raise bad("outputConfig.textFormat.structure.jsonSchema.schema: a JSON string is required")
+                if set(js) - {"schema", "name", "description"}:
+                    raise bad(f"jsonSchema: unknown member {sorted(set(js) - {'schema', 'name', 'description'})}")
+                try:
+                    schema = json.loads(js["schema"])
+                except ValueError:
+                    raise bad("outputConfig.textFormat.structure.jsonSchema.schema is not valid JSON") from None
+        self.state.note(entry, images=images, json_output=schema is not None, schema=schema)
+        failing = self.state.failing("bedrock")
+        if failing:
+            raise aws_error(failing, "ServiceUnavailableException", f"fake: bedrock is switched to fail ({failing})")
 
         if "throttle" in model:
             raise aws_error(429, "ThrottlingException", "Too many requests, please wait before trying again.")
@@ -1260,10 +1542,15 @@ class Handler(BaseHTTPRequestHandler):
                 }
             ]
             stop = "tool_use"
+        elif schema is not None:
+            blocks = [{"text": json.dumps(json_for_schema(schema))}]
+            stop = "end_turn"
         else:
             blocks = [{"text": f"Hello from {label}"}]
             stop = "end_turn"
-        usage = {"inputTokens": 11, "outputTokens": 7, "totalTokens": 18}
+        usage = {"inputTokens": 11 + 400 * len(images), "outputTokens": 7}
+        usage["totalTokens"] = usage["inputTokens"] + usage["outputTokens"]
+        self.state.note(entry, usage={"prompt": usage["inputTokens"], "completion": usage["outputTokens"]})
         if not stream:
             return self.send_json(
                 200,

@@ -33,9 +33,11 @@ SDK_SUMMARY_FILE: where to write the closing "N passed, M failed" line.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -81,6 +83,14 @@ WEATHER = [
 WEATHER_ARGS = {"location": "Paris, France", "unit": "celsius"}
 TOOL_RESULT = "clouds-tool-result: 18 C, cloudy"
 
+# A 1x1 PNG: what every image test sends, as a data: URL.
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
+PNG_B64 = base64.b64encode(PNG).decode()
+PNG_URL = f"data:image/png;base64,{PNG_B64}"
+PNG_SEEN = {"media_type": "image/png", "bytes": len(PNG), "sha256": hashlib.sha256(PNG).hexdigest()}
+
 # Provider options every test provider gets (as tests/sdk/routes.template.yaml).
 TIMEOUTS = {"timeout": "5s", "connect_timeout": "1s", "retry": {"max": 1, "backoff": "10ms"}}
 
@@ -109,6 +119,7 @@ class Secrets:
         }
         self.container_auth = "container-auth-" + _rand(16)
         self.bedrock_api_key = "ABSKQmVkcm9ja0FQSUtleS" + _rand(30)
+        self.anthropic_key = "sk-ant-api03-FAKE" + _rand(30)
         self.web_identity_token = "eyJhbGciOiJSUzI1NiJ9.fake-web-identity." + _rand(30)
         self.role_arn = "arn:aws:iam::123456789012:role/switchyard-test"
         self.token_file = work / "web-identity-token"
@@ -145,6 +156,7 @@ class Secrets:
                 out[f"{label} AWS session token"] = c["token"]
         out["container auth token"] = self.container_auth
         out["bedrock API key"] = self.bedrock_api_key
+        out["Anthropic API key"] = self.anthropic_key
         out["web identity token"] = self.web_identity_token
         out["SA private key (PEM)"] = self.sa_private_pem
         # A line from the middle of the PEM body: a logged key in any framing still shows.
@@ -160,6 +172,10 @@ FAKE_HOSTPORT = ""
 SECRETS: Secrets | None = None
 _FAKE_PROC: subprocess.Popen | None = None
 SWITCHYARD_LOGS: list[Path] = []
+# What the secrets check reads besides the logs: each switchyard's /metrics (main and admin
+# listener, scraped before it stops) and every error body a client of it received.
+METRICS_TEXTS: list[tuple[str, str]] = []  # (where, text)
+ERROR_BODIES: list[tuple[str, int, str]] = []  # (scenario, status, body)
 
 
 def switchyard_bin() -> str:
@@ -175,6 +191,7 @@ def setUpModule():
     SECRETS = s = Secrets(WORK)
     config = {
         "gemini_keys": s.gemini_keys,
+        "anthropic_keys": [s.anthropic_key],
         "aws": {"region": REGION, "credentials": [s.static, s.profile], "api_keys": [s.bedrock_api_key]},
         "sts": {"role_arn": s.role_arn, "token_file": str(s.token_file), "issue": s.sts_issue},
         "container": {"auth_token": s.container_auth, "issue": s.container_issue},
@@ -263,6 +280,20 @@ def rejections_since(n: int) -> list[dict]:
     return fake_state()["rejections"][n:]
 
 
+def control(**change) -> dict:
+    """POST /_control: e.g. control(fail={"anthropic": 529}), control(fail={"anthropic": None}),
+    control(mds_expires_in=242)."""
+    status, _, body = http("POST", f"{FAKE}/_control", json.dumps(change).encode())
+    assert status == 200, (status, body)
+    return json.loads(body)
+
+
+def sigv4_access_key(call: dict) -> str:
+    m = re.search(r"Credential=([^/]+)/", call["headers"].get("authorization", ""))
+    assert m, call["headers"].get("authorization", "")[:40]
+    return m.group(1)
+
+
 # ---- routes.yaml and a switchyard process ---------------------------------------------------
 
 
@@ -311,7 +342,15 @@ def bedrock_provider(**extra) -> dict:
 class Switchyard:
     """One switchyard process with its own routes.yaml, environment and log."""
 
-    def __init__(self, name: str, providers: dict, targets: dict, tasks: dict, env: dict | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        providers: dict,
+        targets: dict,
+        tasks: dict,
+        env: dict | None = None,
+        routes_text: str | None = None,
+    ) -> None:
         self.name = name
         self.dir = WORK / name
         self.home = self.dir / "home"
@@ -326,7 +365,9 @@ class Switchyard:
             "health": {"degraded_after": 1000, "down_after": 1000, "min_requests": 1000, "probe": {"interval": 0}},
         }
         self.config = self.dir / "routes.yaml"
-        self.config.write_text(f"# test_clouds.py scenario {name}\n" + to_yaml(routes) + "\n")
+        if routes_text is None:
+            routes_text = f"# test_clouds.py scenario {name}\n" + to_yaml(routes) + "\n"
+        self.config.write_text(routes_text)
         self.log = self.dir / "switchyard.log"
         SWITCHYARD_LOGS.append(self.log)
         bin_ = switchyard_bin()
@@ -343,15 +384,26 @@ class Switchyard:
         self.env.update({"HOME": str(self.home), "RUST_LOG": "info,switchyard=debug", "NO_COLOR": "1"})
         self.env.update(env or {})
         self.proc = subprocess.Popen(
-            [bin_, "serve", "--config", str(self.config), "--listen", "127.0.0.1:0", "--log-format", "json"],
+            [
+                bin_,
+                "serve",
+                "--config",
+                str(self.config),
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--log-format",
+                "json",
+            ],
             env=self.env,
             stdout=subprocess.DEVNULL,
             stderr=open(self.log, "wb"),
             cwd=self.dir,
         )
-        self.addr = self._wait_addr()
+        self.addr, self.admin = self._wait_addr()
 
-    def _wait_addr(self) -> str:
+    def _wait_addr(self) -> tuple[str, str | None]:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             for line in self.log.read_text(errors="replace").splitlines():
@@ -360,7 +412,9 @@ class Switchyard:
                 except ValueError:
                     continue
                 if fields.get("message") == "switchyard listening" and fields.get("addr"):
-                    return fields["addr"]
+                    # `admin` is logged as Debug of an Option: "Some(127.0.0.1:PORT)" or "None".
+                    m = re.search(r"(\d+\.\d+\.\d+\.\d+:\d+)", str(fields.get("admin") or ""))
+                    return fields["addr"], m.group(1) if m else None
             if self.proc.poll() is not None:
                 self.stop()
                 raise RuntimeError(
@@ -377,9 +431,31 @@ class Switchyard:
     def client(self, **kw) -> OpenAI:
         kw.setdefault("timeout", 15.0)
         kw.setdefault("max_retries", 0)
+
+        def keep_error_body(response) -> None:
+            if response.status_code >= 400:
+                response.read()
+                ERROR_BODIES.append((self.name, response.status_code, response.text))
+
+        kw.setdefault("http_client", openai.DefaultHttpxClient(event_hooks={"response": [keep_error_body]}))
         return OpenAI(base_url=f"http://{self.addr}/v1", api_key=CLIENT_KEY, **kw)
 
+    def scrape_metrics(self) -> None:
+        """/metrics of both listeners into METRICS_TEXTS (for the secrets check)."""
+        for where, addr in (("main", self.addr), ("admin", self.admin)):
+            if not addr:
+                continue
+            status, _, body = http("GET", f"http://{addr}/metrics", timeout=5)
+            text = body.decode(errors="replace")
+            (self.dir / f"metrics.{where}.txt").write_text(text)
+            METRICS_TEXTS.append((f"{self.name} {where} /metrics ({status})", text))
+
     def stop(self) -> None:
+        if self.proc.poll() is None and getattr(self, "addr", None):
+            try:
+                self.scrape_metrics()
+            except OSError as e:
+                METRICS_TEXTS.append((f"{self.name}: scrape failed: {e}", ""))
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -396,9 +472,16 @@ class Scenario(unittest.TestCase):
     baseline: dict  # the fake's record just before this class's switchyard started
 
     @classmethod
-    def start(cls, providers: dict, targets: dict, tasks: dict, env: dict | None = None) -> None:
+    def start(
+        cls,
+        providers: dict | None = None,
+        targets: dict | None = None,
+        tasks: dict | None = None,
+        env: dict | None = None,
+        routes_text: str | None = None,
+    ) -> None:
         cls.baseline = fake_state()
-        cls.sy = Switchyard(cls.__name__, providers, targets, tasks, env)
+        cls.sy = Switchyard(cls.__name__, providers or {}, targets or {}, tasks or {}, env, routes_text)
 
     @classmethod
     def since_start(cls, key: str) -> int:
@@ -583,32 +666,38 @@ class GeminiApi(Scenario):
 # ---- Vertex AI ---------------------------------------------------------------------------------------
 
 
+def sa_key_file() -> Path:
+    """The service-account key file (token_uri: the fake's /token), written once."""
+    s = SECRETS
+    sa = WORK / "sa.json"
+    sa.write_text(
+        json.dumps(
+            {
+                "type": "service_account",
+                "project_id": PROJECT,
+                "private_key_id": s.sa_key_id,
+                "private_key": s.sa_private_pem,
+                "client_email": s.sa_email,
+                "client_id": "113456789012345678901",
+                "auth_uri": "https://accounts.google.com/o/oauth2/auth",
+                "token_uri": f"{FAKE}/token",
+                "auth_provider_x509_cert_url": "https://www.googleapis.com/oauth2/v1/certs",
+                "client_x509_cert_url": f"https://www.googleapis.com/robot/v1/metadata/x509/{s.sa_email}",
+                "universe_domain": "googleapis.com",
+            },
+            indent=2,
+        )
+    )
+    os.chmod(sa, 0o600)
+    return sa
+
+
 class VertexServiceAccount(Scenario):
     """Vertex with a service-account key file (token_uri: the fake's /token)."""
 
     @classmethod
     def setUpClass(cls):
-        s = SECRETS
-        sa = WORK / "sa.json"
-        sa.write_text(
-            json.dumps(
-                {
-                    "type": "service_account",
-                    "project_id": PROJECT,
-                    "private_key_id": s.sa_key_id,
-                    "private_key": s.sa_private_pem,
-                    "client_email": s.sa_email,
-                    "client_id": "113456789012345678901",
-                    "auth_uri": "https://accounts.google.com/o/oauth2/auth",
-                    "token_uri": f"{FAKE}/token",
-                    "auth_provider_x509_cert_url": "https://www.googleapis.com/oauth2/v1/certs",
-                    "client_x509_cert_url": f"https://www.googleapis.com/robot/v1/metadata/x509/{s.sa_email}",
-                    "universe_domain": "googleapis.com",
-                },
-                indent=2,
-            )
-        )
-        os.chmod(sa, 0o600)
+        sa = sa_key_file()
         cls.start(
             providers={"vtx": vertex_provider(credentials_file=str(sa))},
             targets={
@@ -976,22 +1065,452 @@ class BedrockProfile(Scenario):
         self.assertEqual(call["auth"], "sigv4:profile", self.explain())
 
 
+# ---- credentials renewed before they expire ---------------------------------------------------------
+
+
+class BedrockCredentialRefresh(Scenario):
+    """Container credentials that expire 302 s after each fetch: switchyard keeps a set until less
+    than 300 s remain, so a request 3 s later must fetch a new set and sign with it. The fake
+    retires a set as soon as it issues the next (Bedrock then answers ExpiredTokenException)."""
+
+    LIFETIME = 302
+
+    @classmethod
+    def setUpClass(cls):
+        cls.start(
+            providers={"brk-rot": bedrock_provider()},
+            targets={"brk-rot-claude": {"provider": "brk-rot", "model": "anthropic.claude-rotating-v1:0"}},
+            tasks={"brk-rot": {"chain": ["brk-rot-claude"]}},
+            env={
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI": f"{FAKE}/container-creds/rotating/{cls.LIFETIME}",
+                "AWS_CONTAINER_AUTHORIZATION_TOKEN": SECRETS.container_auth,
+                "AWS_REGION": REGION,
+                "AWS_EC2_METADATA_DISABLED": "true",
+            },
+        )
+
+    def test_renewed_credentials_sign_the_next_request(self):
+        model = "anthropic.claude-rotating-v1:0"
+        self.assertText(self.chat("brk-rot"), f"Hello from bedrock {model}")
+        time.sleep(3.5)  # now less than 300 s of the first set remain
+        self.assertText(self.chat("brk-rot"), f"Hello from bedrock {model}")
+        calls = [c for c in self.calls_since_start() if c["service"] == "bedrock" and c["model"] == model]
+        self.assertEqual(len(calls), 2, "two requests, two calls: none failed and none was retried")
+        self.assertEqual(self.since_start("container:rotating"), 2, "one fetch per request: the second renewed")
+        first, second = (sigv4_access_key(c) for c in calls)
+        self.assertNotEqual(first, second, "the second request must be signed with the renewed set")
+        issued = {c["access"]: c for c in fake_state()["issued"]["aws_rotated"]}
+        self.assertTrue(issued[first]["retired"], "the first set is retired: the fake would refuse it now")
+        self.assertFalse(issued[second]["retired"])
+        self.assertEqual(calls[1]["headers"].get("x-amz-security-token"), issued[second]["token"])
+        self.assertEqual(
+            [r for r in rejections_since(self.rejections_before) if r["service"] == "bedrock"], [], self.explain()
+        )
+
+
+class VertexTokenRefresh(Scenario):
+    """Metadata-server tokens that live 242 s: google-cloud-auth's background task refreshes a
+    token 240 s before it expires, i.e. ~2 s after each fetch, and publishes the new one to every
+    later caller at once. The fake refuses a metadata token 1.5 s after it issued its successor,
+    so a request signed with a stale token fails the test."""
+
+    @classmethod
+    def setUpClass(cls):
+        control(mds_expires_in=242, mds_grace=1.5)
+        cls.start(
+            providers={"vtx-rot": vertex_provider()},
+            targets={
+                "vtx-rot-gemini": {"provider": "vtx-rot", "model": "gemini-2.0-flash-rotating"},
+                "vtx-rot-claude": {"provider": "vtx-rot", "model": "claude-rotating@20250514"},
+            },
+            tasks={"vtx-rot": {"chain": ["vtx-rot-gemini"]}, "vtx-rot-claude": {"chain": ["vtx-rot-claude"]}},
+            env={"GCE_METADATA_HOST": FAKE_HOSTPORT},
+        )
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        control(mds_expires_in=3599)
+
+    def test_renewed_tokens_are_used_without_a_failed_request(self):
+        t0 = time.monotonic()
+        n = 0
+        while time.monotonic() - t0 < 5.5:
+            if n % 2:
+                self.chat("vtx-rot-claude", max_tokens=16)
+            else:
+                self.chat("vtx-rot")  # self.chat fails the test on any error answer
+            n += 1
+            time.sleep(0.4)
+        calls = [c for c in self.calls_since_start() if c["service"] in ("vertex", "vertex-anthropic")]
+        self.assertEqual(len(calls), n, "every request one call: none failed, none retried")
+        tokens = [c["headers"]["authorization"][len("Bearer ") :] for c in calls]
+        life = fake_state()["issued"]["google_token_life"]
+        order = sorted(set(tokens), key=lambda t: life[t]["issued"])
+        self.assertGreaterEqual(len(order), 2, f"a renewed token must be used within 5 s; used {len(order)}")
+        # Never back to an older token once a newer one was used.
+        ranks = [order.index(t) for t in tokens]
+        self.assertEqual(ranks, sorted(ranks), "a token older than one already used came back")
+        self.assertGreaterEqual(self.since_start("mds:token"), 2)
+        self.assertEqual(
+            [r for r in rejections_since(self.rejections_before) if r["service"] == "vertex"], [], self.explain()
+        )
+
+
+# ---- images, JSON output and usage, per adapter ------------------------------------------------------
+
+
+class AdapterFeatures(Scenario):
+    """The same OpenAI requests through each adapter: Gemini API, Vertex Gemini, Vertex Claude, Bedrock."""
+
+    # task -> (fake service, model)
+    ROADS = {
+        "f-gemini": ("gemini", "gemini-2.0-flash-features"),
+        "f-vertex-gemini": ("vertex", "gemini-2.0-flash-features"),
+        "f-vertex-claude": ("vertex-anthropic", "claude-features@20250514"),
+        "f-bedrock": ("bedrock", "us.anthropic.claude-features-v1:0"),
+    }
+    CAPS = ["tools", "json_mode", "vision"]
+
+    @classmethod
+    def setUpClass(cls):
+        providers = {
+            "f-gem": gemini_provider("GEMINI_KEY"),
+            "f-vtx": vertex_provider(credentials_file=str(sa_key_file())),
+            "f-brk": bedrock_provider(),
+        }
+        prov = {"gemini": "f-gem", "vertex": "f-vtx", "vertex-anthropic": "f-vtx", "bedrock": "f-brk"}
+        targets = {
+            task: {"provider": prov[svc], "model": model, "capabilities": cls.CAPS}
+            for task, (svc, model) in cls.ROADS.items()
+        }
+        tasks = {task: {"chain": [task]} for task in cls.ROADS}
+        # Vertex Claude cannot take JSON output: a chain that goes on to Vertex Gemini.
+        tasks["f-claude-then-gemini"] = {"chain": ["f-vertex-claude", "f-vertex-gemini"]}
+        cls.start(
+            providers=providers,
+            targets=targets,
+            tasks=tasks,
+            env={**static_env(), "GEMINI_KEY": SECRETS.gemini_keys[4], "GCE_METADATA_HOST": "127.0.0.1:9"},
+        )
+
+    def last(self, task: str) -> dict:
+        svc, model = self.ROADS[task]
+        return last_call(svc, model)
+
+    def test_image_reaches_each_adapter_in_its_own_shape(self):
+        content = [
+            {"type": "text", "text": "What is in this picture?"},
+            {"type": "image_url", "image_url": {"url": PNG_URL}},
+        ]
+        for task, (svc, model) in self.ROADS.items():
+            with self.subTest(task):
+                r = self.chat(task, [{"role": "user", "content": content}], max_tokens=64)
+                self.assertText(r, f"Hello from {svc} {model}")
+                call = self.last(task)
+                seen = {"source": "base64", **PNG_SEEN} if svc == "vertex-anthropic" else PNG_SEEN
+                self.assertEqual(call.get("images"), [seen])
+                body = call["body"]
+                if svc in ("gemini", "vertex"):
+                    parts = body["contents"][-1]["parts"]
+                    self.assertIn({"inlineData": {"mimeType": "image/png", "data": PNG_B64}}, parts)
+                    self.assertIn({"text": "What is in this picture?"}, parts)
+                elif svc == "vertex-anthropic":
+                    blocks = body["messages"][-1]["content"]
+                    self.assertIn(
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64}},
+                        blocks,
+                    )
+                else:
+                    blocks = body["messages"][-1]["content"]
+                    self.assertIn({"image": {"format": "png", "source": {"bytes": PNG_B64}}}, blocks)
+                # The fake counts the image into the prompt: usage must say what it said.
+                self.assertEqual(r.usage.prompt_tokens, call["usage"]["prompt"])
+                self.assertEqual(r.usage.completion_tokens, call["usage"]["completion"])
+
+    SCHEMA = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "temperature": {"type": "integer"}},
+        "required": ["city", "temperature"],
+        "additionalProperties": False,
+    }
+    RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "weather", "strict": True, "schema": SCHEMA}}
+
+    def test_json_schema_output(self):
+        for task in ("f-gemini", "f-vertex-gemini", "f-bedrock"):
+            svc, _ = self.ROADS[task]
+            with self.subTest(task):
+                r = self.chat(
+                    task, [{"role": "user", "content": "Weather in Paris?"}], response_format=self.RESPONSE_FORMAT
+                )
+                self.assertEqual(json.loads(r.choices[0].message.content), {"city": "Paris", "temperature": 18})
+                call = self.last(task)
+                self.assertTrue(call.get("json_output"), call["body"])
+                if svc == "bedrock":
+                    tf = call["body"]["outputConfig"]["textFormat"]
+                    self.assertEqual(tf["type"], "json_schema")
+                    self.assertEqual(tf["structure"]["jsonSchema"]["name"], "weather")
+                    self.assertEqual(json.loads(tf["structure"]["jsonSchema"]["schema"]), self.SCHEMA)
+                else:
+                    gen = call["body"]["generationConfig"]
+                    self.assertEqual(gen["responseMimeType"], "application/json")
+                    rs = gen["responseSchema"]
+                    self.assertEqual(rs["type"].lower(), "object")
+                    self.assertEqual(set(rs["properties"]), {"city", "temperature"})
+                    self.assertEqual(rs["properties"]["temperature"]["type"].lower(), "integer")
+                    self.assertNotIn("additionalProperties", json.dumps(rs), "Gemini's Schema has none")
+
+    def test_json_schema_output_on_vertex_claude_is_never_a_silent_wrong_answer(self):
+        # What switchyard does: Anthropic has no response_format, so the target is skipped
+        # without a call; alone in its chain, the client gets a clear 4xx.
+        before = count("vertex-anthropic:claude-features@20250514")
+        with self.assertRaises(openai.APIStatusError) as cm:
+            self.sy.client().chat.completions.create(
+                model="f-vertex-claude",
+                messages=[{"role": "user", "content": "Weather in Paris?"}],
+                response_format=self.RESPONSE_FORMAT,
+            )
+        e = cm.exception
+        self.assertTrue(400 <= e.status_code < 500, (e.status_code, e.body))
+        self.assertRegex(str(e.message), r"(?i)response_format|json", e.body)
+        self.assertEqual(count("vertex-anthropic:claude-features@20250514") - before, 0, "no call to Claude")
+        # With somewhere to go, the request is served there.
+        raw = self.sy.client().chat.completions.with_raw_response.create(
+            model="f-claude-then-gemini",
+            messages=[{"role": "user", "content": "Weather in Paris?"}],
+            response_format=self.RESPONSE_FORMAT,
+        )
+        self.assertEqual(raw.headers.get("x-switchyard-target"), "f-vertex-gemini")
+        self.assertEqual(json.loads(raw.parse().choices[0].message.content), {"city": "Paris", "temperature": 18})
+        self.assertEqual(count("vertex-anthropic:claude-features@20250514") - before, 0, "no call to Claude")
+
+    def test_usage_plain_and_streamed_is_the_upstreams(self):
+        for task in self.ROADS:
+            with self.subTest(task, stream=False):
+                r = self.chat(task, max_tokens=32)
+                u = self.last(task)["usage"]
+                self.assertEqual(
+                    (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens),
+                    (u["prompt"], u["completion"], u["prompt"] + u["completion"]),
+                )
+            with self.subTest(task, stream=True):
+                text, chunks = self.stream_text(task, max_tokens=32, stream_options={"include_usage": True})
+                self.assertTrue(text.startswith("Hello from"), text)
+                u = self.last(task)["usage"]
+                with_usage = [c for c in chunks if c.usage is not None]
+                self.assertEqual(len(with_usage), 1, "one usage chunk")
+                self.assertIs(chunks[-1], with_usage[0], "the usage chunk comes last")
+                self.assertEqual(chunks[-1].choices, [])
+                cu = chunks[-1].usage
+                self.assertEqual(
+                    (cu.prompt_tokens, cu.completion_tokens, cu.total_tokens),
+                    (u["prompt"], u["completion"], u["prompt"] + u["completion"]),
+                )
+
+
+# ---- examples/claude-everywhere and examples/gemini-everywhere, pointed at the fakes -------------------
+
+
+def fake_embedding(text: str, dim: int) -> list[float]:
+    """The vector fake_clouds.py answers for `text` (see its gemini_embed)."""
+    h = hashlib.sha256(text.encode()).digest()
+    return [round((h[j % 32] - 128) / 128, 6) for j in range(dim)]
+
+
+def load_example(name: str) -> dict:
+    import yaml  # PyYAML: in the SDK venv (fakellm's dependency)
+
+    return yaml.safe_load((ROOT / "examples" / name / "routes.yaml").read_text())
+
+
+def dump_routes(routes: dict) -> str:
+    return json.dumps(routes, indent=1)  # JSON is YAML
+
+
+class ClaudeEverywhereExample(Scenario):
+    """examples/claude-everywhere/routes.yaml with only the roads' endpoints and credentials
+    pointed at the fakes: Anthropic API, then Bedrock, then Vertex."""
+
+    @classmethod
+    def setUpClass(cls):
+        routes = load_example("claude-everywhere")
+        cls.example = json.loads(json.dumps(routes))
+        p = routes["providers"]
+        p["anthropic"]["base_url"] = f"{FAKE}/v1"
+        p["bedrock"]["base_url"] = FAKE  # region us-east-1 stays: the fake checks the SigV4 scope
+        # The fake serves project test-project in us-central1: the URL says which.
+        p["vertex"]["base_url"] = f"{FAKE}/v1/projects/{PROJECT}/locations/{LOCATION}"
+        cls.targets = {name: t["model"] for name, t in routes["targets"].items()}
+        cls.start(
+            routes_text=dump_routes(routes),
+            env={**static_env(), "ANTHROPIC_API_KEY": SECRETS.anthropic_key, "GCE_METADATA_HOST": FAKE_HOSTPORT},
+        )
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        control(fail={"anthropic": None, "bedrock": None})
+
+    def test_the_example_is_what_the_brief_says(self):
+        ex = self.example
+        roads = ("anthropic", "bedrock", "vertex")
+        self.assertEqual([ex["providers"][n]["protocol"] for n in roads], list(roads))
+        self.assertEqual(ex["tasks"]["claude"]["chain"], ["claude-anthropic", "claude-bedrock", "claude-vertex"])
+        self.assertTrue(ex["tasks"]["claude"]["aliases"])
+
+    def test_anthropic_first(self):
+        raw = self.sy.client().chat.completions.with_raw_response.create(
+            model="claude", messages=[{"role": "user", "content": "hi"}], max_tokens=32
+        )
+        m = self.targets["claude-anthropic"]
+        self.assertEqual(raw.headers.get("x-switchyard-target"), "claude-anthropic", self.explain())
+        self.assertEqual(raw.parse().choices[0].message.content, f"Hello from anthropic {m}")
+        call = last_call("anthropic", m)
+        self.assertEqual(call["headers"].get("x-api-key"), SECRETS.anthropic_key)
+        self.assertEqual(call["body"]["model"], m)
+
+    def test_anthropic_overloaded_fails_over_to_bedrock_then_vertex(self):
+        a, b, v = (self.targets[n] for n in ("claude-anthropic", "claude-bedrock", "claude-vertex"))
+        alias = self.example["tasks"]["claude"]["aliases"][0]
+        try:
+            control(fail={"anthropic": 529})
+            before = {k: count(k) for k in (f"anthropic:{a}", f"bedrock:{b}", f"vertex-anthropic:{v}")}
+            raw = self.sy.client().chat.completions.with_raw_response.create(
+                model=alias, messages=[{"role": "user", "content": "hi"}], max_tokens=32
+            )
+            self.assertEqual(raw.headers.get("x-switchyard-target"), "claude-bedrock", self.explain())
+            self.assertEqual(raw.parse().choices[0].message.content, f"Hello from bedrock {b}")
+            self.assertGreaterEqual(count(f"anthropic:{a}") - before[f"anthropic:{a}"], 1)
+            self.assertEqual(count(f"bedrock:{b}") - before[f"bedrock:{b}"], 1)
+            self.assertEqual(count(f"vertex-anthropic:{v}") - before[f"vertex-anthropic:{v}"], 0)
+            self.assertEqual(last_call("bedrock", b)["auth"], "sigv4:static")
+            # Both clouds' first roads down: Vertex answers.
+            control(fail={"bedrock": 503})
+            raw = self.sy.client().chat.completions.with_raw_response.create(
+                model="claude", messages=[{"role": "user", "content": "hi"}], max_tokens=32
+            )
+            self.assertEqual(raw.headers.get("x-switchyard-target"), "claude-vertex", self.explain())
+            self.assertEqual(raw.parse().choices[0].message.content, f"Hello from vertex-anthropic {v}")
+            self.assertEqual(last_call("vertex-anthropic", v)["auth"], "mds")
+        finally:
+            control(fail={"anthropic": None, "bedrock": None})
+
+
+class GeminiEverywhereExample(Scenario):
+    """examples/gemini-everywhere/routes.yaml pointed at the fakes: Gemini API, then Vertex."""
+
+    @classmethod
+    def setUpClass(cls):
+        routes = load_example("gemini-everywhere")
+        p = routes["providers"]
+        p["gemini"]["base_url"] = f"{FAKE}/v1beta"
+        p["vertex"]["base_url"] = f"{FAKE}/v1/projects/{PROJECT}/locations/{LOCATION}"
+        cls.targets = {name: t["model"] for name, t in routes["targets"].items()}
+        cls.start(
+            routes_text=dump_routes(routes),
+            env={"GEMINI_API_KEY": SECRETS.gemini_keys[3], "GCE_METADATA_HOST": FAKE_HOSTPORT},
+        )
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        control(fail={"gemini": None})
+
+    def test_gemini_api_unavailable_fails_over_to_vertex(self):
+        g, v = self.targets["gemini-api-flash"], self.targets["gemini-vertex-flash"]
+        try:
+            control(fail={"gemini": 503})
+            g0, v0 = count(f"gemini:{g}"), count(f"vertex:{v}")
+            raw = self.sy.client().chat.completions.with_raw_response.create(
+                model="gemini", messages=[{"role": "user", "content": "hi"}]
+            )
+            self.assertEqual(raw.headers.get("x-switchyard-target"), "gemini-vertex-flash", self.explain())
+            self.assertEqual(raw.parse().choices[0].message.content, f"Hello from vertex {v}")
+            self.assertGreaterEqual(count(f"gemini:{g}") - g0, 1)
+            self.assertEqual(count(f"vertex:{v}") - v0, 1)
+        finally:
+            control(fail={"gemini": None})
+        raw = self.sy.client().chat.completions.with_raw_response.create(
+            model="gemini-2.5-flash", messages=[{"role": "user", "content": "hi"}]
+        )
+        self.assertEqual(raw.headers.get("x-switchyard-target"), "gemini-api-flash")
+
+    def test_embeddings_through_the_gemini_api(self):
+        m = self.targets["gemini-api-embed"]
+        before = count(f"gemini:{m}")
+        try:
+            r = self.sy.client().embeddings.create(model="embed", input=["hello", "world"], encoding_format="float")
+        except openai.APIError as e:
+            self.fail(f"embeddings: {e}{self.explain()}")
+        self.assertEqual(len(r.data), 2)
+        self.assertEqual([d.index for d in r.data], [0, 1])
+        self.assertEqual(len(r.data[0].embedding), 3072)
+        self.assertEqual(r.data[0].embedding, fake_embedding("hello", 3072))
+        self.assertEqual(r.data[1].embedding, fake_embedding("world", 3072))
+        self.assertEqual(count(f"gemini:{m}") - before, 1)
+        call = last_call("gemini", m)
+        self.assertEqual(call["path"], f"/v1beta/models/{m}:batchEmbedContents")
+        self.assertEqual([q["content"]["parts"][0]["text"] for q in call["body"]["requests"]], ["hello", "world"])
+
+    def test_embeddings_with_the_sdk_default_encoding_base64(self):
+        """The openai SDK sends `"encoding_format": "base64"` when the caller chooses none, and
+        decodes base64 float32 itself. Gemini answers numbers: switchyard encodes them, as OpenAI
+        would answer, and the SDK reads the same vectors."""
+        m = self.targets["gemini-api-embed"]
+        before = count(f"gemini:{m}")
+        raw = self.sy.client().embeddings.with_raw_response.create(model="embed", input=["hello", "world"])
+        wire = json.loads(raw.http_response.text)
+        self.assertIsInstance(wire["data"][0]["embedding"], str, "base64 on the wire, as asked")
+        r = raw.parse()
+        self.assertEqual(len(r.data), 2)
+        self.assertEqual(len(r.data[0].embedding), 3072)
+        self.assertEqual(count(f"gemini:{m}") - before, 1)
+        want = fake_embedding("hello", 3072)
+        self.assertEqual([round(x, 6) for x in r.data[0].embedding], want)
+
+
 # ---- secrets never logged (runs last: classes run in name order) ----------------------------------
 
 
 class ZzSecretsNotLogged(unittest.TestCase):
-    def test_no_secret_in_any_switchyard_log(self):
-        logs = [p for p in SWITCHYARD_LOGS if p.exists()]
-        if not logs:
-            self.skipTest("no scenario ran in this process")
+    def secrets(self) -> dict[str, str]:
         state = fake_state()
         secrets_ = SECRETS.all()
         for i, token in enumerate(state["issued"]["google_tokens"]):
             secrets_[f"Google access token {i}"] = token
+        for i, c in enumerate(state["issued"]["aws_rotated"]):
+            secrets_[f"rotated AWS secret key {i}"] = c["secret"]
+            secrets_[f"rotated AWS session token {i}"] = c["token"]
         for c in state["calls"]:
             auth = c["headers"].get("authorization", "")
             if c["service"].startswith("vertex") and auth.startswith("Bearer "):
                 secrets_[f"Vertex bearer ({c['auth']})"] = auth[len("Bearer ") :]
+        return secrets_
+
+    def test_no_secret_in_metrics_or_error_bodies(self):
+        if not SWITCHYARD_LOGS:
+            self.skipTest("no scenario ran in this process")
+        secrets_ = self.secrets()
+        scraped = [(where, text) for where, text in METRICS_TEXTS if text]
+        self.assertTrue(scraped, f"no /metrics was scraped: {[w for w, _ in METRICS_TEXTS]}")
+        self.assertTrue(
+            any(" admin " in where for where, _ in scraped), "no admin-listener /metrics was scraped"
+        )
+        for where, text in scraped:
+            self.assertIn("switchyard_", text, f"{where} does not look like switchyard's metrics")
+        if any(p.parent.name == "GeminiApi" for p in SWITCHYARD_LOGS):
+            # Its 429 test alone answers an error body: the capture must have seen it.
+            self.assertTrue(any(n == "GeminiApi" for n, _, _ in ERROR_BODIES), "no error body was captured")
+        for where, text in scraped + [(f"{n} error body ({st})", b) for n, st, b in ERROR_BODIES]:
+            for name, secret in secrets_.items():
+                with self.subTest(where=where, secret=name):
+                    self.assertNotIn(secret, text, f"{name} appears in {where}")
+
+    def test_no_secret_in_any_switchyard_log(self):
+        logs = [p for p in SWITCHYARD_LOGS if p.exists()]
+        if not logs:
+            self.skipTest("no scenario ran in this process")
+        secrets_ = self.secrets()
         for log in logs:
             text = log.read_text(errors="replace")
             for name, secret in secrets_.items():
@@ -1161,6 +1680,29 @@ class FakeBedrockSelfTest(unittest.TestCase):
         )
         c.converse(modelId="selftest-ecs", messages=[{"role": "user", "content": [{"text": "hi"}]}])
         self.assertEqual(last_call("bedrock", "selftest-ecs")["auth"], "sigv4:container")
+
+    def test_rotating_container_credentials_retire_the_previous_set(self):
+        from botocore.exceptions import ClientError
+        from botocore.utils import ContainerMetadataFetcher
+
+        fetcher = ContainerMetadataFetcher()
+        url, hdr = f"{FAKE}/container-creds/rotating/302", {"Authorization": SECRETS.container_auth}
+        old, new = fetcher.retrieve_full_uri(url, headers=hdr), fetcher.retrieve_full_uri(url, headers=hdr)
+        self.assertNotEqual(old["AccessKeyId"], new["AccessKeyId"])
+        msgs = [{"role": "user", "content": [{"text": "hi"}]}]
+
+        def client(c):
+            return self.client(
+                aws_access_key_id=c["AccessKeyId"],
+                aws_secret_access_key=c["SecretAccessKey"],
+                aws_session_token=c["Token"],
+            )
+
+        with self.assertRaises(ClientError) as cm:
+            client(old).converse(modelId="selftest-rotating", messages=msgs)
+        self.assertEqual(cm.exception.response["Error"]["Code"], "ExpiredTokenException")
+        client(new).converse(modelId="selftest-rotating", messages=msgs)
+        self.assertEqual(last_call("bedrock", "selftest-rotating")["auth"], "sigv4:rotating")
 
     def test_botocore_credential_chain_with_a_profile(self):
         # botocore's own resolution of a named profile in a shared credentials file.
