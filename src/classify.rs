@@ -673,6 +673,18 @@ pub fn default_rules() -> Vec<Rule> {
     ]
 }
 
+/// The wait an in-band error advertises in its own `error.retry_after`
+/// (seconds; a translation puts it there from the provider's own form, as
+/// Google's `RetryInfo`), capped at an hour.
+#[must_use]
+pub fn in_band_wait(error: &[u8]) -> Option<Duration> {
+    // Most in-band errors name no wait: a byte scan before any parse.
+    memchr::memmem::find(error, b"\"retry_after\"")?;
+    let v: serde_json::Value = serde_json::from_slice(error).ok()?;
+    let secs = v.get("error")?.get("retry_after")?.as_u64()?;
+    Some(Duration::from_secs(secs).min(MAX_ADVERTISED_WAIT))
+}
+
 /// The status an in-band error (a 2xx body or a stream event carrying
 /// `{"error": ...}`) is classified as: its own numeric code, else 400 when it
 /// says the context is too long, else 502.
@@ -1169,6 +1181,24 @@ mod tests {
             Some(Duration::from_secs_f64(3723.5))
         );
         assert_eq!(go_duration("3x"), None);
+    }
+
+    #[test]
+    fn an_in_band_error_may_advertise_its_wait() {
+        let wait = |text: &str| in_band_wait(text.as_bytes());
+        assert_eq!(
+            wait(r#"{"error":{"message":"quota","status":429,"retry_after":7}}"#),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(
+            wait(r#"{"error":{"retry_after":99999999}}"#),
+            Some(MAX_ADVERTISED_WAIT)
+        );
+        assert_eq!(
+            wait(r#"{"error":{"message":"no wait","status":429}}"#),
+            None
+        );
+        assert_eq!(wait(r#"{"error":{"retry_after":"soon"}}"#), None);
     }
 
     #[test]

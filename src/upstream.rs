@@ -57,6 +57,23 @@ pub fn adapter_names() -> String {
         .join(", ")
 }
 
+/// A model name as one path segment: everything but the unreserved
+/// characters and `@` (Vertex AI's `model@version`) percent-encoded, so a
+/// name can never end the path, start a query or climb out of its segment
+/// (an ARN's `:` and `/`, a `?` or `#` in a name).
+#[must_use]
+pub fn path_segment(model: &str) -> String {
+    let mut out = String::with_capacity(model.len() + 8);
+    for byte in model.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~' | b'@') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
 /// The client headers any protocol forwards, copied out of `client` (for a
 /// stream's continuation, which outlives the request's own headers).
 #[must_use]
@@ -139,7 +156,7 @@ pub trait Adapter: Send + Sync + std::fmt::Debug {
     ///
     /// # Errors
     /// The place or the credentials file cannot make one.
-    fn auth(&self, _place: &Place<'_>, _base_url: &str) -> Result<Option<auth::Auth>, String> {
+    fn auth(&self, _place: &Place<'_>, _base_url: &str) -> Result<Option<auth::Auth>, PlaceError> {
         Ok(None)
     }
 
@@ -251,6 +268,16 @@ pub struct Place<'a> {
     pub project: Option<&'a str>,
     /// A cloud location (`location:`; Vertex AI's `us-central1` or `global`).
     pub location: Option<&'a str>,
+}
+
+/// A provider's place settings that cannot work, and the one at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct PlaceError {
+    /// The setting at fault (`region`, `credentials_file`), if one is.
+    pub key: Option<&'static str>,
+    /// What is wrong, never with a secret.
+    pub message: String,
 }
 
 /// How a protocol frames its streams.

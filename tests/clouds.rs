@@ -220,3 +220,75 @@ fn the_cloud_examples_validate_and_keep_their_roads_in_order() {
         assert_eq!(chain, roads);
     }
 }
+
+#[test]
+fn a_place_that_is_no_cloud_name_never_becomes_a_host() {
+    for (provider, key) in [
+        (
+            "    protocol: vertex\n    project: p\n    location: '127.0.0.1:9/x'",
+            "location",
+        ),
+        (
+            "    protocol: vertex\n    project: 'a/../../b'\n    location: us-central1",
+            "project",
+        ),
+        ("    protocol: bedrock\n    region: ''", "region"),
+        ("    protocol: bedrock\n    region: 'us east 1'", "region"),
+        (
+            "    protocol: bedrock\n    region: 'us-east-1/../evil.com#'",
+            "region",
+        ),
+    ] {
+        let text = with_provider(provider);
+        let errors = compile_errors(&text);
+        let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 1, "{provider}: {all:#?}");
+        assert_eq!(errors[0].path, format!("providers.p.{key}"), "{all:#?}");
+        assert!(
+            errors[0].message.contains(&format!("is not a {key} name")),
+            "{all:#?}"
+        );
+    }
+    let text = with_provider(
+        "    protocol: bedrock\n    region: us-east-1\n    base_url: https://bedrock-runtime.eu-west-1.amazonaws.com",
+    );
+    let errors = compile_errors(&text);
+    let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(errors.len(), 1, "{all:#?}");
+    assert_eq!(errors[0].path, "providers.p.region", "{all:#?}");
+    assert!(errors[0].message.contains("eu-west-1"), "{all:#?}");
+}
+
+#[test]
+fn a_service_account_key_the_library_would_refuse_is_refused_at_its_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sa.json");
+    let text = with_provider(&format!(
+        "    protocol: vertex\n    project: p\n    location: us-central1\n    credentials_file: {}",
+        file.display()
+    ));
+    let key = |fields: &str| format!(r#"{{"type":"service_account",{fields}}}"#);
+    let complete =
+        r#""client_email":"a@p.iam.gserviceaccount.com","private_key_id":"k1","project_id":"p""#;
+    for (json, says) in [
+        (
+            key(r#""client_email":"a@b","private_key":"x""#),
+            "no `private_key_id`",
+        ),
+        (
+            key(&format!(
+                r#"{complete},"private_key":"-----BEGIN PRIVATE KEY-----\nbm90IGEga2V5\n-----END PRIVATE KEY-----\n""#
+            )),
+            "not a PEM private key",
+        ),
+        ("[1, 2]".to_owned(), "service-account key"),
+    ] {
+        std::fs::write(&file, &json).unwrap();
+        let errors = compile_errors(&text);
+        let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 1, "{json}: {all:#?}");
+        assert_eq!(errors[0].path, "providers.p.credentials_file", "{all:#?}");
+        assert!(errors[0].message.contains(says), "{json}: {all:#?}");
+        assert!(!errors[0].message.contains("bm90IGEga2V5"), "{all:#?}");
+    }
+}

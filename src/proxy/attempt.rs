@@ -1029,6 +1029,15 @@ pub fn in_band_verdict(
     data: &[u8],
 ) -> (Decision, u16) {
     let status = classify::in_band_status(code, data);
+    // A wait the error itself advertises is heard as a `Retry-After`.
+    let advertised;
+    let headers = match classify::in_band_wait(data) {
+        Some(wait) if !headers.contains_key(http::header::RETRY_AFTER) => {
+            advertised = with_retry_after(headers, wait);
+            &advertised
+        }
+        Some(_) | None => headers,
+    };
     let outcome = Outcome::Response {
         status,
         headers,

@@ -861,6 +861,9 @@ fn base_url(
         ("location", p.location.is_some()),
         ("credentials_file", p.credentials_file.is_some()),
     ];
+    if !place_values_are_names(p, path, c) {
+        return None;
+    }
     for (key, _) in set
         .iter()
         .filter(|(key, set)| *set && !adapter.place_keys().contains(key))
@@ -879,6 +882,45 @@ fn base_url(
             .map_err(|e| c.error(path, e))
             .ok(),
     }
+}
+
+/// Whether a provider's region, project and location are the names a cloud
+/// gives them (they go into its URL: a `/`, `#` or `:` there would take the
+/// requests, and the token with them, somewhere else).
+fn place_values_are_names(p: &RawProvider, path: &str, c: &mut Checks<'_>) -> bool {
+    let name = |v: &str| {
+        !v.is_empty()
+            && v.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    };
+    // Project ids may be domain-scoped (`example.com:my-project`), and only
+    // ever go into the path.
+    let project = |v: &str| {
+        !v.is_empty()
+            && v.bytes().all(|b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.' | b':')
+            })
+    };
+    let mut good = true;
+    for (key, value, ok, allowed) in [
+        (
+            "region",
+            p.region.as_deref(),
+            name as fn(&str) -> bool,
+            "`-`",
+        ),
+        ("location", p.location.as_deref(), name, "`-`"),
+        ("project", p.project.as_deref(), project, "`-`, `.` and `:`"),
+    ] {
+        if let Some(value) = value.filter(|v| !ok(v)) {
+            good = false;
+            c.error(
+                &format!("{path}.{key}"),
+                format!("`{value}` is not a {key} name (lowercase letters, digits and {allowed})"),
+            );
+        }
+    }
+    good
 }
 
 /// The JSON of a provider's `credentials_file`, read now (and at each reload).
@@ -973,7 +1015,10 @@ fn endpoint(
     let keyless = p.api_key_env.is_none() && p.api_key_file.is_none() && p.keys.is_empty();
     let auth = if keyless {
         provider_auth(adapter, place, base_url, live)
-            .map_err(|e| c.error(path, e))
+            .map_err(|e| match e.key {
+                Some(key) => c.error(&format!("{path}.{key}"), e.message),
+                None => c.error(path, e.message),
+            })
             .ok()?
     } else {
         None
@@ -996,7 +1041,7 @@ fn provider_auth(
     place: &upstream::Place<'_>,
     base_url: &str,
     live: &LiveState,
-) -> Result<Option<Arc<upstream::auth::Auth>>, String> {
+) -> Result<Option<Arc<upstream::auth::Auth>>, upstream::PlaceError> {
     let identity = format!(
         "{}\n{base_url}\n{:?}\n{:?}\n{:?}\n{:?}\n{:x}",
         adapter.name(),

@@ -88,10 +88,13 @@ impl Auth {
 /// the metadata server: GKE Workload Identity). The library is set up on
 /// first use (it starts its refresh task on the runtime it is made on, and
 /// `validate` makes no runtime); it caches the token and refreshes it before
-/// it expires.
+/// it expires. A fetch that fails or hangs drops it (and its refresh task):
+/// for [`RETRY_AFTER_FAILURE`] calls fail at once, then it is made anew, so
+/// one bad answer or one stuck connection of the token source never outlives
+/// the source's own trouble.
 pub struct GoogleToken {
     file: Option<serde_json::Value>,
-    credentials: tokio::sync::OnceCell<google_cloud_auth::credentials::AccessTokenCredentials>,
+    state: parking_lot::Mutex<Source<google_cloud_auth::credentials::AccessTokenCredentials>>,
 }
 
 impl std::fmt::Debug for GoogleToken {
@@ -108,30 +111,14 @@ impl GoogleToken {
     /// Default Credentials.
     ///
     /// # Errors
-    /// The JSON is not a service-account key.
+    /// The JSON is not a service-account key the library can use.
     pub fn new(file: Option<serde_json::Value>) -> Result<Self, AuthError> {
         if let Some(json) = &file {
-            let text = |key: &str| json.get(key).and_then(serde_json::Value::as_str);
-            if text("type") != Some("service_account") {
-                return Err(AuthError(
-                    "credentials_file: a service-account key (\"type\": \"service_account\") is expected; \
-                     for other kinds of credentials leave credentials_file unset and set \
-                     GOOGLE_APPLICATION_CREDENTIALS"
-                        .into(),
-                ));
-            }
-            if let Some(missing) = ["client_email", "private_key"]
-                .into_iter()
-                .find(|key| text(key).is_none())
-            {
-                return Err(AuthError(format!(
-                    "credentials_file: the service-account key has no `{missing}`"
-                )));
-            }
+            service_account_key(json)?;
         }
         Ok(Self {
             file,
-            credentials: tokio::sync::OnceCell::new(),
+            state: parking_lot::Mutex::new(Source::default()),
         })
     }
 
@@ -151,18 +138,113 @@ impl GoogleToken {
     }
 
     async fn ready(&self) -> Result<Ready, AuthError> {
-        let credentials = self
-            .credentials
-            .get_or_try_init(|| async { self.build() })
-            .await?;
-        let token = credentials
-            .access_token()
-            .await
-            .map_err(|e| AuthError(format!("no Google access token: {e}")))?;
+        let credentials = {
+            let mut state = self.state.lock();
+            state.recent_failure()?;
+            match &state.value {
+                Some(credentials) => Arc::clone(credentials),
+                None => {
+                    let made = Arc::new(self.build()?);
+                    state.value = Some(Arc::clone(&made));
+                    made
+                }
+            }
+        };
+        let token = match tokio::time::timeout(FETCH_TIMEOUT, credentials.access_token()).await {
+            Ok(Ok(token)) => token,
+            Ok(Err(e)) => {
+                return Err(self
+                    .state
+                    .lock()
+                    .failed(format!("no Google access token: {e}")))
+            }
+            Err(_) => {
+                return Err(self.state.lock().failed(format!(
+                    "no Google access token in {} s",
+                    FETCH_TIMEOUT.as_secs()
+                )))
+            }
+        };
         let mut value = HeaderValue::from_str(&format!("Bearer {}", token.token))
             .map_err(|_| AuthError("the Google access token is not a header value".into()))?;
         value.set_sensitive(true);
         Ok(Ready::Bearer(value))
+    }
+}
+
+/// What Google's library needs of a service-account key (its PEM parsed, as
+/// it will be), checked when the file is read; never the key in a message.
+fn service_account_key(json: &serde_json::Value) -> Result<(), AuthError> {
+    use rustls::pki_types::{pem::PemObject, PrivateKeyDer};
+    let text = |key: &str| json.get(key).and_then(serde_json::Value::as_str);
+    if text("type") != Some("service_account") {
+        return Err(AuthError(
+            "a service-account key (\"type\": \"service_account\") is expected; for other \
+             kinds of credentials leave credentials_file unset and set GOOGLE_APPLICATION_CREDENTIALS"
+                .into(),
+        ));
+    }
+    let fields = [
+        "client_email",
+        "private_key",
+        "private_key_id",
+        "project_id",
+    ];
+    if let Some(missing) = fields.into_iter().find(|key| text(key).is_none()) {
+        return Err(AuthError(format!(
+            "the service-account key has no `{missing}`"
+        )));
+    }
+    let pem = text("private_key").unwrap_or_default();
+    let usable = PrivateKeyDer::from_pem_slice(pem.as_bytes())
+        .ok()
+        .is_some_and(|key| rustls::crypto::ring::sign::any_supported_type(&key).is_ok());
+    if usable {
+        Ok(())
+    } else {
+        Err(AuthError(
+            "the service-account key's `private_key` is not a PEM private key it can sign with"
+                .into(),
+        ))
+    }
+}
+
+/// How long one fetch of a token or of credentials may take.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a failed fetch is the answer for every call (then tried again).
+pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(2);
+
+/// A credential source's last good value, and its last failure.
+struct Source<T> {
+    value: Option<Arc<T>>,
+    failure: Option<(tokio::time::Instant, AuthError)>,
+}
+
+impl<T> Default for Source<T> {
+    fn default() -> Self {
+        Self {
+            value: None,
+            failure: None,
+        }
+    }
+}
+
+impl<T> Source<T> {
+    /// The last failure, while it is recent: the answer without a new fetch.
+    fn recent_failure(&self) -> Result<(), AuthError> {
+        match &self.failure {
+            Some((at, e)) if at.elapsed() < RETRY_AFTER_FAILURE => Err(e.clone()),
+            Some(_) | None => Ok(()),
+        }
+    }
+
+    /// Forgets the value (made anew after a while) and remembers why.
+    fn failed(&mut self, why: String) -> AuthError {
+        let e = AuthError(why);
+        self.value = None;
+        self.failure = Some((tokio::time::Instant::now(), e.clone()));
+        e
     }
 }
 
@@ -176,7 +258,8 @@ pub struct SigV4 {
     profile: Option<String>,
     chain:
         tokio::sync::OnceCell<aws_config::default_provider::credentials::DefaultCredentialsChain>,
-    current: tokio::sync::Mutex<Option<Arc<AwsCredentials>>>,
+    /// Held across a fetch: one at a time, and those waiting take its result.
+    current: tokio::sync::Mutex<Source<AwsCredentials>>,
 }
 
 impl std::fmt::Debug for SigV4 {
@@ -199,23 +282,33 @@ impl SigV4 {
             service,
             profile: profile.map(str::to_owned),
             chain: tokio::sync::OnceCell::new(),
-            current: tokio::sync::Mutex::new(None),
+            current: tokio::sync::Mutex::new(Source::default()),
         }
     }
 
     async fn ready(&self) -> Result<Arc<AwsCredentials>, AuthError> {
         let mut current = self.current.lock().await;
-        if let Some(credentials) = current.as_ref().filter(|c| fresh(c)) {
+        if let Some(credentials) = current.value.as_ref().filter(|c| fresh(c)) {
             return Ok(Arc::clone(credentials));
         }
+        current.recent_failure()?;
         let chain = self.chain.get_or_init(|| self.build_chain()).await;
-        let fetched = chain
-            .provide_credentials()
-            .await
-            .map_err(|e| AuthError(format!("no AWS credentials: {e}")))?;
-        let fetched = Arc::new(fetched);
-        *current = Some(Arc::clone(&fetched));
-        Ok(fetched)
+        match tokio::time::timeout(FETCH_TIMEOUT, chain.provide_credentials()).await {
+            Ok(Ok(fetched)) => {
+                let fetched = Arc::new(fetched);
+                current.value = Some(Arc::clone(&fetched));
+                current.failure = None;
+                Ok(fetched)
+            }
+            Ok(Err(e)) => {
+                let why = aws_smithy_types::error::display::DisplayErrorContext(&e);
+                Err(current.failed(format!("no AWS credentials: {why}")))
+            }
+            Err(_) => Err(current.failed(format!(
+                "no AWS credentials in {} s",
+                FETCH_TIMEOUT.as_secs()
+            ))),
+        }
     }
 
     async fn build_chain(

@@ -40,20 +40,6 @@ pub struct Bedrock;
 /// The service name Bedrock's runtime signs for.
 const SIGNING_NAME: &str = "bedrock";
 
-/// A model id or ARN as one path segment: everything but the unreserved
-/// characters percent-encoded (an ARN's `:` and `/`, a profile's `:0`).
-fn path_segment(model: &str) -> String {
-    let mut out = String::with_capacity(model.len() + 8);
-    for byte in model.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
-}
-
 /// The region of a Bedrock runtime URL (`bedrock-runtime.{region}.amazonaws.com`,
 /// or its FIPS twin), if it is one.
 fn region_of(base_url: &str) -> Option<&str> {
@@ -85,7 +71,9 @@ impl super::Adapter for Bedrock {
             "converse"
         };
         match op {
-            super::Operation::Chat => Some(format!("model/{}/{method}", path_segment(model))),
+            super::Operation::Chat => {
+                Some(format!("model/{}/{method}", super::path_segment(model)))
+            }
             super::Operation::Embeddings | super::Operation::CountTokens => None,
         }
     }
@@ -113,13 +101,24 @@ impl super::Adapter for Bedrock {
         &self,
         place: &super::Place<'_>,
         base_url: &str,
-    ) -> Result<Option<super::auth::Auth>, String> {
-        let region = place
-            .region
-            .or_else(|| region_of(base_url))
-            .ok_or_else(|| {
-                "`protocol: bedrock` signs requests for a region: set `region`".to_owned()
-            })?;
+    ) -> Result<Option<super::auth::Auth>, super::PlaceError> {
+        let region = match (place.region, region_of(base_url)) {
+            (Some(set), Some(url)) if set != url => {
+                return Err(super::PlaceError {
+                    key: Some("region"),
+                    message: format!(
+                        "`region` is {set} but base_url is Bedrock's in {url}: every signature would be refused"
+                    ),
+                })
+            }
+            (Some(region), _) | (None, Some(region)) => region,
+            (None, None) => {
+                return Err(super::PlaceError {
+                    key: None,
+                    message: "`protocol: bedrock` signs requests for a region: set `region`".into(),
+                })
+            }
+        };
         Ok(Some(super::auth::Auth::SigV4(super::auth::SigV4::new(
             region,
             SIGNING_NAME,
@@ -169,7 +168,12 @@ impl super::Adapter for Bedrock {
     }
 
     fn decode_answer(&self, body: Bytes, model: &str) -> Result<Bytes, super::Malformed> {
-        from_converse_response(&body, model).map_err(|e| super::Malformed(e.to_string()))
+        match from_converse_response(&body, model) {
+            Ok(chat) => Ok(chat),
+            // An exception in a 2xx body (`{"__type": "ThrottlingException"}`)
+            // is an in-band error, read like the status it stands for.
+            Err(e) => in_band_answer(&body).ok_or_else(|| super::Malformed(e.to_string())),
+        }
     }
 
     fn decode_error(
@@ -1327,6 +1331,24 @@ pub fn decode_error(
     (n.status, Bytes::from(v.to_string()), None)
 }
 
+/// A 2xx body that names an exception, as the chat error the engine reads
+/// in-band (its status beside OpenAI's fields), or `None`.
+fn in_band_answer(body: &[u8]) -> Option<Bytes> {
+    let named = serde_json::from_slice::<ErrorBody>(body)
+        .ok()
+        .is_some_and(|b| b.kind.is_some());
+    if !named {
+        return None;
+    }
+    let (status, error, _) = decode_error(500, None, body);
+    let mut error: Value = serde_json::from_slice(&error).ok()?;
+    error
+        .get_mut("error")?
+        .as_object_mut()?
+        .insert("status".into(), status.into());
+    Some(Bytes::from(error.to_string()))
+}
+
 // ---------------------------------------------------------------------------
 // Streams: ConverseStream events -> OpenAI chunks
 // ---------------------------------------------------------------------------
@@ -1488,6 +1510,13 @@ impl ConverseStream {
             return Ok(Vec::new());
         }
         let payload = payload.get();
+        // serde would read a struct from an array too: a payload that is no
+        // object is a broken stream, never an event with nothing in it.
+        if !payload.starts_with('{') {
+            return Err(TranslateError::InvalidResponse(format!(
+                "the payload of `{kind}` is not an object"
+            )));
+        }
         match kind.as_ref() {
             "messageStart" => Ok(self.open()),
             "contentBlockStart" => self.block_start(serde_json::from_str(payload)?),
@@ -1623,6 +1652,28 @@ fn in_band_error(name: &str, exception: &ExceptionEvent<'_>) -> Value {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_exception_in_a_2xx_body_is_an_in_band_error_and_a_non_object_event_breaks_the_stream() {
+        use super::super::Adapter as _;
+        let answer = super::Bedrock
+            .decode_answer(
+                bytes::Bytes::from_static(br#"{"__type":"ThrottlingException","message":"slow"}"#),
+                "m",
+            )
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(v["error"]["status"], 429);
+        assert_eq!(v["error"]["message"], "slow");
+        let mut stream = super::ConverseStream::new(false, "m");
+        stream
+            .on_event(r#"{"messageStart":{"role":"assistant"}}"#)
+            .unwrap();
+        for payload in ["[1,2]", "\"str\"", "42", "null"] {
+            let event = format!(r#"{{"contentBlockDelta":{payload}}}"#);
+            assert!(stream.on_event(&event).is_err(), "{payload}");
+        }
+    }
+
     use super::*;
 
     fn request(v: Value) -> Result<Value, TranslateError> {

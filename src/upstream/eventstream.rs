@@ -76,11 +76,18 @@ fn tagged(message: &Message) -> Option<String> {
     let kind = match header(":message-type").as_deref() {
         Some("event") => header(":event-type")?,
         Some("exception") => header(":exception-type")?,
-        // An `error` message carries its code in a header and no JSON.
+        // An `error` message carries its code in a header and no JSON; it is
+        // tagged as an exception, so a translator cannot take it for an
+        // event type it does not know.
         Some("error") => {
             let code = header(":error-code").unwrap_or_else(|| "unknownError".into());
             let text = header(":error-message").unwrap_or_default();
-            return Some(serde_json::json!({ code: { "message": text } }).to_string());
+            let name = if code.ends_with("Exception") {
+                code
+            } else {
+                format!("{code}Exception")
+            };
+            return Some(serde_json::json!({ name: { "message": text } }).to_string());
         }
         _ => return None,
     };
@@ -172,6 +179,33 @@ mod tests {
             frames.next_message(),
             None,
             "nothing is read after lost framing"
+        );
+    }
+
+    #[test]
+    fn an_error_message_is_tagged_as_an_exception() {
+        let message = Message::new(Bytes::new())
+            .add_header(Header::new(
+                ":message-type",
+                HeaderValue::String("error".into()),
+            ))
+            .add_header(Header::new(
+                ":error-code",
+                HeaderValue::String("InternalFailure".into()),
+            ))
+            .add_header(Header::new(
+                ":error-message",
+                HeaderValue::String("boom".into()),
+            ));
+        let mut bytes = Vec::new();
+        write_message_to(&message, &mut bytes).unwrap();
+        let mut frames = Frames::default();
+        frames.push(&bytes);
+        assert_eq!(
+            frames.next_message(),
+            Some(Read::Message(
+                r#"{"InternalFailureException":{"message":"boom"}}"#.into()
+            ))
         );
     }
 

@@ -64,7 +64,7 @@ impl super::Adapter for Gemini {
     }
 
     fn call_path(&self, op: super::Operation, model: &str, stream: bool) -> Option<String> {
-        let model = bare(model);
+        let model = super::path_segment(bare(model));
         match (op, stream) {
             (super::Operation::Chat, false) => Some(format!("models/{model}:generateContent")),
             (super::Operation::Chat, true) => {
@@ -1589,7 +1589,7 @@ fn google_error(body: &[u8]) -> Option<GoogleError> {
 /// shape and string code, with the status (which classifies it) beside them.
 fn in_band_error(error: &GoogleError) -> Value {
     let (status, kind, code) = error.classify(IN_BAND_FALLBACK_STATUS);
-    json!({
+    let mut v = json!({
         "error": {
             "message": error.message,
             "type": kind,
@@ -1597,7 +1597,14 @@ fn in_band_error(error: &GoogleError) -> Value {
             "param": null,
             "status": status,
         }
-    })
+    });
+    // The wait `RetryInfo` asks, for the engine to honour as a `Retry-After`
+    // (whole seconds, rounded up), as it does for an error status.
+    if let (Some(wait), Some(e)) = (error.retry_delay(), v.get_mut("error")) {
+        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        e["retry_after"] = secs.into();
+    }
+    v
 }
 
 /// A Google error body (any status) -> (the status the client should see, the

@@ -14,7 +14,8 @@ use super::anthropic::Anthropic;
 use super::auth::{Auth, GoogleToken};
 use super::gemini::Gemini;
 use super::{
-    Adapter, ErrorAnswer, Malformed, Operation, Place, StreamTranslator, TargetModel, Unsupported,
+    Adapter, ErrorAnswer, Malformed, Operation, Place, PlaceError, StreamTranslator, TargetModel,
+    Unsupported,
 };
 use crate::request::{ChatRequest, EmbeddingsRequest};
 
@@ -46,6 +47,7 @@ impl Adapter for Vertex {
             (false, false) => ("google", "generateContent"),
             (false, true) => ("google", "streamGenerateContent?alt=sse"),
         };
+        let model = super::path_segment(model);
         match op {
             Operation::Chat => Some(format!("publishers/{publisher}/models/{model}:{method}")),
             Operation::Embeddings | Operation::CountTokens => None,
@@ -73,10 +75,13 @@ impl Adapter for Vertex {
         &["project", "location"]
     }
 
-    fn auth(&self, place: &Place<'_>, _base_url: &str) -> Result<Option<Auth>, String> {
+    fn auth(&self, place: &Place<'_>, _base_url: &str) -> Result<Option<Auth>, PlaceError> {
         GoogleToken::new(place.credentials.cloned())
             .map(|token| Some(Auth::Google(token)))
-            .map_err(|e| e.0)
+            .map_err(|e| PlaceError {
+                key: Some("credentials_file"),
+                message: e.0,
+            })
     }
 
     fn required_headers(&self) -> &'static [(&'static str, &'static str)] {
@@ -177,6 +182,26 @@ mod tests {
         assert_eq!(
             path("claude-sonnet-4@20250514", true),
             "publishers/anthropic/models/claude-sonnet-4@20250514:streamRawPredict"
+        );
+    }
+
+    #[test]
+    fn a_model_name_never_leaves_its_path_segment() {
+        let path = |model| Vertex.call_path(Operation::Chat, model, false).unwrap();
+        assert_eq!(
+            path("claude/../../../v1beta/models/x"),
+            "publishers/anthropic/models/claude%2F..%2F..%2F..%2Fv1beta%2Fmodels%2Fx:rawPredict"
+        );
+        assert_eq!(
+            path("g?key=LEAK#x y"),
+            "publishers/google/models/g%3Fkey%3DLEAK%23x%20y:generateContent"
+        );
+        let gemini = super::super::gemini::Gemini;
+        assert_eq!(
+            gemini
+                .call_path(Operation::Chat, "models/g-ok?key=x", false)
+                .unwrap(),
+            "models/g-ok%3Fkey%3Dx:generateContent"
         );
     }
 
