@@ -37,6 +37,13 @@
 #                          pass-through's own plain proxy hop
 #   switchyard-neutral-cached  switchyard, chain [neutral] with a `cache`: after
 #                          the first request every one is a hit (no upstream call)
+#   floor-neutral-multi    the floor of our own stack: the minimal tokio + hyper
+#                          reverse proxy (examples/floor_proxy.rs) in front of it,
+#                          one multi-thread runtime (switchyard's `runtimes: 1`)
+#   floor-neutral-percore  the same proxy, one current_thread runtime per core,
+#                          each with its own SO_REUSEPORT listener and upstream
+#                          pool (switchyard's default model); switchyard's CPU
+#                          per request minus this one's is switchyard's own work
 # Every row has the proxy's CPU per request (user+system from /proc): the
 # number a sidecar is judged by.
 # plus, for streams, TTFT per path with the `bench` example; switchyard's RSS
@@ -54,7 +61,8 @@
 #      PATHS ("direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral
 #             switchyard-neutral switchyard-neutral-3 switchyard-neutral-messages
 #             switchyard-neutral-responses switchyard-neutral-responses-native
-#             nginx-neutral-messages nginx-neutral-responses switchyard-neutral-cached")
+#             nginx-neutral-messages nginx-neutral-responses switchyard-neutral-cached
+#             floor-neutral-multi floor-neutral-percore")
 #      CACHE_ENTRIES (10000): distinct answers kept, for the memory per cache entry
 #      LONG_CHUNKS (1000) LONG_DELAY (5ms) LONG_STREAMS (128; 0 skips the long stream)
 #      CHUNKS (16) CHUNK_DELAY (0ms) per stream; OPEN_STREAMS (1000) TTFT_DURATION (3)
@@ -71,7 +79,7 @@ DURATION="${DURATION:-5}"
 REPEAT="${REPEAT:-3}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
 MODES="${MODES:-plain stream}"
-PATHS="${PATHS:-direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral switchyard-neutral switchyard-neutral-3 switchyard-neutral-messages switchyard-neutral-responses switchyard-neutral-responses-native nginx-neutral-messages nginx-neutral-responses switchyard-neutral-cached}"
+PATHS="${PATHS:-direct switchyard-1 switchyard-3 nginx litellm neutral nginx-neutral switchyard-neutral switchyard-neutral-3 switchyard-neutral-messages switchyard-neutral-responses switchyard-neutral-responses-native nginx-neutral-messages nginx-neutral-responses switchyard-neutral-cached floor-neutral-multi floor-neutral-percore}"
 LONG_CHUNKS="${LONG_CHUNKS:-1000}"
 LONG_DELAY="${LONG_DELAY:-5ms}"
 LONG_STREAMS="${LONG_STREAMS:-128}"
@@ -89,6 +97,7 @@ B="${PORT_BASE:-19000}"
 P_FAKE=$((B + 1)) P_SLOW=$((B + 2)) P_DEAD1=$((B + 3)) P_DEAD2=$((B + 4))
 P_SY=$((B + 10)) P_NGINX=$((B + 20)) P_LITELLM=$((B + 30))
 P_NEUTRAL=$((B + 5)) P_LONG=$((B + 6)) P_NGINX_NEUTRAL=$((B + 21)) P_NGINX_LONG=$((B + 22))
+P_FLOOR_MULTI=$((B + 40)) P_FLOOR_PERCORE=$((B + 41))
 export PATH="$HOME/.cargo/bin:$PATH"
 mkdir -p "$OUT"
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
@@ -110,12 +119,14 @@ if has litellm; then
   "$PEERS" setup >&2
 fi
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  log "building switchyard, fake_upstream and bench (release)"
-  (cd "$REPO" && cargo build --release --locked --bin switchyard --example fake_upstream --example bench)
+  log "building switchyard, fake_upstream, bench and floor_proxy (release)"
+  (cd "$REPO" && cargo build --release --locked --bin switchyard --example fake_upstream --example bench \
+    --example floor_proxy)
 fi
 SY_BIN="${SWITCHYARD_BIN:-$TARGET_DIR/release/switchyard}"
 FAKE_BIN="$TARGET_DIR/release/examples/fake_upstream"
 PROBE_BIN="$TARGET_DIR/release/examples/bench"
+FLOOR_BIN="$TARGET_DIR/release/examples/floor_proxy"
 
 # ---- servers ----
 PIDS=()
@@ -313,6 +324,16 @@ EOF
   NGINX_PID=$!; PIDS+=("$NGINX_PID")
 fi
 
+# the floor: the minimal tokio + hyper proxy, in each runtime model, on the neutral upstream
+if has floor-neutral-multi; then
+  "$FLOOR_BIN" --listen "127.0.0.1:$P_FLOOR_MULTI" --upstream "http://127.0.0.1:$P_NEUTRAL" \
+    --runtime multi >"$OUT/floor-multi.log" 2>&1 & FLOOR_MULTI_PID=$!; PIDS+=("$FLOOR_MULTI_PID")
+fi
+if has floor-neutral-percore; then
+  "$FLOOR_BIN" --listen "127.0.0.1:$P_FLOOR_PERCORE" --upstream "http://127.0.0.1:$P_NEUTRAL" \
+    --runtime per-core >"$OUT/floor-percore.log" 2>&1 & FLOOR_PERCORE_PID=$!; PIDS+=("$FLOOR_PERCORE_PID")
+fi
+
 if has litellm; then
   SY_BENCH_LIVE="http://127.0.0.1:$P_FAKE/v1" SY_BENCH_DEAD1="http://127.0.0.1:$P_DEAD1/v1" \
   SY_BENCH_DEAD2="http://127.0.0.1:$P_DEAD2/v1" LITELLM_CONFIG="$HERE/litellm_config.yaml" \
@@ -325,6 +346,9 @@ wait_http "127.0.0.1:$P_SLOW/healthz" 20
 wait_http "127.0.0.1:$P_SY/healthz" 30
 [ -n "${NGINX_PID:-}" ] && wait_http "127.0.0.1:$P_NGINX/healthz" 20
 has_neutral && wait_http "127.0.0.1:$P_NEUTRAL/healthz" 20
+# through the floor proxies to the neutral upstream's /healthz
+has floor-neutral-multi && wait_http "127.0.0.1:$P_FLOOR_MULTI/healthz" 20
+has floor-neutral-percore && wait_http "127.0.0.1:$P_FLOOR_PERCORE/healthz" 20
 has litellm && wait_http "127.0.0.1:$P_LITELLM/health/liveliness" 120
 
 if [ "$SCRAPE_EVERY" != 0 ]; then
@@ -369,6 +393,8 @@ path_info() { # path mode -> "url model pid"
     nginx-neutral) echo "http://127.0.0.1:$P_NGINX_NEUTRAL/$sub/v1/chat/completions up ${NGINX_PID:-}" ;;
     nginx-neutral-messages) echo "http://127.0.0.1:$P_NGINX_NEUTRAL/anthropic-$sub/v1/messages up ${NGINX_PID:-}" ;;
     nginx-neutral-responses) echo "http://127.0.0.1:$P_NGINX_NEUTRAL/responses-$sub/v1/responses up ${NGINX_PID:-}" ;;
+    floor-neutral-multi) echo "http://127.0.0.1:$P_FLOOR_MULTI/$sub/v1/chat/completions up ${FLOOR_MULTI_PID:-}" ;;
+    floor-neutral-percore) echo "http://127.0.0.1:$P_FLOOR_PERCORE/$sub/v1/chat/completions up ${FLOOR_PERCORE_PID:-}" ;;
     switchyard-neutral) echo "http://127.0.0.1:$P_SY/v1/chat/completions neutral-$sub $SY_PID" ;;
     switchyard-neutral-3) echo "http://127.0.0.1:$P_SY/v1/chat/completions neutral-$sub-3 $SY_PID" ;;
     switchyard-neutral-cached) echo "http://127.0.0.1:$P_SY/v1/chat/completions neutral-$sub-cached $SY_PID" ;;
@@ -538,6 +564,57 @@ kill "$RELOADER" 2>/dev/null || true; wait "$RELOADER" 2>/dev/null || true; RELO
 sleep 0.5
 R1=$(reloads_ok)
 
+# ---- the floor: switchyard beside the minimal tokio + hyper proxy ----
+floor_table() { # markdown, from points.tsv; nothing when no floor row was measured
+  # switchyard's runtime model: `runtimes: 1` is one multi-thread runtime
+  local same=floor-neutral-percore
+  [ "${SY_RUNTIMES:-}" = 1 ] && same=floor-neutral-multi
+  python3 - "$OUT/points.tsv" "$same" <<'EOF'
+import csv, statistics, sys
+from collections import defaultdict
+rows = defaultdict(list)
+with open(sys.argv[1]) as f:
+    for r in csv.DictReader(f, delimiter="\t"):
+        rows[(r["mode"], r["path"], int(r["conc"]))].append(r)
+same = sys.argv[2]
+if not any(k[1].startswith("floor-") for k in rows):
+    sys.exit()
+
+
+def med(key, col):
+    v = [float(r[col]) for r in rows.get(key, []) if r[col] not in ("nan", "")]
+    return statistics.median(v) if v else float("nan")
+
+
+def fmt(x, nd=0):
+    return "-" if x != x else f"{x:,.{nd}f}"
+
+
+paths = ["neutral", "nginx-neutral", "floor-neutral-multi", "floor-neutral-percore", "switchyard-neutral"]
+concs = sorted({k[2] for k in rows})
+print("## the floor: a minimal tokio + hyper proxy on the neutral upstream\n")
+print("floor-neutral-* = examples/floor_proxy.rs (hyper-util's pooled client, bodies streamed "
+      "through, no parsing). \"switchyard minus floor\" = switchyard-neutral's CPU per request "
+      f"minus {same}'s (the same runtime model): switchyard's own work, in µs per request.\n")
+print("| mode | path | conc | req/s | p50 µs | p99 µs | CPU s/1000 req | switchyard minus floor, µs/req |")
+print("|---|---|---:|---:|---:|---:|---:|---:|")
+for mode in ("plain", "stream"):
+    for p in paths:
+        for c in concs:
+            key = (mode, p, c)
+            if key not in rows:
+                continue
+            cpu = med(key, "cpu_s_per_1000")
+            own = "-"
+            if p == "switchyard-neutral":
+                # CPU s per 1,000 requests is ms per request: x1000, µs per request
+                own = fmt(1000 * (cpu - med((mode, same, c), "cpu_s_per_1000")), 1)
+            print(f"| {mode} | {p} | {c} | {fmt(med(key, 'rps'))} | {fmt(med(key, 'p50_us'))} | "
+                  f"{fmt(med(key, 'p99_us'))} | {fmt(cpu, 4)} | {own} |")
+print()
+EOF
+}
+
 # ---- peaks ----
 SY_HWM=$(mem_kib "$SY_PID" VmHWM)
 FAKE_HWM=$(mem_kib "$FAKE_PID" VmHWM)
@@ -582,5 +659,6 @@ storm_stream="$t_rps $t_p50 $t_p99 $t_ok $t_bad"
 sy_error_log_lines=$SY_ERRORS
 EOF
 python3 "$HERE/summarize.py" "$OUT" > "$OUT/results.md"
+floor_table >> "$OUT/results.md"
 cat "$OUT/results.md"
 log "results: $OUT/results.md"

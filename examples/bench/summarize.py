@@ -50,7 +50,8 @@ order = ["direct", "switchyard-1", "switchyard-3", "nginx", "litellm", "litellm-
          "neutral", "switchyard-neutral", "switchyard-neutral-messages",
          "switchyard-neutral-responses", "switchyard-neutral-responses-native",
          "switchyard-neutral-3", "switchyard-neutral-cached", "nginx-neutral",
-         "nginx-neutral-messages", "nginx-neutral-responses"]
+         "nginx-neutral-messages", "nginx-neutral-responses",
+         "floor-neutral-multi", "floor-neutral-percore"]
 paths = [p for p in order if any(k[1] == p for k in agg)]
 concs = sorted({k[2] for k in agg})
 peer_of = {"switchyard-1": "litellm", "switchyard-3": "litellm-3"}
