@@ -94,7 +94,7 @@ impl Auth {
 /// the source's own trouble.
 pub struct GoogleToken {
     file: Option<serde_json::Value>,
-    state: parking_lot::Mutex<Source<google_cloud_auth::credentials::AccessTokenCredentials>>,
+    state: Arc<parking_lot::Mutex<Source<google_cloud_auth::credentials::AccessTokenCredentials>>>,
 }
 
 impl std::fmt::Debug for GoogleToken {
@@ -118,7 +118,7 @@ impl GoogleToken {
         }
         Ok(Self {
             file,
-            state: parking_lot::Mutex::new(Source::default()),
+            state: Arc::new(parking_lot::Mutex::new(Source::default())),
         })
     }
 
@@ -150,21 +150,21 @@ impl GoogleToken {
                 }
             }
         };
-        let token = match tokio::time::timeout(FETCH_TIMEOUT, credentials.access_token()).await {
-            Ok(Ok(token)) => token,
-            Ok(Err(e)) => {
-                return Err(self
-                    .state
-                    .lock()
-                    .failed(format!("no Google access token: {e}")))
-            }
-            Err(_) => {
-                return Err(self.state.lock().failed(format!(
-                    "no Google access token in {} s",
-                    FETCH_TIMEOUT.as_secs()
-                )))
-            }
-        };
+        // The fetch runs as a task of its own, bounded by its own timeout:
+        // a request cut short by its deadline still leaves a stuck fetch
+        // judged (and its source dropped), so the next ones recover.
+        let state = Arc::clone(&self.state);
+        let fetch = tokio::spawn(async move {
+            let why = match tokio::time::timeout(FETCH_TIMEOUT, credentials.access_token()).await {
+                Ok(Ok(token)) => return Ok(token),
+                Ok(Err(e)) => format!("no Google access token (its source is made anew): {e}"),
+                Err(_) => format!("no Google access token in {} s", FETCH_TIMEOUT.as_secs()),
+            };
+            Err(state.lock().failed(why))
+        });
+        let token = fetch
+            .await
+            .map_err(|_| AuthError("the Google token fetch ended without an answer".into()))??;
         let mut value = HeaderValue::from_str(&format!("Bearer {}", token.token))
             .map_err(|_| AuthError("the Google access token is not a header value".into()))?;
         value.set_sensitive(true);

@@ -58,10 +58,15 @@ What it serves, by path:
   POST /_reset                        forget calls, counts and rejections (not issued credentials)
   POST /_control                      switches, merged: {"fail": {ROAD: STATUS or null}} makes a road
                                       answer STATUS whatever the model (ROAD: gemini, vertex,
-                                      vertex-anthropic, anthropic, bedrock); {"mds_expires_in": N}
+                                      vertex-anthropic, anthropic, bedrock; `container`: both
+                                      container-credentials paths, recorded as container:failed);
+                                      {"mds_expires_in": N}
                                       the metadata server's token lifetime (default 3599);
                                       {"mds_grace": S}: a metadata token is refused S s after its
-                                      successor was issued (default 1.5). Answers the switches.
+                                      successor was issued (default 1.5);
+                                      {"mds_garbage": N}: the next N metadata token requests
+                                      answer 200 with the body `\x00\x01garbage{` (recorded as
+                                      mds:token-garbage), then it heals. Answers the switches.
   GET  /_health                       200 ok
 
 Behaviour by model name / model id (a substring anywhere in it):
@@ -74,6 +79,9 @@ Behaviour by model name / model id (a substring anywhere in it):
   cut           streams: an error after the first text delta (Bedrock: a
                 modelStreamErrorException event; Gemini/Vertex: an SSE `error`
                 object and the end of the stream); plain requests answer normally
+  streamquota   Gemini/Vertex streams: a 200 whose FIRST event is an SSE `error`
+                429 RESOURCE_EXHAUSTED with a RetryInfo of 23s, then the end of
+                the stream (no text at all); plain requests answer normally
   otherwise     a text answer "Hello from SERVICE MODEL"; a function/tool call
                 to the first declared tool when the request declares tools and
                 its last turn is not a tool result; "Got the NAME result from
@@ -300,7 +308,7 @@ class State:
         self.google_token_life: dict[str, dict] = {}
         # Switched by POST /_control (see the docstring): failures by road, the metadata
         # server's token lifetime and the grace an old token keeps after a successor.
-        self.control: dict = {"fail": {}, "mds_expires_in": 3599, "mds_grace": 1.5}
+        self.control: dict = {"fail": {}, "mds_expires_in": 3599, "mds_grace": 1.5, "mds_garbage": 0}
         self.control.update(config.get("control") or {})
         self.anthropic_keys = set(config.get("anthropic_keys") or [])
         aws = config.get("aws") or {}
@@ -655,6 +663,14 @@ class Handler(BaseHTTPRequestHandler):
         if m:
             rest = m.group(2) or "/"
             if rest == "/token":
+                with self.state.lock:
+                    garbage = int(self.state.control.get("mds_garbage") or 0)
+                    if garbage > 0:
+                        self.state.control["mds_garbage"] = garbage - 1
+                if garbage > 0:
+                    # A broken metadata server: 200, its flavor header, and no JSON at all.
+                    self.state.record("mds", "token-garbage", self.path, self.headers, None)
+                    return self.send(200, b"\x00\x01garbage{", {"Content-Type": "application/json", **flavor})
                 scopes = (query.get("scopes") or [""])[0]
                 if scopes and CLOUD_PLATFORM not in scopes.split(","):
                     raise Reject(
@@ -923,6 +939,18 @@ class Handler(BaseHTTPRequestHandler):
         # Stream: text in word pieces (one GenerateContentResponse per `data:`), the last
         # chunk with finishReason and the full usage; a function call comes whole.
         self.start_chunked(200, "text/event-stream")
+        if "streamquota" in model:
+            # Quota refused in-band: the status is 200, the first (and only) event an error.
+            err = {
+                "error": {
+                    "code": 429,
+                    "message": "Resource has been exhausted (e.g. check quota).",
+                    "status": "RESOURCE_EXHAUSTED",
+                    "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "23s"}],
+                }
+            }
+            self.chunk(f"data: {json.dumps(err)}\r\n\r\n".encode())
+            return self.end_chunked()
         if "text" in parts[0]:
             pieces = words(parts[0]["text"])
         else:
@@ -1365,7 +1393,19 @@ class Handler(BaseHTTPRequestHandler):
 """
         self.send(200, xml.encode(), {"Content-Type": "text/xml"})
 
+    def container_failing(self) -> None:
+        """POST /_control {"fail": {"container": STATUS}}: the endpoint answers STATUS."""
+        failing = self.state.failing("container")
+        if failing:
+            self.state.record("container", "failed", self.path, self.headers, None)
+            raise Reject(
+                failing,
+                json.dumps({"code": "InternalError", "message": f"fake: container credentials ({failing})"}).encode(),
+                reason=f"container credentials: switched to fail ({failing})",
+            )
+
     def container_creds(self) -> None:
+        self.container_failing()
         cfg = self.state.config.get("container") or {}
         self.state.record("container", "creds", self.path, self.headers, None)
         if not cfg or self.headers.get("Authorization") != cfg.get("auth_token"):
@@ -1391,6 +1431,7 @@ class Handler(BaseHTTPRequestHandler):
     def container_creds_rotating(self, lifetime: int) -> None:
         """A new credential set on every fetch, valid `lifetime` s; issuing it retires
         every earlier rotating set (Bedrock refuses those from then on)."""
+        self.container_failing()
         cfg = self.state.config.get("container") or {}
         self.state.record("container", "rotating", self.path, self.headers, None)
         if not cfg or self.headers.get("Authorization") != cfg.get("auth_token"):

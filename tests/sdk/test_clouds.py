@@ -33,6 +33,7 @@ SDK_SUMMARY_FILE: where to write the closing "N passed, M failed" line.
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import hashlib
 import json
 import logging
@@ -42,6 +43,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.error
@@ -63,6 +65,7 @@ CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 CLIENT_KEY = "sk-client-key-clouds-unused"
 
 GEMINI_MODEL = "gemini-2.0-flash"
+QUERY_MODEL = "gemini-2.0-flash?key=x"  # a `?` in a model name must stay in its path segment
 VERTEX_CLAUDE = "claude-sonnet-4@20250514"
 BEDROCK_CLAUDE = "us.anthropic.claude-sonnet-4-20250514-v1:0"
 
@@ -581,19 +584,31 @@ class GeminiApi(Scenario):
                 "gem-x1": gemini_provider("GEMINI_KEY_X1"),
                 "gem-x2": gemini_provider("GEMINI_KEY_X2"),
                 "gem-x3": gemini_provider("GEMINI_KEY_X3"),
+                "gem-sq": gemini_provider("GEMINI_KEY_SQ"),
             },
             targets={
                 "gem-flash": {"provider": "gem", "model": GEMINI_MODEL, "capabilities": ["tools", "json_mode"]},
                 "gem-exhausted": {"provider": "gem-x1", "model": "gemini-exhausted-1"},
                 "gem-exhausted-2": {"provider": "gem-x2", "model": "gemini-exhausted-2"},
                 "gem-exhausted-3": {"provider": "gem-x3", "model": "gemini-exhausted-3"},
+                "gem-streamquota": {"provider": "gem-sq", "model": "gemini-streamquota"},
+                # A model name that would smuggle a query string if it left its path segment.
+                "gem-query-in-name": {"provider": "gem", "model": QUERY_MODEL},
             },
             tasks={
                 "gem": {"chain": ["gem-flash"]},
                 "gem-failover": {"chain": ["gem-exhausted", "gem-flash"]},
                 "gem-all-exhausted": {"chain": ["gem-exhausted-2", "gem-exhausted-3"]},
+                "gem-streamquota": {"chain": ["gem-streamquota"]},
+                "gem-query-in-name": {"chain": ["gem-query-in-name"]},
             },
-            env={"GEMINI_KEY": k[0], "GEMINI_KEY_X1": k[1], "GEMINI_KEY_X2": k[2], "GEMINI_KEY_X3": k[3]},
+            env={
+                "GEMINI_KEY": k[0],
+                "GEMINI_KEY_X1": k[1],
+                "GEMINI_KEY_X2": k[2],
+                "GEMINI_KEY_X3": k[3],
+                "GEMINI_KEY_SQ": k[4],
+            },
         )
 
     def test_chat(self):
@@ -661,6 +676,44 @@ class GeminiApi(Scenario):
         self.assertIsNotNone(retry_after, dict(e.response.headers))
         self.assertGreaterEqual(int(retry_after), 1)
         self.assertEqual(count("gemini:gemini-exhausted-2") + count("gemini:gemini-exhausted-3") - before, 2)
+
+    def test_in_stream_resource_exhausted_is_a_429_with_its_retry_info(self):
+        """A 200 stream whose first event is RESOURCE_EXHAUSTED with RetryInfo 23s: nothing was
+        sent yet, so the only target's refusal is the client's 429, Retry-After the 23 s Google
+        advertised (not a default)."""
+        before = count("gemini:gemini-streamquota")
+        t0 = time.monotonic()
+        with self.assertRaises(openai.RateLimitError) as cm:
+            with self.sy.client().chat.completions.create(
+                model="gem-streamquota", messages=[{"role": "user", "content": "hi"}], stream=True
+            ) as stream:
+                for _ in stream:
+                    pass
+        self.assertLess(time.monotonic() - t0, 10, "a quota refusal is answered at once, never waited out")
+        e = cm.exception
+        self.assertEqual(e.status_code, 429, self.explain())
+        self.assertEqual(e.response.headers.get("retry-after"), "23", dict(e.response.headers))
+        self.assertGreaterEqual(count("gemini:gemini-streamquota") - before, 1, "the fake was called")
+        call = last_call("gemini", "gemini-streamquota")
+        self.assertEqual(call["path"], "/v1beta/models/gemini-streamquota:streamGenerateContent?alt=sse")
+
+    def test_query_characters_in_a_model_name_stay_in_its_path_segment(self):
+        """`?key=x` in a model name is percent-encoded into the path segment: the fake gets the
+        whole name as the model and no query (it answers 403 to any `key=` query)."""
+        r = self.chat("gem-query-in-name")
+        self.assertText(r, f"Hello from gemini {QUERY_MODEL}")
+        _, chunks = self.stream_text("gem-query-in-name")
+        self.assertStreamShape(chunks)
+        calls = [c for c in self.calls_since_start() if c["service"] == "gemini" and c["model"] == QUERY_MODEL]
+        self.assertEqual(len(calls), 2, self.explain())
+        for call, op, query in zip(calls, ("generateContent", "streamGenerateContent"), ("", "alt=sse")):
+            url = urllib.parse.urlsplit(call["path"])
+            self.assertEqual(url.query, query, call["path"])
+            self.assertEqual(url.fragment, "", call["path"])
+            self.assertEqual(url.path.count("/"), 3, f"one segment for the model: {call['path']}")
+            segment = url.path.rsplit("/", 1)[1]
+            self.assertEqual(urllib.parse.unquote(segment), f"{QUERY_MODEL}:{op}", call["path"])
+            self.assertNotIn("?key", call["path"])
 
 
 # ---- Vertex AI ---------------------------------------------------------------------------------------
@@ -805,6 +858,58 @@ class VertexMetadataServer(Scenario):
         self.assertEqual(self.since_start("oauth:token_exchange"), 0)
         mds = last_call("mds", "token")
         self.assertEqual(mds["headers"].get("metadata-flavor"), "Google")
+
+
+class VertexMetadataServerHeals(Scenario):
+    """The metadata server answers the first token request with garbage (200, no JSON), then
+    heals. Google's library gives up on a credential after such an answer; switchyard drops it
+    and makes it anew after RETRY_AFTER_FAILURE (2 s), so Vertex recovers with no restart."""
+
+    MODEL = "gemini-2.0-flash-heals"
+
+    @classmethod
+    def setUpClass(cls):
+        control(mds_garbage=1)  # the library is built on first use: the first request meets it
+        cls.start(
+            providers={"vtx-heal": vertex_provider()},
+            targets={"vtx-heal-gemini": {"provider": "vtx-heal", "model": cls.MODEL}},
+            tasks={"vtx-heal": {"chain": ["vtx-heal-gemini"]}},
+            env={"GCE_METADATA_HOST": FAKE_HOSTPORT},
+        )
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        control(mds_garbage=0)
+
+    def test_one_garbage_token_answer_heals_without_a_restart(self):
+        client = self.sy.client(timeout=10.0)
+        ask = dict(model="vtx-heal", messages=[{"role": "user", "content": "hi"}])
+        t0 = time.monotonic()
+        with self.assertRaises(openai.APIStatusError) as cm:
+            client.chat.completions.create(**ask)
+        self.assertGreaterEqual(cm.exception.status_code, 500, self.explain())
+        self.assertLess(time.monotonic() - t0, 5, "a garbage answer fails at once")
+        self.assertEqual(self.since_start("mds:token-garbage"), 1, self.explain())
+        self.assertEqual(self.since_start(f"vertex:{self.MODEL}"), 0, "no call without a token")
+        # The rebuild comes 2 s after the failure: poll, bounded at 10 s (never until a restart).
+        deadline = t0 + 10
+        failures = 1
+        while True:
+            time.sleep(0.5)
+            try:
+                r = client.chat.completions.create(**ask)
+                break
+            except openai.APIStatusError as e:
+                failures += 1
+                if time.monotonic() > deadline:
+                    self.fail(f"still {e.status_code} {time.monotonic() - t0:.1f} s after the garbage{self.explain()}")
+        healed = time.monotonic() - t0
+        self.assertText(r, f"Hello from vertex {self.MODEL}")
+        self.assertIsNone(self.sy.proc.poll(), "the same switchyard, no restart")
+        self.assertEqual(last_call("vertex", self.MODEL)["auth"], "mds")
+        self.assertGreaterEqual(self.since_start("mds:token"), 1, "a good token was fetched after the garbage")
+        self.assertLess(healed, 10, f"healed after {healed:.1f} s and {failures} failed requests")
 
 
 # ---- Bedrock --------------------------------------------------------------------------------------
@@ -1029,6 +1134,83 @@ class BedrockContainerCredentials(Scenario):
         self.assertEqual(call["headers"].get("x-amz-security-token"), SECRETS.container_issue["token"])
         self.chat("brk-ecs")
         self.assertEqual(self.since_start("container:creds"), 1, "fetched once, then cached")
+
+
+class BedrockContainerCredentialsFailing(Scenario):
+    """The container credentials endpoint answers 500 to every fetch while 20 Bedrock requests
+    arrive at once; a Gemini API target backs Bedrock up. One fetch runs at a time and its
+    failure is the answer for 2 s to those waiting, so all 20 fail over together instead of
+    queueing one full fetch (the AWS SDK's own retries: ~2 s) behind another."""
+
+    MODEL = "anthropic.claude-creds-failing-v1:0"
+    N = 20
+
+    @classmethod
+    def setUpClass(cls):
+        control(fail={"container": 500})
+        cls.start(
+            providers={
+                # The default attempt timeout (30 s), not the tests' 5 s: a short one would cut
+                # a queue of fetches short and hide it.
+                "brk-bad": {**bedrock_provider(), "timeout": "30s"},
+                "gem-backup": gemini_provider("GEMINI_KEY"),
+            },
+            targets={
+                "brk-bad-claude": {"provider": "brk-bad", "model": cls.MODEL},
+                "gem-backup-flash": {"provider": "gem-backup", "model": GEMINI_MODEL},
+            },
+            tasks={"brk-bad": {"chain": ["brk-bad-claude", "gem-backup-flash"]}},
+            env={
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI": f"{FAKE}/container-creds",
+                "AWS_CONTAINER_AUTHORIZATION_TOKEN": SECRETS.container_auth,
+                "AWS_REGION": REGION,
+                "AWS_EC2_METADATA_DISABLED": "true",
+                "GEMINI_KEY": SECRETS.gemini_keys[2],
+            },
+        )
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        control(fail={"container": None})
+
+    def test_concurrent_requests_all_fail_over_quickly(self):
+        barrier = threading.Barrier(self.N, timeout=10)
+
+        def one(_):
+            client = self.sy.client(timeout=15.0)
+            barrier.wait()
+            t = time.monotonic()
+            try:
+                raw = client.chat.completions.with_raw_response.create(
+                    model="brk-bad", messages=[{"role": "user", "content": "hi"}]
+                )
+                text = raw.parse().choices[0].message.content
+                return raw.headers.get("x-switchyard-target"), text, time.monotonic() - t
+            except openai.APIError as e:
+                return f"error {type(e).__name__}: {e}", None, time.monotonic() - t
+
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(self.N) as pool:
+            results = list(pool.map(one, range(self.N), timeout=30))
+        batch = time.monotonic() - t0
+        self.assertEqual(
+            [(target, text) for target, text, _ in results],
+            [("gem-backup-flash", f"Hello from gemini {GEMINI_MODEL}")] * self.N,
+            self.explain(),
+        )
+        # A behaviour bound, not a benchmark: one shared failed fetch takes ~2 s (the AWS SDK
+        # retries the 500 itself) and the whole batch ends with it; fetches queued one behind
+        # another would take 20 x ~2 s (the clients give up at 15 s). 8 s leaves room for a
+        # loaded machine and still tells the two apart.
+        slowest = max(t for _, _, t in results)
+        self.assertLess(batch, 8, f"the batch took {batch:.1f} s (slowest request {slowest:.1f} s){self.explain()}")
+        self.assertEqual(self.since_start(f"bedrock:{self.MODEL}"), 0, "never sent unsigned")
+        calls = self.since_start("container:failed")
+        self.assertGreaterEqual(calls, 1, "the credentials endpoint was asked")
+        # One fetch is 3 calls (the SDK's own retries), and its failure answers every waiter;
+        # allow a second fetch for a straggler past the 2 s. A fetch per request: 20 x 3.
+        self.assertLessEqual(calls, 6, f"{calls} calls to the credentials endpoint for {self.N} requests")
 
 
 class BedrockProfile(Scenario):
