@@ -89,6 +89,27 @@ pub enum LogFormat {
     Json,
 }
 
+/// Keeps the log writer's thread alive; dropped last, it writes out what is
+/// still queued.
+#[must_use = "log lines queued when it drops are written then; drop it at exit"]
+pub struct LogGuard(#[allow(dead_code)] tracing_appender::non_blocking::WorkerGuard);
+
+/// The writer of every log line: stderr, from a thread of its own. Lines are
+/// formatted where they happen and queued (up to 128,000); the thread writes
+/// them in batches through a 64 KiB buffer, flushed whenever the queue is
+/// empty. A request never waits on stderr: should the queue be full (stderr
+/// stalled), a line is dropped rather than held.
+fn log_writer() -> (tracing_appender::non_blocking::NonBlocking, LogGuard) {
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .thread_name("switchyard-log")
+        .finish(std::io::BufWriter::with_capacity(
+            64 * 1024,
+            std::io::stderr(),
+        ));
+    (writer, LogGuard(guard))
+}
+
 /// Sets up tracing to stderr. `RUST_LOG` overrides the default `info` level.
 /// Text lines are coloured only on a terminal, and never with `NO_COLOR` set
 /// (<https://no-color.org>): escape codes in a file or a log collector are noise.
@@ -96,7 +117,10 @@ pub enum LogFormat {
 /// With a `tracer` (traces exported), spans of [`telemetry::OTEL_TARGET`]
 /// go to OpenTelemetry and nowhere else, and the log lines go on as they
 /// were; without one the subscriber is the plain formatter, as cheap as before.
-pub fn init_tracing(format: LogFormat, tracer: Option<opentelemetry_sdk::trace::Tracer>) {
+pub fn init_tracing(
+    format: LogFormat,
+    tracer: Option<opentelemetry_sdk::trace::Tracer>,
+) -> LogGuard {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::Layer as _;
@@ -106,16 +130,17 @@ pub fn init_tracing(format: LogFormat, tracer: Option<opentelemetry_sdk::trace::
         std::io::IsTerminal::is_terminal(&std::io::stderr()),
         std::env::var_os("NO_COLOR").as_deref(),
     );
+    let (writer, guard) = log_writer();
     let Some(tracer) = tracer else {
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_ansi(ansi)
-            .with_writer(std::io::stderr);
+            .with_writer(writer);
         let _ = match format {
             LogFormat::Text => builder.try_init(),
             LogFormat::Json => builder.json().try_init(),
         };
-        return;
+        return guard;
     };
     let quiet = format!("{}=off", telemetry::OTEL_TARGET)
         .parse()
@@ -127,7 +152,7 @@ pub fn init_tracing(format: LogFormat, tracer: Option<opentelemetry_sdk::trace::
         });
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     let fmt = match format {
         LogFormat::Text => fmt.with_filter(quiet).boxed(),
         LogFormat::Json => fmt.json().with_filter(quiet).boxed(),
@@ -147,21 +172,21 @@ pub fn init_tracing(format: LogFormat, tracer: Option<opentelemetry_sdk::trace::
         .with(fmt)
         .with(otel)
         .try_init();
+    guard
 }
 
 /// Builds the OTLP exporter if the environment or the file's
 /// `telemetry.traces` asks for one; logs (once tracing is up) why not if it
 /// cannot be built. Runs inside the runtime, where the exporter's
 /// connections live.
-fn start_telemetry(config: &std::path::Path, format: LogFormat) -> Option<Pipeline> {
+fn start_telemetry(config: &std::path::Path, format: LogFormat) -> (Option<Pipeline>, LogGuard) {
     let settings = snapshot::read_traces(config);
     let Some(plan) = telemetry::export::plan(&settings, &|name| std::env::var(name).ok()) else {
-        init_tracing(format, None);
-        return None;
+        return (None, init_tracing(format, None));
     };
     match Pipeline::start(&plan) {
         Ok(pipeline) => {
-            init_tracing(format, Some(pipeline.tracer()));
+            let guard = init_tracing(format, Some(pipeline.tracer()));
             for w in &plan.warnings {
                 tracing::warn!("{w}");
             }
@@ -169,12 +194,12 @@ fn start_telemetry(config: &std::path::Path, format: LogFormat) -> Option<Pipeli
                 protocol = plan.protocol.as_str(),
                 "exporting OpenTelemetry traces"
             );
-            Some(pipeline)
+            (Some(pipeline), guard)
         }
         Err(e) => {
-            init_tracing(format, None);
+            let guard = init_tracing(format, None);
             tracing::error!("{e}; running without traces");
-            None
+            (None, guard)
         }
     }
 }
@@ -288,12 +313,14 @@ pub async fn serve(
     admin_listen: Option<SocketAddr>,
     log_format: LogFormat,
 ) -> ExitCode {
-    let pipeline = start_telemetry(&config, log_format);
+    let (pipeline, logs) = start_telemetry(&config, log_format);
     let code = run_gateway(config, listen, admin_listen).await;
     if let Some(pipeline) = pipeline {
         // Blocks until the last spans are out (bounded): off the runtime's threads.
         let _ = tokio::task::spawn_blocking(move || pipeline.shutdown()).await;
     }
+    // The last lines out before the process ends.
+    drop(logs);
     code
 }
 

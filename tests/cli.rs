@@ -392,3 +392,43 @@ fn serve_with_an_invalid_config_exits_one_with_located_problems() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("{bad}:10:17: ")), "{err}");
 }
+
+/// A log collector that stops reading (a full stderr pipe) never holds up a
+/// request: log lines are written by a thread of their own and dropped when
+/// its queue is full. Before, the first write to the full pipe blocked the
+/// thread serving requests, and every request after the ~250th line hung.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_stderr_never_holds_up_requests() {
+    let a = Fake::always(fake::completion("model-a", "fine")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("routes.yaml");
+    std::fs::write(&config, chain_config(&[("a", &a.url())], "", "")).unwrap();
+    let addr = binary::free_addr();
+    // stderr is a pipe nobody reads: it fills after 64 KiB (a few hundred
+    // access-log lines at debug level) and every write after that blocks.
+    let mut child = std::process::Command::new(binary::BIN)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .args(["--listen", &addr.to_string()])
+        .env("RUST_LOG", "debug")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let up = wait_for(Duration::from_secs(10), || {
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+    })
+    .await;
+    assert!(up, "switchyard did not listen on {addr}");
+    let all = async {
+        for i in 0..1_500 {
+            let ans = chat(addr, hello("gpt-4o")).await;
+            assert_eq!(ans.status, 200, "request {i}: {}", ans.text());
+        }
+    };
+    let finished = tokio::time::timeout(Duration::from_secs(60), all).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(finished.is_ok(), "requests hung behind a full stderr pipe");
+}
