@@ -66,7 +66,11 @@ What it serves, by path:
                                       successor was issued (default 1.5);
                                       {"mds_garbage": N}: the next N metadata token requests
                                       answer 200 with the body `\x00\x01garbage{` (recorded as
-                                      mds:token-garbage), then it heals. Answers the switches.
+                                      mds:token-garbage), then it heals;
+                                      {"mds_hang": N}: the next N metadata token requests hang:
+                                      the connection is held, never answered, for `mds_hang_seconds`
+                                      (default 60; sooner if the client hangs up), then closed
+                                      (recorded as mds:token-hang), then it heals. Answers the switches.
   GET  /_health                       200 ok
 
 Behaviour by model name / model id (a substring anywhere in it):
@@ -121,6 +125,8 @@ import json
 import os
 import re
 import secrets
+import select
+import socket
 import struct
 import sys
 import threading
@@ -308,7 +314,14 @@ class State:
         self.google_token_life: dict[str, dict] = {}
         # Switched by POST /_control (see the docstring): failures by road, the metadata
         # server's token lifetime and the grace an old token keeps after a successor.
-        self.control: dict = {"fail": {}, "mds_expires_in": 3599, "mds_grace": 1.5, "mds_garbage": 0}
+        self.control: dict = {
+            "fail": {},
+            "mds_expires_in": 3599,
+            "mds_grace": 1.5,
+            "mds_garbage": 0,
+            "mds_hang": 0,
+            "mds_hang_seconds": 60,
+        }
         self.control.update(config.get("control") or {})
         self.anthropic_keys = set(config.get("anthropic_keys") or [])
         aws = config.get("aws") or {}
@@ -671,6 +684,15 @@ class Handler(BaseHTTPRequestHandler):
                     # A broken metadata server: 200, its flavor header, and no JSON at all.
                     self.state.record("mds", "token-garbage", self.path, self.headers, None)
                     return self.send(200, b"\x00\x01garbage{", {"Content-Type": "application/json", **flavor})
+                with self.state.lock:
+                    hang = int(self.state.control.get("mds_hang") or 0)
+                    if hang > 0:
+                        self.state.control["mds_hang"] = hang - 1
+                    hang_for = float(self.state.control.get("mds_hang_seconds", 60))
+                if hang > 0:
+                    # A stuck metadata server: the request was read, no answer ever comes.
+                    self.state.record("mds", "token-hang", self.path, self.headers, None)
+                    return self.hold(hang_for)
                 scopes = (query.get("scopes") or [""])[0]
                 if scopes and CLOUD_PLATFORM not in scopes.split(","):
                     raise Reject(
@@ -715,6 +737,25 @@ class Handler(BaseHTTPRequestHandler):
             self.state.record("mds", path.rsplit("/", 1)[-1] or "root", self.path, self.headers, None)
             return self.send(200, simple[path].encode(), {"Content-Type": "text/plain", **flavor})
         raise Reject(404, b"not found", {"Content-Type": "text/plain", **flavor}, f"no metadata at {path}")
+
+    def hold(self, seconds: float) -> None:
+        """Holds the connection without a byte of answer for `seconds` (bounded), or until
+        the client hangs up, then closes it (this thread only; the server serves on)."""
+        deadline = time.monotonic() + seconds
+        sock = self.connection
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            readable, _, _ = select.select([sock], [], [], min(left, 0.5))
+            if readable:
+                try:
+                    if not sock.recv(1, socket.MSG_PEEK):
+                        break  # the client hung up
+                except OSError:
+                    break
+                time.sleep(min(left, 0.5))  # bytes of a next request: still no answer
+        self.close_connection = True
 
     def vertex_bearer(self) -> str:
         auth = self.headers.get("Authorization", "")

@@ -912,6 +912,90 @@ class VertexMetadataServerHeals(Scenario):
         self.assertLess(healed, 10, f"healed after {healed:.1f} s and {failures} failed requests")
 
 
+class VertexMetadataServerHangHeals(Scenario):
+    """The metadata server HANGS on the first token request (reads it, never answers; the fake
+    holds it 60 s) and then heals, while the Vertex provider's own `timeout` (3 s) is shorter
+    than switchyard's bound on one token fetch (5 s). The first request is cut by its 3 s and
+    fails over to a Gemini API backup; the stuck fetch must still be judged at 5 s and its
+    source dropped, so Vertex recovers without a restart. Before 9f9a1a4 the fetch was bounded
+    inside the request: cut at 3 s, it was never judged, every later request waited on the same
+    stuck fetch and was cut too, and Vertex never came back (not within the 60 s hang)."""
+
+    MODEL = "gemini-2.0-flash-hang-heals"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.start(
+            providers={
+                # No retry: one attempt, one fetch per request, so the timeline is the one below.
+                "vtx-hang": {**vertex_provider(), "timeout": "3s", "retry": {"max": 0}},
+                "gem-hang-backup": gemini_provider("GEMINI_KEY"),
+            },
+            targets={
+                "vtx-hang-gemini": {"provider": "vtx-hang", "model": cls.MODEL},
+                "gem-hang-backup-flash": {"provider": "gem-hang-backup", "model": GEMINI_MODEL},
+            },
+            tasks={"vtx-hang": {"chain": ["vtx-hang-gemini", "gem-hang-backup-flash"]}},
+            env={"GCE_METADATA_HOST": FAKE_HOSTPORT, "GEMINI_KEY": SECRETS.gemini_keys[1]},
+        )
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        control(mds_hang=0)
+
+    def ask(self, client) -> tuple[str | None, str | None]:
+        """(the target that answered, its text)."""
+        raw = client.chat.completions.with_raw_response.create(
+            model="vtx-hang", messages=[{"role": "user", "content": "hi"}]
+        )
+        return raw.headers.get("x-switchyard-target"), raw.parse().choices[0].message.content
+
+    def test_a_hung_token_fetch_cut_by_a_shorter_timeout_heals_without_a_restart(self):
+        client = self.sy.client(timeout=10.0)
+        # Set now, not before the start: the library is built on first use, so this
+        # request's token fetch is the one that hangs (and only it: then it is healed).
+        control(mds_hang=1)
+        t0 = time.monotonic()
+        try:
+            first = self.ask(client)
+        except openai.APIError as e:
+            self.fail(f"the first request must fail over to the backup: {type(e).__name__}: {e}{self.explain()}")
+        took = time.monotonic() - t0
+        self.assertEqual(first, ("gem-hang-backup-flash", f"Hello from gemini {GEMINI_MODEL}"), self.explain())
+        self.assertEqual(self.since_start("mds:token-hang"), 1, self.explain())
+        self.assertEqual(control()["mds_hang"], 0, "the hang was used up: the metadata server is healed")
+        self.assertEqual(self.since_start(f"vertex:{self.MODEL}"), 0, "no call without a token")
+        # Cut by the provider's 3 s, not the 5 s fetch bound: the case the fix is about.
+        self.assertGreaterEqual(took, 2.5, f"the hung fetch ended the first request after {took:.1f} s")
+        self.assertLess(took, 5, f"the first request took {took:.1f} s: not cut by the provider's 3 s")
+        # The stuck fetch is judged 5 s after it began (its own bound) and its source dropped;
+        # 2 s later (RETRY_AFTER_FAILURE) the next request makes it anew, which gets a token
+        # from the healed metadata server: ~7 s after t0. Polls in between fail over (each at
+        # most 3 s). 15 s leaves room for a loaded machine and is still far inside the 60 s
+        # the fake holds the hung request, so only switchyard's own recovery can pass it.
+        deadline = t0 + 15
+        polls = []
+        while True:
+            time.sleep(0.5)
+            try:
+                got = self.ask(client)
+            except openai.APIError as e:
+                got = (f"error {type(e).__name__}", str(e)[:200])
+            polls.append((round(time.monotonic() - t0, 1), got[0]))
+            if got[0] == "vtx-hang-gemini":
+                break
+            if time.monotonic() > deadline:
+                since = time.monotonic() - t0
+                self.fail(f"Vertex not back {since:.1f} s after the hang; polls {polls}{self.explain()}")
+        healed = time.monotonic() - t0
+        self.assertEqual(got[1], f"Hello from vertex {self.MODEL}", self.explain())
+        self.assertIsNone(self.sy.proc.poll(), "the same switchyard, no restart")
+        self.assertEqual(last_call("vertex", self.MODEL)["auth"], "mds", "signed with a metadata-issued token")
+        self.assertGreaterEqual(self.since_start("mds:token"), 1, "a good token was fetched after the hang")
+        self.assertLess(healed, 15, f"healed after {healed:.1f} s; polls {polls}")
+
+
 # ---- Bedrock --------------------------------------------------------------------------------------
 
 
