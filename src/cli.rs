@@ -89,25 +89,18 @@ pub enum LogFormat {
     Json,
 }
 
-/// Keeps the log writer's thread alive; dropped last, it writes out what is
-/// still queued.
-#[must_use = "log lines queued when it drops are written then; drop it at exit"]
-pub struct LogGuard(#[allow(dead_code)] tracing_appender::non_blocking::WorkerGuard);
+/// Keeps the log flusher's thread alive; dropped last, it writes out what is
+/// still buffered.
+pub type LogGuard = Option<telemetry::stderr::Flusher>;
 
-/// The writer of every log line: stderr, from a thread of its own. Lines are
-/// formatted where they happen and queued (up to 128,000); the thread writes
-/// them in batches through a 64 KiB buffer, flushed whenever the queue is
-/// empty. A request never waits on stderr: should the queue be full (stderr
-/// stalled), a line is dropped rather than held.
-fn log_writer() -> (tracing_appender::non_blocking::NonBlocking, LogGuard) {
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(true)
-        .thread_name("switchyard-log")
-        .finish(std::io::BufWriter::with_capacity(
-            64 * 1024,
-            std::io::stderr(),
-        ));
-    (writer, LogGuard(guard))
+/// The writer of every log line: batched to stderr by a thread of its own
+/// ([`telemetry::stderr`]), or stderr itself if that thread cannot start.
+fn log_writer() -> (tracing_subscriber::fmt::writer::BoxMakeWriter, LogGuard) {
+    use tracing_subscriber::fmt::writer::BoxMakeWriter;
+    match telemetry::stderr::batched() {
+        Ok((writer, flusher)) => (BoxMakeWriter::new(writer), Some(flusher)),
+        Err(_) => (BoxMakeWriter::new(std::io::stderr), None),
+    }
 }
 
 /// Sets up tracing to stderr. `RUST_LOG` overrides the default `info` level.

@@ -18,6 +18,7 @@
 
 pub mod export;
 pub mod request;
+pub mod stderr;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;

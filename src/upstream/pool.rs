@@ -257,7 +257,15 @@ where
 
 impl<T: Connection> Connection for Counted<T> {
     fn connected(&self) -> Connected {
-        self.io.connected().extra(self.uses.clone())
+        // Only what the pool reads of the inner connection's facts: the
+        // TCP connector's `HttpInfo` would be inserted into every response's
+        // extensions (a map and a box per request) and nothing reads it.
+        let inner = self.io.connected();
+        let mut bare = Connected::new().proxy(inner.is_proxied());
+        if inner.is_negotiated_h2() {
+            bare = bare.negotiated_h2();
+        }
+        bare.extra(self.uses.clone())
     }
 }
 
