@@ -393,7 +393,12 @@ async fn masked_key_fragments_never_reach_the_debug_log() {
     let served = Served::start(&config, dir.path(), &[("RUST_LOG", "switchyard=debug")]);
     let ans = chat(served.addr, hello("gpt-4o")).await;
     assert_eq!(ans.status, 401, "{}", ans.text());
-    let log = served.log();
+    // Log lines reach stderr within a flush (25 ms).
+    let mut log = String::new();
+    wait_blocking(Duration::from_secs(5), || {
+        log = served.log();
+        log.contains("upstream error returned to the client")
+    });
     assert!(
         log.contains("upstream error returned to the client"),
         "{log}"

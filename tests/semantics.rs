@@ -722,7 +722,12 @@ fn the_log_says_failover_when_a_cooldown_refuses_the_retry() {
     let ans = rt.block_on(chat(served.addr, hello("gpt-4o")));
     assert_eq!(ans.json()["model"], "model-b");
     assert_eq!(a.calls(), 1, "the cooldown refused the retry");
-    let log = served.log();
+    // Log lines reach stderr within a flush (25 ms).
+    let mut log = String::new();
+    crate::support::wait_blocking(std::time::Duration::from_secs(5), || {
+        log = served.log();
+        log.contains("upstream attempt failed")
+    });
     let line = log
         .lines()
         .find(|l| l.contains("upstream attempt failed"))
