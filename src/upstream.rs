@@ -74,6 +74,15 @@ pub fn path_segment(model: &str) -> String {
     out
 }
 
+/// A field of a chat request object unless absent or `null` (a translation
+/// treats both alike, as OpenAI does).
+pub(crate) fn non_null<'a>(
+    obj: &'a serde_json::Map<String, serde_json::Value>,
+    key: &str,
+) -> Option<&'a serde_json::Value> {
+    obj.get(key).filter(|v| !v.is_null())
+}
+
 /// The client headers any protocol forwards, copied out of `client` (for a
 /// stream's continuation, which outlives the request's own headers).
 #[must_use]

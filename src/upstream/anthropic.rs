@@ -12,8 +12,6 @@
 //! carry (audio output, `logprobs`, `top_logprobs`) are a [`TranslateError`].
 //! Anthropic `thinking` blocks are not passed to the client.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use std::borrow::Cow;
 
 use bytes::Bytes;
@@ -21,7 +19,8 @@ use http::HeaderName;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::chunk::{self, Delta, Frame, Head};
+use super::chunk::{self, now_secs, Delta, Frame, Head};
+use super::non_null;
 use super::{Adapter, Malformed, TargetModel, Unsupported};
 use crate::native::Protocol;
 use crate::request::{ChatRequest, EmbeddingsRequest};
@@ -178,14 +177,6 @@ pub enum TranslateError {
 
 fn invalid(msg: impl Into<String>) -> TranslateError {
     TranslateError::InvalidRequest(msg.into())
-}
-
-/// Seconds since the Unix epoch (0 if the clock is before it).
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------
@@ -364,11 +355,6 @@ fn add_tools(
         }
     }
     Ok(())
-}
-
-/// A field's value unless absent or `null`.
-fn non_null<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    obj.get(key).filter(|v| !v.is_null())
 }
 
 fn max_tokens(openai: &Map<String, Value>) -> Result<Option<u64>, TranslateError> {

@@ -23,14 +23,15 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use super::chunk::{self, Delta, Frame, Head};
+use super::chunk::{self, completion_id, now_secs, Delta, Frame, Head};
+use super::non_null;
 use super::Malformed;
 
 /// AWS Bedrock's Converse API (`protocol: bedrock`).
@@ -235,24 +236,6 @@ fn invalid(msg: impl Into<String>) -> TranslateError {
 
 fn unsupported(msg: impl Into<String>) -> TranslateError {
     TranslateError::Unsupported(msg.into())
-}
-
-/// Seconds since the Unix epoch (0 if the clock is before it).
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-/// A fresh `chatcmpl-` id: Converse answers carry no id of their own.
-fn completion_id() -> String {
-    format!("chatcmpl-{:024x}", rand::random::<u128>() >> 32)
-}
-
-/// A field's value unless absent or `null`.
-fn non_null<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    obj.get(key).filter(|v| !v.is_null())
 }
 
 // ---------------------------------------------------------------------------

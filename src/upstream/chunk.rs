@@ -264,6 +264,22 @@ impl Head {
     }
 }
 
+/// Seconds since the Unix epoch, a chat answer's `created` (0 if the clock
+/// is before it).
+#[must_use]
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A fresh `chatcmpl-` id, for an answer whose protocol gives none.
+#[must_use]
+pub fn completion_id() -> String {
+    format!("chatcmpl-{:024x}", rand::random::<u128>() >> 32)
+}
+
 /// One SSE event carrying `v`.
 #[must_use]
 pub fn sse(v: &impl Serialize) -> Bytes {

@@ -24,14 +24,15 @@
 //!   accept and ignore it).
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use super::chunk::{self, Delta, Frame, Head};
+use super::chunk::{self, completion_id, now_secs, Delta, Frame, Head};
+use super::non_null;
 use super::Malformed;
 
 /// The `thoughtSignature` sent with every replayed `functionCall` part: Google's
@@ -189,19 +190,6 @@ fn invalid(msg: impl Into<String>) -> TranslateError {
 
 fn unsupported(msg: impl Into<String>) -> TranslateError {
     TranslateError::Unsupported(msg.into())
-}
-
-/// Seconds since the Unix epoch (0 if the clock is before it).
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-/// A field's value unless absent or `null`.
-fn non_null<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    obj.get(key).filter(|v| !v.is_null())
 }
 
 // ---------------------------------------------------------------------------
@@ -1338,10 +1326,7 @@ pub fn from_gemini_response(body: &[u8], model: &str) -> Result<Bytes, Translate
             finish_reason: reason,
         });
     }
-    let id = reply
-        .response_id
-        .clone()
-        .unwrap_or_else(|| format!("chatcmpl-{:024x}", rand::random::<u128>() >> 32));
+    let id = reply.response_id.clone().unwrap_or_else(completion_id);
     let completion = wire::Completion {
         id: &id,
         object: "chat.completion",
@@ -1706,10 +1691,7 @@ impl GeminiStream {
         let mut out = Vec::new();
         if !self.started {
             self.started = true;
-            self.head.id = reply
-                .response_id
-                .clone()
-                .unwrap_or_else(|| format!("chatcmpl-{:024x}", rand::random::<u128>() >> 32));
+            self.head.id = reply.response_id.clone().unwrap_or_else(completion_id);
             if let Some(version) = &reply.model_version {
                 version.clone_into(&mut self.head.model);
             }
