@@ -406,7 +406,7 @@ async fn a_stalled_stderr_never_holds_up_requests() {
     let addr = binary::free_addr();
     // stderr is a pipe nobody reads: it fills after 64 KiB (a few hundred
     // access-log lines at debug level) and every write after that blocks.
-    let mut child = std::process::Command::new(binary::BIN)
+    let child = std::process::Command::new(binary::BIN)
         .args(["serve", "--config"])
         .arg(&config)
         .args(["--listen", &addr.to_string()])
@@ -416,6 +416,15 @@ async fn a_stalled_stderr_never_holds_up_requests() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // Killed however the test ends (a hung request panics before the end).
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _child = KillOnDrop(child);
     let up = wait_for(Duration::from_secs(10), || {
         std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
     })
@@ -428,7 +437,5 @@ async fn a_stalled_stderr_never_holds_up_requests() {
         }
     };
     let finished = tokio::time::timeout(Duration::from_secs(60), all).await;
-    let _ = child.kill();
-    let _ = child.wait();
     assert!(finished.is_ok(), "requests hung behind a full stderr pipe");
 }
