@@ -17,6 +17,7 @@ pub mod gemini;
 pub mod openai;
 pub mod pool;
 pub mod responses;
+pub mod translate;
 pub mod vertex;
 
 use std::sync::atomic::AtomicU32;

@@ -21,9 +21,17 @@ use serde_json::{json, Map, Value};
 
 use super::chunk::{self, now_secs, Delta, Frame, Head};
 use super::non_null;
+use super::translate::{
+    content_parts, data_url, image_url, invalid, max_tokens, messages_with_roles, part_kind,
+    push_turn, refuse_untranslatable, stop_sequences, tool_call, unsupported, wire, TranslateError,
+    Turn,
+};
 use super::{Adapter, Malformed, TargetModel, Unsupported};
 use crate::native::Protocol;
 use crate::request::{ChatRequest, EmbeddingsRequest};
+
+/// The protocol's name in a refusal.
+const API: &str = "the Anthropic Messages API";
 
 /// The `anthropic-version` header sent unless a provider sets its own.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -93,7 +101,7 @@ impl Adapter for Anthropic {
             target.model,
             target.max_output.unwrap_or(DEFAULT_MAX_TOKENS),
         )
-        .map_err(|e| Unsupported(e.to_string()))?;
+        .map_err(|e| e.refusal(API))?;
         Ok(Bytes::from(body.to_string()))
     }
 
@@ -141,53 +149,9 @@ impl Adapter for Anthropic {
     }
 }
 
-/// Errors translating between the two protocols.
-#[derive(Debug, thiserror::Error)]
-pub enum TranslateError {
-    /// The OpenAI request is malformed (the client's fault).
-    // The client's 400 says "invalid request" already.
-    #[error("{0}")]
-    InvalidRequest(String),
-    /// The OpenAI request uses something Anthropic cannot express.
-    #[error("not supported by the Anthropic Messages API: {0}")]
-    Unsupported(String),
-    /// An assistant tool call's `arguments` is not a JSON object.
-    #[error("tool call `{id}`: arguments are not a JSON object: {reason}")]
-    ToolArguments {
-        /// The tool call's id.
-        id: String,
-        /// Why the arguments were rejected.
-        reason: String,
-    },
-    /// The upstream body or stream event is not valid JSON.
-    #[error("upstream sent invalid JSON: {0}")]
-    Json(#[from] serde_json::Error),
-    /// The upstream JSON is not the expected Messages shape.
-    #[error("unexpected upstream response: {0}")]
-    InvalidResponse(String),
-    /// The upstream answered with an Anthropic error body instead of a message.
-    #[error("upstream error ({kind}): {message}")]
-    Upstream {
-        /// Anthropic `error.type`, e.g. `overloaded_error`.
-        kind: String,
-        /// Anthropic `error.message`.
-        message: String,
-    },
-}
-
-fn invalid(msg: impl Into<String>) -> TranslateError {
-    TranslateError::InvalidRequest(msg.into())
-}
-
 // ---------------------------------------------------------------------------
 // Request: OpenAI -> Anthropic
 // ---------------------------------------------------------------------------
-
-/// One Anthropic turn being built; consecutive same-role messages share one.
-struct Turn {
-    role: &'static str,
-    blocks: Vec<Value>,
-}
 
 /// OpenAI chat request (the parsed JSON object) -> Anthropic Messages request body.
 /// `model` is the upstream model name; `default_max_tokens` is used when the request has neither max_tokens nor max_completion_tokens (Anthropic requires it).
@@ -265,17 +229,10 @@ pub fn to_messages_request(
 fn unanswerable(openai: &Map<String, Value>) -> Result<(), TranslateError> {
     if let Some(n) = non_null(openai, "n") {
         if n.as_u64().is_none_or(|n| n > 1) {
-            return Err(TranslateError::Unsupported(format!("`n` = {n}")));
+            return Err(unsupported(format!("`n` = {n}")));
         }
     }
-    let audio_modality = non_null(openai, "modalities")
-        .and_then(Value::as_array)
-        .is_some_and(|m| m.iter().any(|m| m.as_str() == Some("audio")));
-    if audio_modality || non_null(openai, "audio").is_some() {
-        return Err(TranslateError::Unsupported(
-            "audio output (`audio` / `modalities: [\"audio\"]`)".into(),
-        ));
-    }
+    refuse_untranslatable(openai)?;
     // Messages has no JSON mode: dropped, the answer would be prose where
     // the client asked for JSON (or JSON to a schema).
     let json_output = non_null(openai, "response_format")
@@ -283,15 +240,9 @@ fn unanswerable(openai: &Map<String, Value>) -> Result<(), TranslateError> {
         .and_then(Value::as_str)
         .is_some_and(|kind| kind != "text");
     if json_output {
-        return Err(TranslateError::Unsupported(
-            "JSON output (`response_format` other than `text`)".into(),
+        return Err(unsupported(
+            "JSON output (`response_format` other than `text`)",
         ));
-    }
-    if non_null(openai, "top_logprobs").is_some() {
-        return Err(TranslateError::Unsupported("`top_logprobs`".into()));
-    }
-    if non_null(openai, "logprobs").is_some_and(|v| v.as_bool() != Some(false)) {
-        return Err(TranslateError::Unsupported("`logprobs`".into()));
     }
     Ok(())
 }
@@ -300,15 +251,8 @@ fn unanswerable(openai: &Map<String, Value>) -> Result<(), TranslateError> {
 fn conversation(messages: &[Value]) -> Result<(Vec<String>, Vec<Turn>), TranslateError> {
     let mut system: Vec<String> = Vec::new();
     let mut turns: Vec<Turn> = Vec::new();
-    for (i, message) in messages.iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let message = message
-            .as_object()
-            .ok_or_else(|| invalid(format!("{at} must be an object")))?;
-        let role = message
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or_else(|| invalid(format!("{at}.role must be a string")))?;
+    for read in messages_with_roles(messages) {
+        let (at, message, role) = read?;
         match role {
             "system" | "developer" => system.extend(system_texts(message.get("content"), &at)?),
             "user" => push_turn(
@@ -318,7 +262,7 @@ fn conversation(messages: &[Value]) -> Result<(Vec<String>, Vec<Turn>), Translat
             ),
             "assistant" => push_turn(&mut turns, "assistant", assistant_blocks(message, &at)?),
             "tool" => push_turn(&mut turns, "user", vec![tool_result(message, &at)?]),
-            other => return Err(TranslateError::Unsupported(format!("{at}: role `{other}`"))),
+            other => return Err(unsupported(format!("{at}: role `{other}`"))),
         }
     }
     Ok((system, turns))
@@ -357,45 +301,6 @@ fn add_tools(
     Ok(())
 }
 
-fn max_tokens(openai: &Map<String, Value>) -> Result<Option<u64>, TranslateError> {
-    for key in ["max_completion_tokens", "max_tokens"] {
-        if let Some(v) = non_null(openai, key) {
-            let n = v
-                .as_u64()
-                .ok_or_else(|| invalid(format!("`{key}` must be a non-negative integer")))?;
-            return Ok(Some(n));
-        }
-    }
-    Ok(None)
-}
-
-fn stop_sequences(openai: &Map<String, Value>) -> Result<Option<Value>, TranslateError> {
-    let list = match non_null(openai, "stop") {
-        None => return Ok(None),
-        Some(Value::String(s)) => vec![Value::from(s.as_str())],
-        Some(Value::Array(items)) => {
-            if items.iter().any(|s| !s.is_string()) {
-                return Err(invalid("`stop` must be a string or a list of strings"));
-            }
-            items.clone()
-        }
-        Some(_) => return Err(invalid("`stop` must be a string or a list of strings")),
-    };
-    Ok((!list.is_empty()).then_some(Value::Array(list)))
-}
-
-/// Appends blocks to the last turn if it has the same role, else starts a turn.
-/// Messages that end up with no content are skipped (Anthropic rejects them).
-fn push_turn(turns: &mut Vec<Turn>, role: &'static str, blocks: Vec<Value>) {
-    if blocks.is_empty() {
-        return;
-    }
-    match turns.last_mut() {
-        Some(last) if last.role == role => last.blocks.extend(blocks),
-        _ => turns.push(Turn { role, blocks }),
-    }
-}
-
 /// A turn as JSON; a lone text block is sent as a plain string.
 fn turn_json(turn: Turn) -> Value {
     let content = match turn.blocks.as_slice() {
@@ -411,48 +316,15 @@ fn text_block(text: &str) -> Value {
     json!({ "type": "text", "text": text })
 }
 
-/// The content parts of a message (a string counts as one text part).
-fn parts<'a>(content: Option<&'a Value>, at: &str) -> Result<Vec<&'a Value>, TranslateError> {
-    match content {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(s @ Value::String(_)) => Ok(vec![s]),
-        Some(Value::Array(items)) => Ok(items.iter().collect()),
-        Some(_) => Err(invalid(format!(
-            "{at}.content must be a string or an array"
-        ))),
-    }
-}
-
-/// The part's type, and its text if it is a text part (or a bare string).
-fn part_kind<'a>(part: &'a Value, at: &str) -> Result<(&'a str, Option<&'a str>), TranslateError> {
-    if let Some(s) = part.as_str() {
-        return Ok(("text", Some(s)));
-    }
-    let kind = part
-        .get("type")
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid(format!("{at}: content part without a `type`")))?;
-    let text = match kind {
-        "text" => Some(
-            part.get("text")
-                .and_then(Value::as_str)
-                .ok_or_else(|| invalid(format!("{at}: text part without `text`")))?,
-        ),
-        "refusal" => part.get("refusal").and_then(Value::as_str),
-        _ => None,
-    };
-    Ok((kind, text))
-}
-
 fn system_texts(content: Option<&Value>, at: &str) -> Result<Vec<String>, TranslateError> {
     let mut out = Vec::new();
-    for (j, part) in parts(content, at)?.into_iter().enumerate() {
+    for (j, part) in content_parts(content, at)?.into_iter().enumerate() {
         let at = format!("{at}.content[{j}]");
         match part_kind(part, &at)? {
             ("text", Some(t)) if !t.is_empty() => out.push(t.to_owned()),
             ("text", _) => {}
             (kind, _) => {
-                return Err(TranslateError::Unsupported(format!(
+                return Err(unsupported(format!(
                     "{at}: `{kind}` part in a system message"
                 )))
             }
@@ -463,7 +335,7 @@ fn system_texts(content: Option<&Value>, at: &str) -> Result<Vec<String>, Transl
 
 fn user_blocks(content: Option<&Value>, at: &str) -> Result<Vec<Value>, TranslateError> {
     let mut out = Vec::new();
-    for (j, part) in parts(content, at)?.into_iter().enumerate() {
+    for (j, part) in content_parts(content, at)?.into_iter().enumerate() {
         let at = format!("{at}.content[{j}]");
         match part_kind(part, &at)? {
             ("text", Some(t)) => {
@@ -472,11 +344,7 @@ fn user_blocks(content: Option<&Value>, at: &str) -> Result<Vec<Value>, Translat
                 }
             }
             ("image_url", _) => out.push(image_block(part, &at)?),
-            (kind, _) => {
-                return Err(TranslateError::Unsupported(format!(
-                    "{at}: `{kind}` content part"
-                )))
-            }
+            (kind, _) => return Err(unsupported(format!("{at}: `{kind}` content part"))),
         }
     }
     Ok(out)
@@ -484,23 +352,9 @@ fn user_blocks(content: Option<&Value>, at: &str) -> Result<Vec<Value>, Translat
 
 /// `{"type":"image_url","image_url":{"url":...}}` -> an Anthropic image block.
 fn image_block(part: &Value, at: &str) -> Result<Value, TranslateError> {
-    let image = part.get("image_url");
-    let url = image
-        .and_then(|i| i.get("url"))
-        .or(image)
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid(format!("{at}: image_url part without a url")))?;
-    if let Some(rest) = url.strip_prefix("data:") {
-        let (meta, data) = rest
-            .split_once(',')
-            .ok_or_else(|| invalid(format!("{at}: malformed data URL")))?;
-        let mut params = meta.split(';');
-        let media_type = params.next().unwrap_or_default();
-        if media_type.is_empty() || !params.any(|p| p.eq_ignore_ascii_case("base64")) {
-            return Err(TranslateError::Unsupported(format!(
-                "{at}: data URL that is not base64 with a media type"
-            )));
-        }
+    let url = image_url(part, at)?;
+    if url.starts_with("data:") {
+        let (media_type, data) = data_url(url, at)?;
         Ok(json!({
             "type": "image",
             "source": { "type": "base64", "media_type": media_type, "data": data },
@@ -508,7 +362,7 @@ fn image_block(part: &Value, at: &str) -> Result<Value, TranslateError> {
     } else if url.starts_with("https://") || url.starts_with("http://") {
         Ok(json!({ "type": "image", "source": { "type": "url", "url": url } }))
     } else {
-        Err(TranslateError::Unsupported(format!(
+        Err(unsupported(format!(
             "{at}: image URL scheme (only data:, http: and https:)"
         )))
     }
@@ -516,12 +370,15 @@ fn image_block(part: &Value, at: &str) -> Result<Value, TranslateError> {
 
 fn assistant_blocks(message: &Map<String, Value>, at: &str) -> Result<Vec<Value>, TranslateError> {
     if non_null(message, "function_call").is_some() {
-        return Err(TranslateError::Unsupported(format!(
+        return Err(unsupported(format!(
             "{at}: legacy `function_call` (use `tool_calls`)"
         )));
     }
     let mut out = Vec::new();
-    for (j, part) in parts(message.get("content"), at)?.into_iter().enumerate() {
+    for (j, part) in content_parts(message.get("content"), at)?
+        .into_iter()
+        .enumerate()
+    {
         let at = format!("{at}.content[{j}]");
         match part_kind(part, &at)? {
             ("text" | "refusal", Some(t)) => {
@@ -531,7 +388,7 @@ fn assistant_blocks(message: &Map<String, Value>, at: &str) -> Result<Vec<Value>
             }
             ("refusal", None) => {}
             (kind, _) => {
-                return Err(TranslateError::Unsupported(format!(
+                return Err(unsupported(format!(
                     "{at}: `{kind}` part in an assistant message"
                 )))
             }
@@ -549,51 +406,8 @@ fn assistant_blocks(message: &Map<String, Value>, at: &str) -> Result<Vec<Value>
 }
 
 fn tool_use_block(call: &Value, at: &str) -> Result<Value, TranslateError> {
-    let id = call
-        .get("id")
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid(format!("{at}.id must be a string")))?;
-    let kind = call
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or("function");
-    if kind != "function" {
-        return Err(TranslateError::Unsupported(format!(
-            "{at}: tool call type `{kind}`"
-        )));
-    }
-    let function = call
-        .get("function")
-        .ok_or_else(|| invalid(format!("{at}.function is missing")))?;
-    let name = function
-        .get("name")
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid(format!("{at}.function.name must be a string")))?;
-    let arguments = match function.get("arguments") {
-        None | Some(Value::Null) => "",
-        Some(Value::String(s)) => s.as_str(),
-        Some(_) => {
-            return Err(TranslateError::ToolArguments {
-                id: id.to_owned(),
-                reason: "`arguments` is not a string".into(),
-            })
-        }
-    };
-    let input = if arguments.trim().is_empty() {
-        Value::Object(Map::new())
-    } else {
-        serde_json::from_str::<Value>(arguments).map_err(|e| TranslateError::ToolArguments {
-            id: id.to_owned(),
-            reason: e.to_string(),
-        })?
-    };
-    if !input.is_object() {
-        return Err(TranslateError::ToolArguments {
-            id: id.to_owned(),
-            reason: "valid JSON but not an object".into(),
-        });
-    }
-    Ok(json!({ "type": "tool_use", "id": id, "name": name, "input": input }))
+    let call = tool_call(call, at)?;
+    Ok(json!({ "type": "tool_use", "id": call.id, "name": call.name, "input": call.input }))
 }
 
 fn tool_result(message: &Map<String, Value>, at: &str) -> Result<Value, TranslateError> {
@@ -635,9 +449,7 @@ fn tools(tools: &Value) -> Result<Vec<Value>, TranslateError> {
             let at = format!("tools[{i}]");
             let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
             if kind != "function" {
-                return Err(TranslateError::Unsupported(format!(
-                    "{at}: tool type `{kind}`"
-                )));
+                return Err(unsupported(format!("{at}: tool type `{kind}`")));
             }
             let f = tool
                 .get("function")
@@ -859,10 +671,11 @@ pub fn from_messages_response(body: &[u8]) -> Result<Bytes, TranslateError> {
     let (text, tool_calls) = read_blocks(&m.content)?;
     let content = (tool_calls.is_empty() || !text.is_empty()).then_some(text);
     let usage = m.usage.known().then(|| {
-        wire::Usage::of(
+        chunk::Usage::new(
             m.usage.prompt_tokens().unwrap_or(0),
             m.usage.output_tokens.unwrap_or(0),
             m.usage.cache_read_input_tokens.unwrap_or(0),
+            0,
         )
     });
     let completion = wire::Completion {
@@ -870,17 +683,17 @@ pub fn from_messages_response(body: &[u8]) -> Result<Bytes, TranslateError> {
         object: "chat.completion",
         created: now_secs(),
         model: &model,
-        choices: [wire::Choice {
+        choices: &[wire::Choice {
             index: 0,
             message: wire::Message {
                 role: "assistant",
                 content,
+                reasoning_content: None,
                 tool_calls,
             },
             logprobs: None,
             finish_reason: finish_reason_str(m.stop_reason.as_deref()),
         }],
-        // No counts is no `usage`, not zeros: the gateway then books its estimate.
         usage,
     };
     serde_json::to_vec(&completion)
@@ -937,78 +750,6 @@ fn read_blocks(content: &[Block<'_>]) -> Result<(String, Vec<wire::ToolCall>), T
     Ok((text, tool_calls))
 }
 
-/// The OpenAI `chat.completion` a Messages response is read into.
-mod wire {
-    use serde::Serialize;
-
-    #[derive(Serialize)]
-    pub(super) struct Completion<'a> {
-        pub id: &'a str,
-        pub object: &'static str,
-        pub created: u64,
-        pub model: &'a str,
-        pub choices: [Choice; 1],
-        #[serde(skip_serializing_if = "Option::is_none")]
-        pub usage: Option<Usage>,
-    }
-
-    #[derive(Serialize)]
-    pub(super) struct Choice {
-        pub index: u32,
-        pub message: Message,
-        pub logprobs: Option<()>,
-        pub finish_reason: Option<&'static str>,
-    }
-
-    #[derive(Serialize)]
-    pub(super) struct Message {
-        pub role: &'static str,
-        pub content: Option<String>,
-        #[serde(skip_serializing_if = "Vec::is_empty")]
-        pub tool_calls: Vec<ToolCall>,
-    }
-
-    #[derive(Serialize)]
-    pub(super) struct ToolCall {
-        pub id: String,
-        #[serde(rename = "type")]
-        pub kind: &'static str,
-        pub function: Function,
-    }
-
-    #[derive(Serialize)]
-    pub(super) struct Function {
-        pub name: String,
-        pub arguments: String,
-    }
-
-    #[derive(Serialize)]
-    pub(super) struct Usage {
-        pub prompt_tokens: u64,
-        pub completion_tokens: u64,
-        pub total_tokens: u64,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        pub prompt_tokens_details: Option<Cached>,
-    }
-
-    #[derive(Serialize)]
-    pub(super) struct Cached {
-        pub cached_tokens: u64,
-    }
-
-    impl Usage {
-        pub(super) fn of(prompt: u64, completion: u64, cached: u64) -> Self {
-            Self {
-                prompt_tokens: prompt,
-                completion_tokens: completion,
-                total_tokens: prompt.saturating_add(completion),
-                prompt_tokens_details: (cached > 0).then_some(Cached {
-                    cached_tokens: cached,
-                }),
-            }
-        }
-    }
-}
 /// A `tool_use` block's `id` or `name` (`what`): a call without one is no answer.
 fn tool_use_field(value: &Option<Cow<'_, str>>, what: &str) -> Result<String, TranslateError> {
     value
@@ -1405,7 +1146,8 @@ mod tests {
         };
         assert_eq!(u.prompt_tokens(), Some(u64::MAX));
         assert_eq!(
-            wire::Usage::of(u64::MAX, u64::MAX, 0).total_tokens,
+            serde_json::to_value(chunk::Usage::new(u64::MAX, u64::MAX, 0, 0)).unwrap()
+                ["total_tokens"],
             u64::MAX
         );
     }

@@ -32,6 +32,11 @@ use serde_json::{json, Map, Value};
 
 use super::chunk::{self, completion_id, now_secs, Delta, Frame, Head};
 use super::non_null;
+use super::translate;
+use super::translate::{
+    content_parts, data_url, image_url, invalid, max_tokens, messages_with_roles, part_kind,
+    push_turn, refuse_untranslatable, stop_sequences, unsupported, wire, TranslateError, Turn,
+};
 use super::Malformed;
 
 /// AWS Bedrock's Converse API (`protocol: bedrock`).
@@ -40,6 +45,9 @@ pub struct Bedrock;
 
 /// The service name Bedrock's runtime signs for.
 const SIGNING_NAME: &str = "bedrock";
+
+/// The protocol's name in a refusal.
+const API: &str = "the Bedrock Converse API";
 
 /// The region of a Bedrock runtime URL (`bedrock-runtime.{region}.amazonaws.com`,
 /// or its FIPS twin), if it is one.
@@ -147,8 +155,8 @@ impl super::Adapter for Bedrock {
         let object = request
             .to_object()
             .map_err(|e| super::Unsupported(e.to_string()))?;
-        let mut body = to_converse_request(&object, target.max_output)
-            .map_err(|e| super::Unsupported(e.to_string()))?;
+        let mut body =
+            to_converse_request(&object, target.max_output).map_err(|e| e.refusal(API))?;
         // `thinking` is Anthropic's field: another family refuses it.
         if !target.model.contains("anthropic.") {
             if let Some(body) = body.as_object_mut() {
@@ -203,51 +211,9 @@ impl super::Adapter for Bedrock {
     }
 }
 
-/// Errors translating between the two protocols.
-#[derive(Debug, thiserror::Error)]
-pub enum TranslateError {
-    /// The OpenAI request is malformed (the client's fault).
-    // The client's 400 says "invalid request" already.
-    #[error("{0}")]
-    InvalidRequest(String),
-    /// The OpenAI request uses something Converse cannot express.
-    #[error("not supported by the Bedrock Converse API: {0}")]
-    Unsupported(String),
-    /// An assistant tool call's `arguments` is not a JSON object.
-    #[error("tool call `{id}`: arguments are not a JSON object: {reason}")]
-    ToolArguments {
-        /// The tool call's id.
-        id: String,
-        /// Why the arguments were rejected.
-        reason: String,
-    },
-    /// The upstream body or stream event is not valid JSON.
-    #[error("upstream sent invalid JSON: {0}")]
-    Json(#[from] serde_json::Error),
-    /// The upstream JSON is not the expected Converse shape (an error body
-    /// with a 2xx included).
-    #[error("unexpected upstream response: {0}")]
-    InvalidResponse(String),
-}
-
-fn invalid(msg: impl Into<String>) -> TranslateError {
-    TranslateError::InvalidRequest(msg.into())
-}
-
-fn unsupported(msg: impl Into<String>) -> TranslateError {
-    TranslateError::Unsupported(msg.into())
-}
-
 // ---------------------------------------------------------------------------
 // Request: OpenAI -> Converse
 // ---------------------------------------------------------------------------
-
-/// One Converse turn being built; consecutive same-role messages share one
-/// (Converse requires user and assistant turns to alternate).
-struct Turn {
-    role: &'static str,
-    blocks: Vec<Value>,
-}
 
 /// OpenAI chat request object -> Converse request body (the modelId is in the URL, not the body).
 ///
@@ -325,36 +291,15 @@ fn unanswerable(chat: &Map<String, Value>) -> Result<(), TranslateError> {
             return Err(unsupported(format!("`n` = {n}")));
         }
     }
-    let audio_modality = non_null(chat, "modalities")
-        .and_then(Value::as_array)
-        .is_some_and(|m| m.iter().any(|m| m.as_str() == Some("audio")));
-    if audio_modality || non_null(chat, "audio").is_some() {
-        return Err(unsupported(
-            "audio output (`audio` / `modalities: [\"audio\"]`)",
-        ));
-    }
-    if non_null(chat, "top_logprobs").is_some() {
-        return Err(unsupported("`top_logprobs`"));
-    }
-    if non_null(chat, "logprobs").is_some_and(|v| v.as_bool() != Some(false)) {
-        return Err(unsupported("`logprobs`"));
-    }
-    Ok(())
+    refuse_untranslatable(chat)
 }
 
 /// The system blocks and the merged turns of the OpenAI messages.
 fn conversation(messages: &[Value]) -> Result<(Vec<Value>, Vec<Turn>), TranslateError> {
     let mut system: Vec<Value> = Vec::new();
     let mut turns: Vec<Turn> = Vec::new();
-    for (i, message) in messages.iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let message = message
-            .as_object()
-            .ok_or_else(|| invalid(format!("{at} must be an object")))?;
-        let role = message
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or_else(|| invalid(format!("{at}.role must be a string")))?;
+    for read in messages_with_roles(messages) {
+        let (at, message, role) = read?;
         match role {
             "system" | "developer" => system.extend(system_blocks(message.get("content"), &at)?),
             "user" => push_turn(
@@ -370,60 +315,14 @@ fn conversation(messages: &[Value]) -> Result<(Vec<Value>, Vec<Turn>), Translate
     Ok((system, turns))
 }
 
-/// Appends blocks to the last turn if it has the same role, else starts a
-/// turn. Messages that end up with no content are skipped (Bedrock rejects
-/// empty content).
-fn push_turn(turns: &mut Vec<Turn>, role: &'static str, blocks: Vec<Value>) {
-    if blocks.is_empty() {
-        return;
-    }
-    match turns.last_mut() {
-        Some(last) if last.role == role => last.blocks.extend(blocks),
-        Some(_) | None => turns.push(Turn { role, blocks }),
-    }
-}
-
 /// A text block, or none for blank text (Bedrock rejects a blank `text`).
 fn text_block(text: &str) -> Option<Value> {
     (!text.trim().is_empty()).then(|| json!({ "text": text }))
 }
 
-/// The content parts of a message (a string counts as one text part).
-fn parts<'a>(content: Option<&'a Value>, at: &str) -> Result<Vec<&'a Value>, TranslateError> {
-    match content {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(s @ Value::String(_)) => Ok(vec![s]),
-        Some(Value::Array(items)) => Ok(items.iter().collect()),
-        Some(Value::Bool(_) | Value::Number(_) | Value::Object(_)) => Err(invalid(format!(
-            "{at}.content must be a string or an array"
-        ))),
-    }
-}
-
-/// The part's type, and its text if it is a text or refusal part (or a bare string).
-fn part_kind<'a>(part: &'a Value, at: &str) -> Result<(&'a str, Option<&'a str>), TranslateError> {
-    if let Some(s) = part.as_str() {
-        return Ok(("text", Some(s)));
-    }
-    let kind = part
-        .get("type")
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid(format!("{at}: content part without a `type`")))?;
-    let text = match kind {
-        "text" => Some(
-            part.get("text")
-                .and_then(Value::as_str)
-                .ok_or_else(|| invalid(format!("{at}: text part without `text`")))?,
-        ),
-        "refusal" => part.get("refusal").and_then(Value::as_str),
-        _ => None,
-    };
-    Ok((kind, text))
-}
-
 fn system_blocks(content: Option<&Value>, at: &str) -> Result<Vec<Value>, TranslateError> {
     let mut out = Vec::new();
-    for (j, part) in parts(content, at)?.into_iter().enumerate() {
+    for (j, part) in content_parts(content, at)?.into_iter().enumerate() {
         let at = format!("{at}.content[{j}]");
         match part_kind(part, &at)? {
             ("text", Some(t)) => out.extend(text_block(t)),
@@ -439,7 +338,7 @@ fn system_blocks(content: Option<&Value>, at: &str) -> Result<Vec<Value>, Transl
 
 fn user_blocks(content: Option<&Value>, at: &str) -> Result<Vec<Value>, TranslateError> {
     let mut out = Vec::new();
-    for (j, part) in parts(content, at)?.into_iter().enumerate() {
+    for (j, part) in content_parts(content, at)?.into_iter().enumerate() {
         let at = format!("{at}.content[{j}]");
         match part_kind(part, &at)? {
             ("text", Some(t)) => out.extend(text_block(t)),
@@ -451,36 +350,17 @@ fn user_blocks(content: Option<&Value>, at: &str) -> Result<Vec<Value>, Translat
     Ok(out)
 }
 
-/// A `data:` URL's media type and base64 payload; `None` when it is not a
-/// base64 data URL with a media type.
-fn data_url(url: &str) -> Option<(&str, &str)> {
-    let (meta, data) = url.strip_prefix("data:")?.split_once(',')?;
-    let mut params = meta.split(';');
-    let media_type = params.next().unwrap_or_default();
-    let base64 = params.any(|p| p.eq_ignore_ascii_case("base64"));
-    (!media_type.is_empty() && base64).then_some((media_type, data))
-}
-
 /// `{"type":"image_url","image_url":{"url":...}}` -> a Converse image block.
 /// Converse takes image bytes (base64 in JSON) or an S3 location, never an
 /// http(s) URL: fetching it is not a translator's job, so it is unsupported.
 fn image_block(part: &Value, at: &str) -> Result<Value, TranslateError> {
-    let image = part.get("image_url");
-    let url = image
-        .and_then(|i| i.get("url"))
-        .or(image)
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid(format!("{at}: image_url part without a url")))?;
+    let url = image_url(part, at)?;
     if url.starts_with("https://") || url.starts_with("http://") {
         return Err(unsupported(format!(
             "{at}: image by URL (Converse takes image bytes or S3 only)"
         )));
     }
-    let (media_type, data) = data_url(url).ok_or_else(|| {
-        unsupported(format!(
-            "{at}: image URL that is not a base64 data URL with a media type"
-        ))
-    })?;
+    let (media_type, data) = data_url(url, at)?;
     let format = match media_type.to_ascii_lowercase().as_str() {
         "image/png" => "png",
         "image/jpeg" | "image/jpg" => "jpeg",
@@ -503,8 +383,7 @@ fn document_block(part: &Value, at: &str) -> Result<Value, TranslateError> {
             "{at}: file without `file_data` (an uploaded `file_id`)"
         )));
     };
-    let (media_type, data) = data_url(url)
-        .ok_or_else(|| unsupported(format!("{at}: `file_data` that is not a base64 data URL")))?;
+    let (media_type, data) = data_url(url, &format!("{at}.file.file_data"))?;
     let format = match media_type.to_ascii_lowercase().as_str() {
         "application/pdf" => "pdf",
         "text/csv" => "csv",
@@ -555,7 +434,10 @@ fn assistant_blocks(message: &Map<String, Value>, at: &str) -> Result<Vec<Value>
         )));
     }
     let mut out = Vec::new();
-    for (j, part) in parts(message.get("content"), at)?.into_iter().enumerate() {
+    for (j, part) in content_parts(message.get("content"), at)?
+        .into_iter()
+        .enumerate()
+    {
         let at = format!("{at}.content[{j}]");
         match part_kind(part, &at)? {
             ("text" | "refusal", Some(t)) => out.extend(text_block(t)),
@@ -581,42 +463,8 @@ fn assistant_blocks(message: &Map<String, Value>, at: &str) -> Result<Vec<Value>
 /// An OpenAI tool call -> `{"toolUse":{toolUseId, name, input}}`; Converse
 /// wants the input as a JSON object, OpenAI sends it as JSON text.
 fn tool_use_block(call: &Value, at: &str) -> Result<Value, TranslateError> {
-    let id = call
-        .get("id")
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid(format!("{at}.id must be a string")))?;
-    let kind = call
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or("function");
-    if kind != "function" {
-        return Err(unsupported(format!("{at}: tool call type `{kind}`")));
-    }
-    let function = call
-        .get("function")
-        .ok_or_else(|| invalid(format!("{at}.function is missing")))?;
-    let name = function
-        .get("name")
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid(format!("{at}.function.name must be a string")))?;
-    let bad = |reason: String| TranslateError::ToolArguments {
-        id: id.to_owned(),
-        reason,
-    };
-    let arguments = match function.get("arguments") {
-        None | Some(Value::Null) => "",
-        Some(Value::String(s)) => s.as_str(),
-        Some(_) => return Err(bad("`arguments` is not a string".into())),
-    };
-    let input = if arguments.trim().is_empty() {
-        Value::Object(Map::new())
-    } else {
-        serde_json::from_str::<Value>(arguments).map_err(|e| bad(e.to_string()))?
-    };
-    if !input.is_object() {
-        return Err(bad("valid JSON but not an object".into()));
-    }
-    Ok(json!({ "toolUse": { "toolUseId": id, "name": name, "input": input } }))
+    let call = translate::tool_call(call, at)?;
+    Ok(json!({ "toolUse": { "toolUseId": call.id, "name": call.name, "input": call.input } }))
 }
 
 /// A `tool` message -> a `toolResult` block. Text that is a JSON object goes
@@ -629,7 +477,10 @@ fn tool_result(message: &Map<String, Value>, at: &str) -> Result<Value, Translat
         .and_then(Value::as_str)
         .ok_or_else(|| invalid(format!("{at}.tool_call_id must be a string")))?;
     let mut content = Vec::new();
-    for (j, part) in parts(message.get("content"), at)?.into_iter().enumerate() {
+    for (j, part) in content_parts(message.get("content"), at)?
+        .into_iter()
+        .enumerate()
+    {
         let at = format!("{at}.content[{j}]");
         match part_kind(part, &at)? {
             ("text", Some(t)) if t.trim().is_empty() => {}
@@ -676,36 +527,6 @@ fn inference_config(
         out.insert("stopSequences".into(), stop);
     }
     Ok(out)
-}
-
-fn max_tokens(chat: &Map<String, Value>) -> Result<Option<u64>, TranslateError> {
-    for key in ["max_completion_tokens", "max_tokens"] {
-        if let Some(v) = non_null(chat, key) {
-            let n = v
-                .as_u64()
-                .ok_or_else(|| invalid(format!("`{key}` must be a non-negative integer")))?;
-            return Ok(Some(n));
-        }
-    }
-    Ok(None)
-}
-
-fn stop_sequences(chat: &Map<String, Value>) -> Result<Option<Value>, TranslateError> {
-    let bad = || invalid("`stop` must be a string or a list of strings");
-    let list = match non_null(chat, "stop") {
-        None => return Ok(None),
-        Some(Value::String(s)) => vec![Value::from(s.as_str())],
-        Some(Value::Array(items)) => {
-            if items.iter().any(|s| !s.is_string()) {
-                return Err(bad());
-            }
-            items.clone()
-        }
-        Some(Value::Null | Value::Bool(_) | Value::Number(_) | Value::Object(_)) => {
-            return Err(bad())
-        }
-    };
-    Ok((!list.is_empty()).then_some(Value::Array(list)))
 }
 
 /// OpenAI's `tool_choice`, read.
@@ -1036,11 +857,11 @@ pub fn from_converse_response(body: &[u8], model: &str) -> Result<Bytes, Transla
         }
     }
     let completion = wire::Completion {
-        id: completion_id(),
+        id: &completion_id(),
         object: "chat.completion",
         created: now_secs(),
         model,
-        choices: [wire::Choice {
+        choices: &[wire::Choice {
             index: 0,
             message: wire::Message {
                 role: "assistant",
@@ -1086,54 +907,6 @@ fn tool_use_field(value: Option<&str>, what: &str) -> Result<String, TranslateEr
         .filter(|v| !v.is_empty())
         .map(str::to_owned)
         .ok_or_else(|| TranslateError::InvalidResponse(format!("a toolUse without `{what}`")))
-}
-
-/// The OpenAI `chat.completion` a Converse response is read into.
-mod wire {
-    use serde::Serialize;
-
-    #[derive(Serialize)]
-    pub(super) struct Completion<'a> {
-        pub id: String,
-        pub object: &'static str,
-        pub created: u64,
-        pub model: &'a str,
-        pub choices: [Choice; 1],
-        #[serde(skip_serializing_if = "Option::is_none")]
-        pub usage: Option<super::chunk::Usage>,
-    }
-
-    #[derive(Serialize)]
-    pub(super) struct Choice {
-        pub index: u32,
-        pub message: Message,
-        pub logprobs: Option<()>,
-        pub finish_reason: Option<&'static str>,
-    }
-
-    #[derive(Serialize)]
-    pub(super) struct Message {
-        pub role: &'static str,
-        pub content: Option<String>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        pub reasoning_content: Option<String>,
-        #[serde(skip_serializing_if = "Vec::is_empty")]
-        pub tool_calls: Vec<ToolCall>,
-    }
-
-    #[derive(Serialize)]
-    pub(super) struct ToolCall {
-        pub id: String,
-        #[serde(rename = "type")]
-        pub kind: &'static str,
-        pub function: Function,
-    }
-
-    #[derive(Serialize)]
-    pub(super) struct Function {
-        pub name: String,
-        pub arguments: String,
-    }
 }
 
 // ---------------------------------------------------------------------------

@@ -33,11 +33,19 @@ use serde_json::{json, Map, Value};
 
 use super::chunk::{self, completion_id, now_secs, Delta, Frame, Head};
 use super::non_null;
+use super::translate::{
+    content_parts, data_url, image_url, invalid, max_tokens, messages_with_roles, part_kind,
+    push_turn, refuse_untranslatable, stop_sequences, tool_call, unsupported, wire, ToolCall,
+    TranslateError, Turn,
+};
 use super::Malformed;
 
 /// The `thoughtSignature` sent with every replayed `functionCall` part: Google's
 /// documented sentinel for a call whose real signature was not kept.
 const SKIP_SIGNATURE: &str = "skip_thought_signature_validator";
+
+/// The protocol's name in a refusal.
+const API: &str = "the Gemini API";
 
 /// The status an in-band error gets when it names none (as the gateway reads
 /// an in-band error without a code).
@@ -100,8 +108,7 @@ impl super::Adapter for Gemini {
         let object = request
             .to_object()
             .map_err(|e| super::Unsupported(e.to_string()))?;
-        let body = to_gemini_request(&object, target.max_output)
-            .map_err(|e| super::Unsupported(e.to_string()))?;
+        let body = to_gemini_request(&object, target.max_output).map_err(|e| e.refusal(API))?;
         Ok(Bytes::from(body.to_string()))
     }
 
@@ -113,8 +120,7 @@ impl super::Adapter for Gemini {
         let object = request
             .to_object()
             .map_err(|e| super::Unsupported(e.to_string()))?;
-        let body = to_embed_request(&object, bare(model))
-            .map_err(|e| super::Unsupported(e.to_string()))?;
+        let body = to_embed_request(&object, bare(model)).map_err(|e| e.refusal(API))?;
         Ok(Bytes::from(body.to_string()))
     }
 
@@ -149,58 +155,9 @@ impl super::Adapter for Gemini {
     }
 }
 
-/// Errors translating between the two protocols.
-#[derive(Debug, thiserror::Error)]
-pub enum TranslateError {
-    /// The OpenAI request is malformed (the client's fault).
-    #[error("{0}")]
-    InvalidRequest(String),
-    /// The OpenAI request uses something Gemini cannot express.
-    #[error("not supported by the Gemini API: {0}")]
-    Unsupported(String),
-    /// An assistant tool call's `arguments` is not a JSON object.
-    #[error("tool call `{id}`: arguments are not a JSON object: {reason}")]
-    ToolArguments {
-        /// The tool call's id.
-        id: String,
-        /// Why the arguments were rejected.
-        reason: String,
-    },
-    /// The upstream body or stream event is not valid JSON.
-    #[error("upstream sent invalid JSON: {0}")]
-    Json(#[from] serde_json::Error),
-    /// The upstream JSON is not the expected Gemini shape.
-    #[error("unexpected upstream response: {0}")]
-    InvalidResponse(String),
-    /// The upstream answered with a Google error envelope instead of an
-    /// answer (only [`from_embed_response`] returns it: a chat answer's
-    /// in-band error is an OpenAI error body, see [`from_gemini_response`]).
-    #[error("upstream error ({status}): {message}")]
-    Upstream {
-        /// The HTTP status the error's `status` name maps to.
-        status: u16,
-        /// Google's `error.message`.
-        message: String,
-    },
-}
-
-fn invalid(msg: impl Into<String>) -> TranslateError {
-    TranslateError::InvalidRequest(msg.into())
-}
-
-fn unsupported(msg: impl Into<String>) -> TranslateError {
-    TranslateError::Unsupported(msg.into())
-}
-
 // ---------------------------------------------------------------------------
 // Request: OpenAI -> Gemini
 // ---------------------------------------------------------------------------
-
-/// One Gemini `content` being built; consecutive same-role messages share one.
-struct Turn {
-    role: &'static str,
-    parts: Vec<Value>,
-}
 
 /// OpenAI chat request object -> Gemini `generateContent` body (same body for
 /// `streamGenerateContent`). `max_output` is the target's limit, sent as
@@ -240,7 +197,7 @@ pub fn to_gemini_request(
     let mut out = Map::new();
     let contents: Vec<Value> = turns
         .into_iter()
-        .map(|t| json!({ "role": t.role, "parts": t.parts }))
+        .map(|t| json!({ "role": t.role, "parts": t.blocks }))
         .collect();
     out.insert("contents".into(), Value::Array(contents));
     if !system.is_empty() {
@@ -261,20 +218,7 @@ pub fn to_gemini_request(
 /// several choices in one stream (a chunk has one choice index here), and
 /// web search (a tool Gemini has, but not under this request's terms).
 fn unanswerable(chat: &Map<String, Value>) -> Result<(), TranslateError> {
-    let audio_modality = non_null(chat, "modalities")
-        .and_then(Value::as_array)
-        .is_some_and(|m| m.iter().any(|m| m.as_str() == Some("audio")));
-    if audio_modality || non_null(chat, "audio").is_some() {
-        return Err(unsupported(
-            "audio output (`audio` / `modalities: [\"audio\"]`)",
-        ));
-    }
-    if non_null(chat, "top_logprobs").is_some() {
-        return Err(unsupported("`top_logprobs`"));
-    }
-    if non_null(chat, "logprobs").is_some_and(|v| v.as_bool() != Some(false)) {
-        return Err(unsupported("`logprobs`"));
-    }
+    refuse_untranslatable(chat)?;
     if non_null(chat, "web_search_options").is_some() {
         return Err(unsupported("`web_search_options`"));
     }
@@ -294,15 +238,8 @@ fn conversation(messages: &[Value]) -> Result<(Vec<String>, Vec<Turn>), Translat
     let mut turns: Vec<Turn> = Vec::new();
     // Tool call id -> function name, for the tool messages that answer them.
     let mut names: HashMap<String, String> = HashMap::new();
-    for (i, message) in messages.iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let message = message
-            .as_object()
-            .ok_or_else(|| invalid(format!("{at} must be an object")))?;
-        let role = message
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or_else(|| invalid(format!("{at}.role must be a string")))?;
+    for read in messages_with_roles(messages) {
+        let (at, message, role) = read?;
         match role {
             "system" | "developer" => system.extend(system_texts(message.get("content"), &at)?),
             "user" => push_turn(&mut turns, "user", user_parts(message.get("content"), &at)?),
@@ -324,54 +261,6 @@ fn conversation(messages: &[Value]) -> Result<(Vec<String>, Vec<Turn>), Translat
         }
     }
     Ok((system, turns))
-}
-
-/// Appends parts to the last turn if it has the same role, else starts a turn.
-/// Messages that end up with no parts are skipped (Gemini rejects them).
-fn push_turn(turns: &mut Vec<Turn>, role: &'static str, parts: Vec<Value>) {
-    if parts.is_empty() {
-        return;
-    }
-    match turns.last_mut() {
-        Some(last) if last.role == role => last.parts.extend(parts),
-        _ => turns.push(Turn { role, parts }),
-    }
-}
-
-/// The content parts of a message (a string counts as one text part).
-fn content_parts<'a>(
-    content: Option<&'a Value>,
-    at: &str,
-) -> Result<Vec<&'a Value>, TranslateError> {
-    match content {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(s @ Value::String(_)) => Ok(vec![s]),
-        Some(Value::Array(items)) => Ok(items.iter().collect()),
-        Some(_) => Err(invalid(format!(
-            "{at}.content must be a string or an array"
-        ))),
-    }
-}
-
-/// The part's type, and its text if it is a text part (or a bare string).
-fn part_kind<'a>(part: &'a Value, at: &str) -> Result<(&'a str, Option<&'a str>), TranslateError> {
-    if let Some(s) = part.as_str() {
-        return Ok(("text", Some(s)));
-    }
-    let kind = part
-        .get("type")
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid(format!("{at}: content part without a `type`")))?;
-    let text = match kind {
-        "text" => Some(
-            part.get("text")
-                .and_then(Value::as_str)
-                .ok_or_else(|| invalid(format!("{at}: text part without `text`")))?,
-        ),
-        "refusal" => part.get("refusal").and_then(Value::as_str),
-        _ => None,
-    };
-    Ok((kind, text))
 }
 
 fn system_texts(content: Option<&Value>, at: &str) -> Result<Vec<String>, TranslateError> {
@@ -414,25 +303,6 @@ fn user_parts(content: Option<&Value>, at: &str) -> Result<Vec<Value>, Translate
     Ok(out)
 }
 
-/// A `data:` URL's media type and base64 payload (only base64 URLs with a
-/// media type: Gemini's `inlineData` is exactly that).
-fn data_url<'a>(url: &'a str, at: &str) -> Result<(&'a str, &'a str), TranslateError> {
-    let rest = url
-        .strip_prefix("data:")
-        .ok_or_else(|| invalid(format!("{at}: not a data URL")))?;
-    let (meta, data) = rest
-        .split_once(',')
-        .ok_or_else(|| invalid(format!("{at}: malformed data URL")))?;
-    let mut params = meta.split(';');
-    let media_type = params.next().unwrap_or_default();
-    if media_type.is_empty() || !params.any(|p| p.eq_ignore_ascii_case("base64")) {
-        return Err(unsupported(format!(
-            "{at}: data URL that is not base64 with a media type"
-        )));
-    }
-    Ok((media_type, data))
-}
-
 fn inline_data(mime_type: &str, data: &str) -> Value {
     json!({ "inlineData": { "mimeType": mime_type, "data": data } })
 }
@@ -458,12 +328,7 @@ fn image_mime(url: &str) -> &'static str {
 /// `{"type":"image_url","image_url":{"url":...}}` -> `inlineData` (a data
 /// URL) or `fileData` (an http(s) or `gs://` URL, which Gemini fetches).
 fn image_part(part: &Value, at: &str) -> Result<Value, TranslateError> {
-    let image = part.get("image_url");
-    let url = image
-        .and_then(|i| i.get("url"))
-        .or(image)
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid(format!("{at}: image_url part without a url")))?;
+    let url = image_url(part, at)?;
     if url.starts_with("data:") {
         let (mime, data) = data_url(url, at)?;
         Ok(inline_data(mime, data))
@@ -565,41 +430,9 @@ fn assistant_parts(
 
 /// One OpenAI tool call -> (id, name, Gemini `functionCall` part).
 fn function_call_part(call: &Value, at: &str) -> Result<(String, String, Value), TranslateError> {
-    let id = call
-        .get("id")
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid(format!("{at}.id must be a string")))?;
-    let kind = call
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or("function");
-    if kind != "function" {
-        return Err(unsupported(format!("{at}: tool call type `{kind}`")));
-    }
-    let function = call
-        .get("function")
-        .ok_or_else(|| invalid(format!("{at}.function is missing")))?;
-    let name = function
-        .get("name")
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid(format!("{at}.function.name must be a string")))?;
-    let bad = |reason: String| TranslateError::ToolArguments {
-        id: id.to_owned(),
-        reason,
-    };
-    let args = match function.get("arguments") {
-        None | Some(Value::Null) => Value::Object(Map::new()),
-        Some(Value::String(s)) if s.trim().is_empty() => Value::Object(Map::new()),
-        Some(Value::String(s)) => {
-            serde_json::from_str::<Value>(s).map_err(|e| bad(e.to_string()))?
-        }
-        Some(_) => return Err(bad("`arguments` is not a string".into())),
-    };
-    if !args.is_object() {
-        return Err(bad("valid JSON but not an object".into()));
-    }
+    let ToolCall { id, name, input } = tool_call(call, at)?;
     let part = json!({
-        "functionCall": { "name": name, "args": args, "id": id },
+        "functionCall": { "name": name, "args": input, "id": id },
         "thoughtSignature": SKIP_SIGNATURE,
     });
     Ok((id.to_owned(), name.to_owned(), part))
@@ -1021,33 +854,6 @@ fn generation_config(
     Ok(out)
 }
 
-fn max_tokens(chat: &Map<String, Value>) -> Result<Option<u64>, TranslateError> {
-    for key in ["max_completion_tokens", "max_tokens"] {
-        if let Some(v) = non_null(chat, key) {
-            let n = v
-                .as_u64()
-                .ok_or_else(|| invalid(format!("`{key}` must be a non-negative integer")))?;
-            return Ok(Some(n));
-        }
-    }
-    Ok(None)
-}
-
-fn stop_sequences(chat: &Map<String, Value>) -> Result<Option<Value>, TranslateError> {
-    let list = match non_null(chat, "stop") {
-        None => return Ok(None),
-        Some(Value::String(s)) => vec![Value::from(s.as_str())],
-        Some(Value::Array(items)) => {
-            if items.iter().any(|s| !s.is_string()) {
-                return Err(invalid("`stop` must be a string or a list of strings"));
-            }
-            items.clone()
-        }
-        Some(_) => return Err(invalid("`stop` must be a string or a list of strings")),
-    };
-    Ok((!list.is_empty()).then_some(Value::Array(list)))
-}
-
 /// `response_format`: JSON mode as `responseMimeType`, a JSON schema also as
 /// `responseSchema` (cleaned like tool parameters).
 fn response_format(
@@ -1323,7 +1129,7 @@ pub fn from_gemini_response(body: &[u8], model: &str) -> Result<Bytes, Translate
                 tool_calls: Vec::new(),
             },
             logprobs: None,
-            finish_reason: reason,
+            finish_reason: Some(reason),
         });
     }
     let id = reply.response_id.clone().unwrap_or_else(completion_id);
@@ -1332,7 +1138,7 @@ pub fn from_gemini_response(body: &[u8], model: &str) -> Result<Bytes, Translate
         object: "chat.completion",
         created: now_secs(),
         model: reply.model_version.as_deref().unwrap_or(model),
-        choices,
+        choices: &choices,
         usage: reply.usage_metadata.and_then(UsageMetadata::to_openai),
     };
     serde_json::to_vec(&completion)
@@ -1368,7 +1174,7 @@ fn read_candidate(candidate: &Candidate, index: u32) -> Result<wire::Choice, Tra
     let reason = candidate.finish_reason.as_deref().unwrap_or("STOP");
     Ok(wire::Choice {
         index,
-        finish_reason: finish_reason(reason, !tool_calls.is_empty()),
+        finish_reason: Some(finish_reason(reason, !tool_calls.is_empty())),
         message: wire::Message {
             role: "assistant",
             content: (tool_calls.is_empty() || !text.is_empty()).then_some(text),
@@ -1377,54 +1183,6 @@ fn read_candidate(candidate: &Candidate, index: u32) -> Result<wire::Choice, Tra
         },
         logprobs: None,
     })
-}
-
-/// The OpenAI `chat.completion` a Gemini answer is read into.
-mod wire {
-    use serde::Serialize;
-
-    #[derive(Serialize)]
-    pub(super) struct Completion<'a> {
-        pub id: &'a str,
-        pub object: &'static str,
-        pub created: u64,
-        pub model: &'a str,
-        pub choices: Vec<Choice>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        pub usage: Option<super::chunk::Usage>,
-    }
-
-    #[derive(Serialize)]
-    pub(super) struct Choice {
-        pub index: u32,
-        pub message: Message,
-        pub logprobs: Option<()>,
-        pub finish_reason: &'static str,
-    }
-
-    #[derive(Serialize)]
-    pub(super) struct Message {
-        pub role: &'static str,
-        pub content: Option<String>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        pub reasoning_content: Option<String>,
-        #[serde(skip_serializing_if = "Vec::is_empty")]
-        pub tool_calls: Vec<ToolCall>,
-    }
-
-    #[derive(Serialize)]
-    pub(super) struct ToolCall {
-        pub id: String,
-        #[serde(rename = "type")]
-        pub kind: &'static str,
-        pub function: Function,
-    }
-
-    #[derive(Serialize)]
-    pub(super) struct Function {
-        pub name: String,
-        pub arguments: String,
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1859,7 +1617,7 @@ pub fn from_embed_response(body: &[u8], model: &str) -> Result<Bytes, TranslateE
     if let Some(error) = batch.error {
         let (status, _, _) = error.classify(IN_BAND_FALLBACK_STATUS);
         return Err(TranslateError::Upstream {
-            status,
+            kind: error.status.unwrap_or_else(|| status.to_string()),
             message: error.message,
         });
     }
@@ -2805,7 +2563,8 @@ mod tests {
         let err = br#"{"error":{"code":429,"message":"quota","status":"RESOURCE_EXHAUSTED"}}"#;
         assert!(matches!(
             from_embed_response(err, "m"),
-            Err(TranslateError::Upstream { status: 429, ref message }) if message == "quota"
+            Err(TranslateError::Upstream { ref kind, ref message })
+                if kind == "RESOURCE_EXHAUSTED" && message == "quota"
         ));
         assert!(matches!(
             from_embed_response(b"{}", "m"),
