@@ -18,8 +18,8 @@
 //! Two mappings are model-specific, because Converse has no general field for
 //! them: `reasoning_effort` becomes Anthropic's `thinking` in
 //! `additionalModelRequestFields` ([`to_converse_request`] does not know the
-//! model, so the adapter drops it for a model id that is not Anthropic's). Streamed reasoning text is
-//! not passed on: [`chunk::Delta`] has no `reasoning_content`.
+//! model, so the adapter drops it for a model id that is not Anthropic's). Reasoning text, whole or
+//! streamed, is passed on as `reasoning_content`.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -1159,6 +1159,16 @@ struct BlockDelta<'a> {
     text: Option<Cow<'a, str>>,
     #[serde(borrow)]
     tool_use: Option<ToolUseDelta<'a>>,
+    #[serde(borrow)]
+    reasoning_content: Option<ReasoningDelta<'a>>,
+}
+
+/// A piece of streamed reasoning (its `signature` and `redactedContent`
+/// pieces are not text, and are dropped).
+#[derive(Deserialize)]
+struct ReasoningDelta<'a> {
+    #[serde(borrow)]
+    text: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -1344,6 +1354,14 @@ impl ConverseStream {
         };
         if let Some(text) = delta.text.filter(|t| !t.is_empty()) {
             let frame = self.head.text(&text);
+            return Ok(self.emit(frame));
+        }
+        if let Some(text) = delta
+            .reasoning_content
+            .and_then(|r| r.text)
+            .filter(|t| !t.is_empty())
+        {
+            let frame = self.head.reasoning(&text);
             return Ok(self.emit(frame));
         }
         let Some(piece) = delta
@@ -2001,6 +2019,7 @@ mod tests {
             deltas,
             vec![
                 json!({ "role": "assistant", "content": "" }),
+                json!({ "reasoning_content": "hmm" }),
                 json!({ "content": "Let me " }),
                 json!({ "content": "check." }),
                 json!({ "tool_calls": [{ "index": 0, "id": "tooluse_x", "type": "function",

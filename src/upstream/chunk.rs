@@ -84,6 +84,9 @@ pub struct Delta<'a> {
     /// A piece of a refusal.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refusal: Option<&'a str>,
+    /// Reasoning text, as OpenAI-compatible reasoning models stream it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<&'a str>,
     /// Pieces of tool calls.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<[CallDelta<'a>; 1]>,
@@ -94,7 +97,10 @@ impl Delta<'_> {
     /// tool call (as [`crate::sse::classify_data`] reads it).
     fn has_content(&self) -> bool {
         let non_empty = |s: Option<&str>| s.is_some_and(|s| !s.is_empty());
-        non_empty(self.content) || non_empty(self.refusal) || self.tool_calls.is_some()
+        non_empty(self.content)
+            || non_empty(self.refusal)
+            || non_empty(self.reasoning_content)
+            || self.tool_calls.is_some()
     }
 }
 
@@ -197,6 +203,18 @@ impl Head {
         self.delta(
             Delta {
                 content: Some(text),
+                ..Delta::default()
+            },
+            None,
+        )
+    }
+
+    /// A piece of reasoning text.
+    #[must_use]
+    pub fn reasoning(&self, text: &str) -> Frame {
+        self.delta(
+            Delta {
+                reasoning_content: Some(text),
                 ..Delta::default()
             },
             None,

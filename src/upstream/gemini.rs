@@ -1487,10 +1487,12 @@ impl GeminiStream {
                 self.calls += 1;
                 out.push(self.head.call(index, &id, name));
                 out.push(self.head.arguments(index, &arguments));
-            } else if let Some(t) = part.text.as_deref() {
-                if !part.thought && !t.is_empty() {
-                    out.push(self.head.text(t));
-                }
+            } else if let Some(t) = part.text.as_deref().filter(|t| !t.is_empty()) {
+                out.push(if part.thought {
+                    self.head.reasoning(t)
+                } else {
+                    self.head.text(t)
+                });
             }
         }
         Ok(())
@@ -2244,7 +2246,7 @@ mod tests {
         let mut stream = GeminiStream::new(true, "gemini-target");
         let frames = run(&mut stream, &events);
         let json: Vec<Value> = frames[..frames.len() - 1].iter().map(frame_json).collect();
-        assert_eq!(frames.len(), 8, "{json:#?}");
+        assert_eq!(frames.len(), 9, "{json:#?}");
         assert_eq!(
             json[0]["choices"][0]["delta"],
             json!({ "role": "assistant", "content": "" })
@@ -2252,20 +2254,24 @@ mod tests {
         assert_eq!(json[0]["id"], "resp-1");
         assert_eq!(json[0]["model"], "gemini-2.5-flash");
         assert_eq!(json[1]["choices"][0]["delta"]["content"], "Let me");
-        assert_eq!(json[2]["choices"][0]["delta"]["content"], " check.");
-        let call = &json[3]["choices"][0]["delta"]["tool_calls"][0];
+        assert_eq!(
+            json[2]["choices"][0]["delta"],
+            json!({ "reasoning_content": "thinking about it" })
+        );
+        assert_eq!(json[3]["choices"][0]["delta"]["content"], " check.");
+        let call = &json[4]["choices"][0]["delta"]["tool_calls"][0];
         assert_eq!(call["index"], 0);
         assert_eq!(call["function"]["name"], "get_weather");
         assert!(call["id"].as_str().unwrap().starts_with("call_"));
-        let args = &json[4]["choices"][0]["delta"]["tool_calls"][0];
+        let args = &json[5]["choices"][0]["delta"]["tool_calls"][0];
         assert_eq!(args["function"]["arguments"], r#"{"location": "Boston"}"#);
-        assert_eq!(json[5]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(json[6]["choices"][0]["finish_reason"], "tool_calls");
         assert_eq!(
-            json[6]["usage"],
+            json[7]["usage"],
             json!({ "prompt_tokens": 28, "completion_tokens": 12, "total_tokens": 40,
                     "completion_tokens_details": { "reasoning_tokens": 7 } })
         );
-        assert_eq!(frames[7], Frame::DONE);
+        assert_eq!(frames[8], Frame::DONE);
         for frame in &frames {
             assert_eq!(
                 frame.reading,
