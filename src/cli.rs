@@ -95,10 +95,23 @@ pub type LogGuard = Option<telemetry::stderr::Flusher>;
 
 /// The writer of every log line: batched to stderr by a thread of its own
 /// ([`telemetry::stderr`]), or stderr itself if that thread cannot start.
-fn log_writer() -> (tracing_subscriber::fmt::writer::BoxMakeWriter, LogGuard) {
+fn log_writer(
+    format: LogFormat,
+    ansi: bool,
+) -> (tracing_subscriber::fmt::writer::BoxMakeWriter, LogGuard) {
     use tracing_subscriber::fmt::writer::BoxMakeWriter;
     match telemetry::stderr::batched() {
-        Ok((writer, flusher)) => (BoxMakeWriter::new(writer), Some(flusher)),
+        Ok((writer, flusher)) => {
+            // Coloured lines keep `tracing`'s formatter, access lines included.
+            if !ansi {
+                let layout = match format {
+                    LogFormat::Text => telemetry::access::Layout::Text,
+                    LogFormat::Json => telemetry::access::Layout::Json,
+                };
+                telemetry::access::write_directly(writer.clone(), layout);
+            }
+            (BoxMakeWriter::new(writer), Some(flusher))
+        }
         Err(_) => (BoxMakeWriter::new(std::io::stderr), None),
     }
 }
@@ -123,7 +136,7 @@ pub fn init_tracing(
         std::io::IsTerminal::is_terminal(&std::io::stderr()),
         std::env::var_os("NO_COLOR").as_deref(),
     );
-    let (writer, guard) = log_writer();
+    let (writer, guard) = log_writer(format, ansi);
     let Some(tracer) = tracer else {
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)

@@ -16,6 +16,7 @@
 //! no such span is created at all, so the request path formats no field.
 //! This module is a leaf: it knows names and numbers, not snapshots.
 
+pub mod access;
 pub mod export;
 pub mod request;
 pub mod stderr;

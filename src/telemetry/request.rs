@@ -41,7 +41,7 @@ use tokio::time::Instant;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::{tracing_on, ACCESS_TARGET, OTEL_TARGET};
+use super::{tracing_on, OTEL_TARGET};
 
 /// Response headers that carry an upstream's own id for the call, in the
 /// order they are looked for (OpenAI, Azure / others, Anthropic).
@@ -584,36 +584,36 @@ fn record_server_span(span: &Span, f: &Fields, elapsed: Duration) {
     }
 }
 
-/// The access-log line: one per request, never any prompt or completion text.
+/// The access-log line of a finished request.
 fn access_line(request_id: &HeaderValue, f: &Fields, elapsed: Duration, trace_id: Option<&str>) {
-    let (tokens_in, tokens_out, cost) = match f.usage {
+    let (tokens_in, tokens_out, cost_usd) = match f.usage {
         Some((i, o, usd)) => (Some(i), Some(o), Some(usd)),
         None => (None, None, None),
     };
-    tracing::info!(target: ACCESS_TARGET, parent: None,
-        request_id = request_id.to_str().unwrap_or("-"),
-        task = f.task.as_deref().unwrap_or("-"),
-        target = f.target.as_deref().unwrap_or("-"),
-        provider = f.provider.as_deref(),
-        status = f.status,
-        attempts = f.attempts,
-        failovers = f.failovers,
-        degraded = f.degraded,
-        stream = f.stream,
-        protocol = f.protocol,
-        cache = f.cache,
-        duration_ms = millis(elapsed),
-        ttft_ms = f.ttft.map(millis),
+    super::access::write(&super::access::Record {
+        request_id: request_id.to_str().unwrap_or("-"),
+        task: f.task.as_deref().unwrap_or("-"),
+        target: f.target.as_deref().unwrap_or("-"),
+        provider: f.provider.as_deref(),
+        status: f.status,
+        attempts: f.attempts,
+        failovers: f.failovers,
+        degraded: f.degraded,
+        stream: f.stream,
+        protocol: f.protocol,
+        cache: f.cache,
+        duration_ms: millis(elapsed),
+        ttft_ms: f.ttft.map(millis),
         tokens_in,
         tokens_out,
-        cost_usd = cost,
-        model = f.model.as_deref(),
-        upstream_request_id = f.upstream_id.as_deref(),
-        stream_end = f.stream_end,
-        skipped = (!f.skipped.is_empty()).then_some(f.skipped.as_str()),
-        error = f.error.as_deref(),
+        cost_usd,
+        model: f.model.as_deref(),
+        upstream_request_id: f.upstream_id.as_deref(),
+        stream_end: f.stream_end,
+        skipped: (!f.skipped.is_empty()).then_some(f.skipped.as_str()),
+        error: f.error.as_deref(),
         trace_id,
-        "request");
+    });
 }
 
 /// The parts of a completion or chunk the telemetry shows (strings borrowed

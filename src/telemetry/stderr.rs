@@ -67,6 +67,19 @@ impl Drop for Flusher {
     }
 }
 
+impl Batched {
+    /// Appends what `write` writes as one piece, unless the buffer is full
+    /// (stderr stalled): the piece is then dropped, never waited on.
+    pub fn append_with(&self, write: impl FnOnce(&mut Vec<u8>)) {
+        let mut lines = self.shared.lines.lock();
+        let before = lines.len();
+        write(&mut lines);
+        if lines.len() > MAX_BUFFERED {
+            lines.truncate(before);
+        }
+    }
+}
+
 /// The writer, and the guard of its flusher thread.
 ///
 /// # Errors
@@ -97,16 +110,13 @@ pub fn batched() -> std::io::Result<(Batched, Flusher)> {
 
 /// One line's writer: appends to the shared buffer.
 pub struct Line<'a> {
-    shared: &'a Shared,
+    writer: &'a Batched,
 }
 
 impl std::io::Write for Line<'_> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        let mut lines = self.shared.lines.lock();
-        // A full buffer (stderr stalled) drops the line, never blocks.
-        if lines.len() + bytes.len() <= MAX_BUFFERED {
-            lines.extend_from_slice(bytes);
-        }
+        self.writer
+            .append_with(|lines| lines.extend_from_slice(bytes));
         Ok(bytes.len())
     }
 
@@ -119,9 +129,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Batched {
     type Writer = Line<'a>;
 
     fn make_writer(&'a self) -> Self::Writer {
-        Line {
-            shared: &self.shared,
-        }
+        Line { writer: self }
     }
 }
 
