@@ -815,34 +815,72 @@ impl<'de> serde::Deserialize<'de> for ObjectOnly {
 /// Reads a 2xx non-streamed body: only a chat completion is an answer.
 #[must_use]
 pub fn answer_shape(body: &[u8]) -> AnswerShape {
+    read_answer(body).shape
+}
+
+/// A 2xx chat body read once: its [`AnswerShape`], and what the books need
+/// of it, raw (`sse::usage_of` reads the usage).
+#[derive(Debug, Clone, Copy)]
+pub struct AnswerRead<'a> {
+    pub shape: AnswerShape,
+    /// `model`.
+    pub model: Option<&'a serde_json::value::RawValue>,
+    /// `usage`.
+    pub usage: Option<&'a serde_json::value::RawValue>,
+}
+
+/// Reads a 2xx chat body as [`answer_shape`] describes, in the same pass
+/// keeping its `model` and `usage`.
+#[must_use]
+pub fn read_answer(body: &[u8]) -> AnswerRead<'_> {
+    use serde_json::value::RawValue;
     #[derive(serde::Deserialize)]
     struct Probe<'a> {
         #[serde(borrow, default)]
-        error: Option<&'a serde_json::value::RawValue>,
+        error: Option<&'a RawValue>,
         #[serde(default)]
         choices: Option<Entries>,
+        #[serde(borrow, default)]
+        model: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        usage: Option<&'a RawValue>,
     }
+    let shape_only = |shape| AnswerRead {
+        shape,
+        model: None,
+        usage: None,
+    };
     // Skipped strings are not checked by the JSON reader: a body that is not
     // UTF-8 is no answer to relay (the check runs at memory speed).
     if std::str::from_utf8(body).is_err() {
-        return AnswerShape::NotACompletion;
+        return shape_only(AnswerShape::NotACompletion);
     }
     let text = body.trim_ascii_start();
     if text.starts_with(b"data:") || text.starts_with(b"event:") {
         // A stream sent to a non-streaming request: an error event is an
         // in-band error; anything else is not an answer to this request.
-        return crate::sse::first_error_code(text)
-            .map_or(AnswerShape::NotACompletion, AnswerShape::InBandError);
+        return shape_only(
+            crate::sse::first_error_code(text)
+                .map_or(AnswerShape::NotACompletion, AnswerShape::InBandError),
+        );
     }
-    match serde_json::from_slice::<Probe<'_>>(text) {
-        Ok(Probe {
+    let Ok(probe) = serde_json::from_slice::<Probe<'_>>(text) else {
+        return shape_only(AnswerShape::NotACompletion);
+    };
+    let shape = match probe {
+        Probe {
             choices: Some(Entries(n)),
             ..
-        }) if n > 0 => AnswerShape::Completion,
-        Ok(Probe { error: Some(e), .. }) if e.get() != "null" => {
+        } if n > 0 => AnswerShape::Completion,
+        Probe { error: Some(e), .. } if e.get() != "null" => {
             AnswerShape::InBandError(crate::sse::error_code(e.get()))
         }
-        Ok(_) | Err(_) => AnswerShape::NotACompletion,
+        Probe { .. } => AnswerShape::NotACompletion,
+    };
+    AnswerRead {
+        shape,
+        model: probe.model,
+        usage: probe.usage,
     }
 }
 
@@ -1088,6 +1126,25 @@ mod tests {
             ),
             Completion
         );
+    }
+
+    #[test]
+    fn one_read_of_an_answer_keeps_its_model_and_usage_and_odd_ones_spoil_nothing() {
+        let read = read_answer(
+            br#"{"model":"gpt-4o","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":5,"completion_tokens":8}}"#,
+        );
+        assert_eq!(read.shape, AnswerShape::Completion);
+        assert_eq!(read.model.map(|m| m.get()), Some(r#""gpt-4o""#));
+        assert_eq!(read.usage.and_then(crate::sse::usage_of), Some((5, 8)));
+        // Odd types in the books' fields leave the answer an answer, unbooked.
+        let odd = read_answer(
+            br#"{"model":7,"choices":[{"message":{}}],"usage":{"prompt_tokens":"5"}}"#,
+        );
+        assert_eq!(odd.shape, AnswerShape::Completion);
+        assert_eq!(odd.usage.and_then(crate::sse::usage_of), None);
+        let null = read_answer(br#"{"choices":[{"message":{}}],"usage":null}"#);
+        assert_eq!(null.usage.and_then(crate::sse::usage_of), None);
+        assert!(read_answer(b"data: {}\n\n").model.is_none());
     }
 
     #[test]

@@ -404,15 +404,24 @@ pub fn usage(json: &[u8]) -> Option<(u64, u64)> {
     struct WithUsage {
         usage: Option<Usage>,
     }
-    #[derive(Deserialize)]
-    struct Usage {
-        #[serde(default)]
-        prompt_tokens: u64,
-        #[serde(default)]
-        completion_tokens: u64,
-    }
     let u = serde_json::from_slice::<WithUsage>(json).ok()?.usage?;
     Some((u.prompt_tokens, u.completion_tokens))
+}
+
+/// As [`usage`], of a `usage` object already found.
+#[must_use]
+pub fn usage_of(usage: &serde_json::value::RawValue) -> Option<(u64, u64)> {
+    let u = serde_json::from_str::<Option<Usage>>(usage.get()).ok()??;
+    Some((u.prompt_tokens, u.completion_tokens))
+}
+
+/// The token counts of OpenAI's `usage`.
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
 }
 
 /// The numeric code of an OpenAI-style error object (`code` or `status`), if any.

@@ -27,7 +27,7 @@ use crate::native;
 use crate::schema::{CallAssembler, Contract, Repair, Violation, HOLD_MAX_TOOL_BYTES};
 use crate::snapshot::{ApiKey, Provider, Snapshot, Target, Task};
 use crate::sse::{self, Chunk};
-use crate::telemetry::AttemptInfo;
+use crate::telemetry::{AttemptInfo, RequestTrace};
 use crate::upstream::decode::{self, Coding};
 use crate::upstream::{pool, Adapter, Events, LocalResource, Operation, Outgoing, SendError};
 
@@ -586,9 +586,17 @@ fn answered(
             return network(target, NetworkKind::Protocol, permit);
         }
     };
-    let shape = match call.op {
-        Operation::Chat => classify::answer_shape(&bytes),
-        Operation::Embeddings | Operation::CountTokens => classify::embeddings_shape(&bytes),
+    // The shape, and the model and usage for the books, read in one pass.
+    let (shape, model, usage) = match call.op {
+        Operation::Chat => {
+            let read = classify::read_answer(&bytes);
+            let model = read.model.and_then(RequestTrace::model_name);
+            (read.shape, model, read.usage.and_then(sse::usage_of))
+        }
+        Operation::Embeddings | Operation::CountTokens => {
+            let shape = classify::embeddings_shape(&bytes);
+            (shape, None, sse::usage(&bytes))
+        }
     };
     if shape != AnswerShape::Completion {
         return not_an_answer(target, code, headers, shape, bytes, permit);
@@ -619,7 +627,10 @@ fn answered(
             permit,
         });
     }
-    let _ = call.account.trace.answer_meta(&bytes);
+    match call.op {
+        Operation::Chat => call.account.trace.answer_model(&bytes, model),
+        Operation::Embeddings | Operation::CountTokens => call.account.trace.answer_meta(&bytes),
+    };
     book(
         &call.snapshot.health,
         target,
@@ -627,7 +638,7 @@ fn answered(
         permit,
         None,
     );
-    settle_answer(call, &bytes);
+    settle_usage(call, usage, &bytes);
     let redacted = |bytes| crate::sanitize::redact_secrets(bytes, target.provider.secrets());
     let native = raw
         .filter(|_| repaired.is_none())
@@ -673,7 +684,11 @@ fn keep_contract(
 
 /// Books a non-streamed answer's usage: as reported, else estimated from its text.
 fn settle_answer(call: &Call<'_>, bytes: &[u8]) {
-    let usage = sse::usage(bytes);
+    settle_usage(call, sse::usage(bytes), bytes);
+}
+
+/// As [`settle_answer`], with the reported usage already read.
+fn settle_usage(call: &Call<'_>, usage: Option<(u64, u64)>, bytes: &[u8]) {
     let estimate = match usage {
         Some(_) => 0,
         None => crate::tokens::estimate_completion(bytes),
