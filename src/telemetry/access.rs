@@ -114,11 +114,51 @@ pub fn write(record: &Record<'_>) {
         event(record);
         return;
     };
-    let now = humantime::format_rfc3339_micros(std::time::SystemTime::now());
+    let now = std::time::SystemTime::now();
     sink.writer.append_with(|out| match sink.layout {
         Layout::Text => text(out, now, record),
         Layout::Json => json(out, now, record),
     });
+}
+
+/// `now` as `tracing`'s timer writes it (`2026-12-07T04:03:53.496223Z`),
+/// the date and time of day laid out once a second on each thread.
+fn timestamp(out: &mut Vec<u8>, now: std::time::SystemTime) {
+    thread_local! {
+        static SECOND: std::cell::Cell<Option<(u64, [u8; 19])>> =
+            const { std::cell::Cell::new(None) };
+    }
+    let since = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = since.as_secs();
+    let prefix = SECOND.with(|second| match second.get() {
+        Some((cached, prefix)) if cached == secs => prefix,
+        Some(_) | None => {
+            let whole = humantime::format_rfc3339_seconds(now).to_string();
+            let mut prefix = [b'0'; 19];
+            if let Some(date_time) = whole.as_bytes().get(..19) {
+                prefix.copy_from_slice(date_time);
+            }
+            second.set(Some((secs, prefix)));
+            prefix
+        }
+    });
+    out.extend_from_slice(&prefix);
+    out.push(b'.');
+    let mut micros = since.subsec_micros();
+    let mut digits = [b'0'; 6];
+    for digit in digits.iter_mut().rev() {
+        // A decimal digit: `micros % 10` fits a byte.
+        *digit = b'0' + u8::try_from(micros % 10).unwrap_or(0);
+        micros /= 10;
+    }
+    out.extend_from_slice(&digits);
+    out.push(b'Z');
+}
+
+fn int(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// The line as a `tracing` event: the layout [`text`] and [`json`] follow.
@@ -152,8 +192,11 @@ fn event(r: &Record<'_>) {
 // Writes into a `Vec` cannot fail: their results are dropped below.
 
 /// `2026-12-07T04:03:53.496223Z  INFO switchyard::access: request request_id="…" …`
-fn text(out: &mut Vec<u8>, now: impl std::fmt::Display, record: &Record<'_>) {
-    let _ = write!(out, "{now}  INFO {ACCESS_TARGET}: request");
+fn text(out: &mut Vec<u8>, now: std::time::SystemTime, record: &Record<'_>) {
+    timestamp(out, now);
+    out.extend_from_slice(b"  INFO ");
+    out.extend_from_slice(ACCESS_TARGET.as_bytes());
+    out.extend_from_slice(b": request");
     for (name, value) in record.fields() {
         let Some(value) = value else { continue };
         out.push(b' ');
@@ -161,9 +204,7 @@ fn text(out: &mut Vec<u8>, now: impl std::fmt::Display, record: &Record<'_>) {
         out.push(b'=');
         match value {
             Value::Str(s) => debug_str(out, s),
-            Value::Int(n) => {
-                let _ = write!(out, "{n}");
-            }
+            Value::Int(n) => int(out, n),
             Value::Float(x) => {
                 let _ = write!(out, "{x:?}");
             }
@@ -188,17 +229,21 @@ fn debug_str(out: &mut Vec<u8>, s: &str) {
 }
 
 /// `{"timestamp":…,"level":"INFO","fields":{"message":"request",…},"target":"switchyard::access"}`
-fn json(out: &mut Vec<u8>, now: impl std::fmt::Display, record: &Record<'_>) {
-    let _ = write!(
-        out,
-        r#"{{"timestamp":"{now}","level":"INFO","fields":{{"message":"request""#
-    );
+fn json(out: &mut Vec<u8>, now: std::time::SystemTime, record: &Record<'_>) {
+    out.extend_from_slice(br#"{"timestamp":""#);
+    timestamp(out, now);
+    out.extend_from_slice(br#"","level":"INFO","fields":{"message":"request""#);
     for (name, value) in record.fields() {
         let Some(value) = value else { continue };
-        let _ = write!(out, r#","{name}":"#);
+        out.extend_from_slice(b",\"");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\":");
         let _ = match value {
             Value::Str(s) => serde_json::to_writer(&mut *out, s),
-            Value::Int(n) => serde_json::to_writer(&mut *out, &n),
+            Value::Int(n) => {
+                int(out, n);
+                Ok(())
+            }
             Value::Float(x) => serde_json::to_writer(&mut *out, &x),
             Value::Bool(b) => serde_json::to_writer(&mut *out, &b),
         };
@@ -302,7 +347,7 @@ mod tests {
 
     fn direct(record: &Record<'_>, layout: Layout) -> String {
         let mut out = Vec::new();
-        let now = humantime::format_rfc3339_micros(std::time::SystemTime::now());
+        let now = std::time::SystemTime::now();
         match layout {
             Layout::Text => text(&mut out, now, record),
             Layout::Json => json(&mut out, now, record),
@@ -322,6 +367,24 @@ mod tests {
             let after_time = |s: &str| s.split_once(' ').unwrap().1.to_owned();
             assert_eq!(after_time(&ours), after_time(&theirs));
             assert!(ours.ends_with('\n') && ours.matches('\n').count() == 1);
+        }
+    }
+
+    #[test]
+    fn timestamps_are_laid_out_as_tracings_timer_lays_them_out() {
+        let at = |secs: u64, micros: u32| {
+            std::time::UNIX_EPOCH + std::time::Duration::new(secs, micros * 1000)
+        };
+        // The same second twice (the cached date), then the next one.
+        for (secs, micros) in [
+            (1_796_000_000, 7),
+            (1_796_000_000, 999_999),
+            (1_796_000_001, 0),
+        ] {
+            let mut out = Vec::new();
+            timestamp(&mut out, at(secs, micros));
+            let want = humantime::format_rfc3339_micros(at(secs, micros)).to_string();
+            assert_eq!(String::from_utf8(out).unwrap(), want);
         }
     }
 
