@@ -70,6 +70,7 @@
 #      CARGO_TARGET_DIR (target) SKIP_BUILD=1 to use existing binaries
 #      SWITCHYARD_BIN (the release build) to measure another switchyard binary
 #      SY_RUNTIMES: switchyard's `runtimes` (default: its own, one per core)
+#      SY_ACCESS_LOG=false: switchyard without its access log (`telemetry: { access_log: false }`)
 #      SCRAPE_EVERY (15): seconds between GET /metrics, as Prometheus would (0: never;
 #      switchyard at 97bc620 keeps every histogram sample until the next scrape)
 set -euo pipefail
@@ -220,6 +221,7 @@ routes() { # variant: 0 or 1 (the reload storm alternates; they differ only in a
 version: 1
 listen: 127.0.0.1:$P_SY
 ${SY_RUNTIMES:+runtimes: $SY_RUNTIMES}
+${SY_ACCESS_LOG:+telemetry: { access_log: $SY_ACCESS_LOG \}}
 providers:
   live: { base_url: 'http://127.0.0.1:$P_FAKE/v1', timeout: 3$1s }
   dead1: { base_url: 'http://127.0.0.1:$P_DEAD1/v1' }
