@@ -1137,9 +1137,8 @@ mod tests {
         assert_eq!(read.model.map(|m| m.get()), Some(r#""gpt-4o""#));
         assert_eq!(read.usage.and_then(crate::sse::usage_of), Some((5, 8)));
         // Odd types in the books' fields leave the answer an answer, unbooked.
-        let odd = read_answer(
-            br#"{"model":7,"choices":[{"message":{}}],"usage":{"prompt_tokens":"5"}}"#,
-        );
+        let odd =
+            read_answer(br#"{"model":7,"choices":[{"message":{}}],"usage":{"prompt_tokens":"5"}}"#);
         assert_eq!(odd.shape, AnswerShape::Completion);
         assert_eq!(odd.usage.and_then(crate::sse::usage_of), None);
         let null = read_answer(br#"{"choices":[{"message":{}}],"usage":null}"#);
