@@ -22,9 +22,9 @@ use serde_json::{json, Map, Value};
 use super::chunk::{self, now_secs, Delta, Frame, Head};
 use super::non_null;
 use super::translate::{
-    content_parts, data_url, image_url, invalid, max_tokens, messages_with_roles, part_kind,
-    push_turn, refuse_untranslatable, stop_sequences, tool_call, unsupported, wire, TranslateError,
-    Turn,
+    content_parts, data_url, function_tools, image_url, invalid, max_tokens, messages_with_roles,
+    part_kind, push_turn, refuse_untranslatable, stop_sequences, tool_call, unsupported, wire,
+    TranslateError, Turn,
 };
 use super::{Adapter, Malformed, TargetModel, Unsupported};
 use crate::native::Protocol;
@@ -439,43 +439,23 @@ fn tool_result(message: &Map<String, Value>, at: &str) -> Result<Value, Translat
 }
 
 fn tools(tools: &Value) -> Result<Vec<Value>, TranslateError> {
-    let tools = tools
-        .as_array()
-        .ok_or_else(|| invalid("`tools` must be an array"))?;
-    tools
-        .iter()
-        .enumerate()
-        .map(|(i, tool)| {
-            let at = format!("tools[{i}]");
-            let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
-            if kind != "function" {
-                return Err(unsupported(format!("{at}: tool type `{kind}`")));
-            }
-            let f = tool
-                .get("function")
-                .ok_or_else(|| invalid(format!("{at}.function is missing")))?;
-            let name = f
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| invalid(format!("{at}.function.name must be a string")))?;
+    let read = function_tools(tools)?;
+    Ok(read
+        .into_iter()
+        .map(|tool| {
             let mut out = Map::new();
-            out.insert("name".into(), Value::from(name));
-            if let Some(d) = f.get("description").and_then(Value::as_str) {
+            out.insert("name".into(), Value::from(tool.name));
+            if let Some(d) = tool.description {
                 out.insert("description".into(), Value::from(d));
             }
-            let schema = match f.get("parameters") {
-                None | Some(Value::Null) => json!({ "type": "object", "properties": {} }),
-                Some(p) if p.is_object() => p.clone(),
-                Some(_) => {
-                    return Err(invalid(format!(
-                        "{at}.function.parameters must be an object"
-                    )))
-                }
-            };
+            let schema = tool
+                .parameters
+                .cloned()
+                .unwrap_or_else(|| json!({ "type": "object", "properties": {} }));
             out.insert("input_schema".into(), schema);
-            Ok(Value::Object(out))
+            Value::Object(out)
         })
-        .collect()
+        .collect())
 }
 
 fn tool_choice(choice: &Value) -> Result<Value, TranslateError> {

@@ -34,8 +34,9 @@ use super::chunk::{self, completion_id, now_secs, Delta, Frame, Head};
 use super::non_null;
 use super::translate;
 use super::translate::{
-    content_parts, data_url, image_url, invalid, max_tokens, messages_with_roles, part_kind,
-    push_turn, refuse_untranslatable, stop_sequences, unsupported, wire, TranslateError, Turn,
+    content_parts, data_url, function_tools, image_url, invalid, max_tokens, messages_with_roles,
+    part_kind, push_turn, refuse_untranslatable, stop_sequences, unsupported, wire, TranslateError,
+    Turn,
 };
 use super::Malformed;
 
@@ -570,46 +571,24 @@ fn tool_config(
 }
 
 fn tool_specs(tools: &Value) -> Result<Vec<Value>, TranslateError> {
-    let tools = tools
-        .as_array()
-        .ok_or_else(|| invalid("`tools` must be an array"))?;
-    let mut out = Vec::with_capacity(tools.len());
-    for (i, tool) in tools.iter().enumerate() {
-        let at = format!("tools[{i}]");
-        let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
-        if kind != "function" {
-            return Err(unsupported(format!("{at}: tool type `{kind}`")));
-        }
-        let f = tool
-            .get("function")
-            .ok_or_else(|| invalid(format!("{at}.function is missing")))?;
-        let name = f
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| invalid(format!("{at}.function.name must be a string")))?;
-        let mut spec = Map::new();
-        spec.insert("name".into(), Value::from(name));
-        // Converse's description must be non-empty.
-        if let Some(d) = f
-            .get("description")
-            .and_then(Value::as_str)
-            .filter(|d| !d.is_empty())
-        {
-            spec.insert("description".into(), Value::from(d));
-        }
-        let schema = match f.get("parameters") {
-            None | Some(Value::Null) => json!({ "type": "object", "properties": {} }),
-            Some(p) if p.is_object() => p.clone(),
-            Some(_) => {
-                return Err(invalid(format!(
-                    "{at}.function.parameters must be an object"
-                )))
+    let read = function_tools(tools)?;
+    Ok(read
+        .into_iter()
+        .map(|tool| {
+            let mut spec = Map::new();
+            spec.insert("name".into(), Value::from(tool.name));
+            // Converse's description must be non-empty.
+            if let Some(d) = tool.description.filter(|d| !d.is_empty()) {
+                spec.insert("description".into(), Value::from(d));
             }
-        };
-        spec.insert("inputSchema".into(), json!({ "json": schema }));
-        out.push(json!({ "toolSpec": spec }));
-    }
-    Ok(out)
+            let schema = tool
+                .parameters
+                .cloned()
+                .unwrap_or_else(|| json!({ "type": "object", "properties": {} }));
+            spec.insert("inputSchema".into(), json!({ "json": schema }));
+            json!({ "toolSpec": spec })
+        })
+        .collect())
 }
 
 fn tool_choice(choice: &Value) -> Result<Choice, TranslateError> {

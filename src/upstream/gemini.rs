@@ -34,9 +34,9 @@ use serde_json::{json, Map, Value};
 use super::chunk::{self, completion_id, now_secs, Delta, Frame, Head};
 use super::non_null;
 use super::translate::{
-    content_parts, data_url, image_url, invalid, max_tokens, messages_with_roles, part_kind,
-    push_turn, refuse_untranslatable, stop_sequences, tool_call, unsupported, wire, ToolCall,
-    TranslateError, Turn,
+    content_parts, data_url, function_tools, image_url, invalid, max_tokens, messages_with_roles,
+    part_kind, push_turn, refuse_untranslatable, stop_sequences, tool_call, unsupported, wire,
+    ToolCall, TranslateError, Turn,
 };
 use super::Malformed;
 
@@ -505,42 +505,20 @@ fn add_tools(
 }
 
 fn function_declarations(tools: &Value) -> Result<Vec<Value>, TranslateError> {
-    let tools = tools
-        .as_array()
-        .ok_or_else(|| invalid("`tools` must be an array"))?;
-    let mut out = Vec::with_capacity(tools.len());
-    for (i, tool) in tools.iter().enumerate() {
-        let at = format!("tools[{i}]");
-        let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
-        if kind != "function" {
-            return Err(unsupported(format!("{at}: tool type `{kind}`")));
-        }
-        let f = tool
-            .get("function")
-            .ok_or_else(|| invalid(format!("{at}.function is missing")))?;
-        let name = f
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| invalid(format!("{at}.function.name must be a string")))?;
+    let read = function_tools(tools)?;
+    let mut out = Vec::with_capacity(read.len());
+    for tool in read {
         let mut declaration = Map::new();
-        declaration.insert("name".into(), Value::from(name));
-        if let Some(d) = f.get("description").and_then(Value::as_str) {
+        declaration.insert("name".into(), Value::from(tool.name));
+        if let Some(d) = tool.description {
             declaration.insert("description".into(), Value::from(d));
         }
-        match f.get("parameters") {
-            None | Some(Value::Null) => {}
-            Some(p) if p.is_object() => {
-                let schema = clean_schema(p, &format!("{at}.function.parameters"))?;
-                // Gemini rejects an OBJECT with empty `properties`: a function
-                // without parameters has none at all.
-                if schema.get("properties").is_some() {
-                    declaration.insert("parameters".into(), schema);
-                }
-            }
-            Some(_) => {
-                return Err(invalid(format!(
-                    "{at}.function.parameters must be an object"
-                )))
+        if let Some(p) = tool.parameters {
+            let schema = clean_schema(p, &format!("{}.function.parameters", tool.at))?;
+            // Gemini rejects an OBJECT with empty `properties`: a function
+            // without parameters has none at all.
+            if schema.get("properties").is_some() {
+                declaration.insert("parameters".into(), schema);
             }
         }
         out.push(Value::Object(declaration));

@@ -218,13 +218,7 @@ pub fn tool_call<'a>(call: &'a Value, at: &str) -> Result<ToolCall<'a>, Translat
     if kind != "function" {
         return Err(unsupported(format!("{at}: tool call type `{kind}`")));
     }
-    let function = call
-        .get("function")
-        .ok_or_else(|| invalid(format!("{at}.function is missing")))?;
-    let name = function
-        .get("name")
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid(format!("{at}.function.name must be a string")))?;
+    let (function, name) = named_function(call, at)?;
     let bad = |reason: String| TranslateError::ToolArguments {
         id: id.to_owned(),
         reason,
@@ -241,6 +235,64 @@ pub fn tool_call<'a>(call: &'a Value, at: &str) -> Result<ToolCall<'a>, Translat
         return Err(bad("valid JSON but not an object".into()));
     }
     Ok(ToolCall { id, name, input })
+}
+
+/// A tool call's or a tool's `function`, and its name.
+fn named_function<'a>(holder: &'a Value, at: &str) -> Result<(&'a Value, &'a str), TranslateError> {
+    let function = holder
+        .get("function")
+        .ok_or_else(|| invalid(format!("{at}.function is missing")))?;
+    let name = function
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| invalid(format!("{at}.function.name must be a string")))?;
+    Ok((function, name))
+}
+
+/// A function tool of the request, read.
+pub struct FunctionTool<'a> {
+    /// Where it is in the request (`tools[i]`).
+    pub at: String,
+    pub name: &'a str,
+    pub description: Option<&'a str>,
+    /// Its JSON Schema, when it has one (`null` counts as none).
+    pub parameters: Option<&'a Value>,
+}
+
+/// Reads the request's `tools`: function tools only.
+///
+/// # Errors
+/// `tools` is not an array, a tool has no function name, or its parameters
+/// are not an object (malformed); a tool other than a function (unsupported).
+pub fn function_tools(tools: &Value) -> Result<Vec<FunctionTool<'_>>, TranslateError> {
+    let tools = tools
+        .as_array()
+        .ok_or_else(|| invalid("`tools` must be an array"))?;
+    let mut out = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
+        if kind != "function" {
+            return Err(unsupported(format!("{at}: tool type `{kind}`")));
+        }
+        let (function, name) = named_function(tool, &at)?;
+        let parameters = match function.get("parameters") {
+            None | Some(Value::Null) => None,
+            Some(p) if p.is_object() => Some(p),
+            Some(_) => {
+                return Err(invalid(format!(
+                    "{at}.function.parameters must be an object"
+                )))
+            }
+        };
+        out.push(FunctionTool {
+            at,
+            name,
+            description: function.get("description").and_then(Value::as_str),
+            parameters,
+        });
+    }
+    Ok(out)
 }
 
 /// The request's output limit: `max_completion_tokens`, else `max_tokens`.
