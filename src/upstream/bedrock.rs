@@ -1138,16 +1138,11 @@ struct BlockDelta<'a> {
     text: Option<Cow<'a, str>>,
     #[serde(borrow)]
     tool_use: Option<ToolUseDelta<'a>>,
+    /// A piece of streamed reasoning, shaped as a whole answer's
+    /// `reasoningText` (its `signature` and `redactedContent` pieces are not
+    /// text, and are dropped).
     #[serde(borrow)]
-    reasoning_content: Option<ReasoningDelta<'a>>,
-}
-
-/// A piece of streamed reasoning (its `signature` and `redactedContent`
-/// pieces are not text, and are dropped).
-#[derive(Deserialize)]
-struct ReasoningDelta<'a> {
-    #[serde(borrow)]
-    text: Option<Cow<'a, str>>,
+    reasoning_content: Option<ReasoningText<'a>>,
 }
 
 #[derive(Deserialize)]
