@@ -49,11 +49,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-chunk() { printf 'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"up","choices":[{"index":0,"delta":%s,"finish_reason":%s}]}\n\n' "$1" "$2"; }
-PLAIN='{"id":"x1","object":"chat.completion","created":1,"model":"up","choices":[{"index":0,"message":{"role":"assistant","content":"hello there, this is a short answer"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":8,"total_tokens":13}}'
-SSE=$({ chunk '{"role":"assistant","content":""}' null
-  for i in $(seq 1 16); do chunk "{\"content\":\"tok$i \"}" null; done
-  chunk '{}' '"stop"'; printf 'data: [DONE]\n\n'; }; printf '\n')
+. "$REPO/examples/bench/neutral_bodies.sh"
 cat > "$OUT/nginx.conf" <<EOF
 worker_processes 1;
 pid $OUT/nginx.pid;
@@ -69,8 +65,8 @@ http {
   server {
     listen 127.0.0.1:$P_NEUTRAL;
     keepalive_requests 1000000;
-    location /plain/v1/chat/completions { default_type application/json; return 200 '$PLAIN'; }
-    location /stream/v1/chat/completions { default_type text/event-stream; return 200 '$SSE'; }
+    location /plain/v1/chat/completions { default_type application/json; return 200 '$NEUTRAL_PLAIN'; }
+    location /stream/v1/chat/completions { default_type text/event-stream; return 200 '$NEUTRAL_SSE'; }
   }
 }
 EOF

@@ -161,11 +161,7 @@ fi
 # the neutral upstream: nginx returning a static completion and a static SSE body
 if has_neutral; then
   mkdir -p "$OUT/neutral/tmp"
-  N_PLAIN='{"id":"x1","object":"chat.completion","created":1,"model":"up","choices":[{"index":0,"message":{"role":"assistant","content":"hello there, this is a short answer"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":8,"total_tokens":13}}'
-  n_chunk() { printf 'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"up","choices":[{"index":0,"delta":%s,"finish_reason":%s}]}\n\n' "$1" "$2"; }
-  N_SSE=$({ n_chunk '{"role":"assistant","content":""}' null
-    for i in $(seq 1 16); do n_chunk "{\"content\":\"tok$i \"}" null; done
-    n_chunk '{}' '"stop"'; printf 'data: [DONE]\n\n'; }; printf '\n')
+  . "$HERE/neutral_bodies.sh"
   # The same answer as Anthropic sends it, for the Messages pass-through.
   A_PLAIN='{"id":"msg_1","type":"message","role":"assistant","model":"up","content":[{"type":"text","text":"hello there, this is a short answer"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":8}}'
   a_event() { printf 'event: %s\ndata: %s\n\n' "$1" "$2"; }
@@ -202,8 +198,8 @@ http {
     listen 127.0.0.1:$P_NEUTRAL backlog=4096;
     keepalive_requests 1000000;
     location = /healthz { return 200 'ok'; }
-    location /plain/v1/chat/completions { default_type application/json; return 200 '$N_PLAIN'; }
-    location /sse/v1/chat/completions { default_type text/event-stream; return 200 '$N_SSE'; }
+    location /plain/v1/chat/completions { default_type application/json; return 200 '$NEUTRAL_PLAIN'; }
+    location /sse/v1/chat/completions { default_type text/event-stream; return 200 '$NEUTRAL_SSE'; }
     location /anthropic-plain/v1/messages { default_type application/json; return 200 '$A_PLAIN'; }
     location /anthropic-sse/v1/messages { default_type text/event-stream; return 200 '$A_SSE'; }
     location /responses-plain/v1/responses { default_type application/json; return 200 '$R_PLAIN'; }
