@@ -341,27 +341,6 @@ impl RequestTrace {
     /// answered and the finish reasons, on the record and the current span.
     /// Only parsed when something will show it; says whether it named a
     /// model (or nothing needs one), so a stream stops asking.
-    /// As [`RequestTrace::answer_meta`], with the answer's `model` already
-    /// read (by `classify::read_answer`): only spans, which show the finish
-    /// reasons too, read the answer again.
-    pub fn answer_model(&self, json: &[u8], model: Option<CompactString>) -> bool {
-        if tracing_on() {
-            return self.answer_meta(json);
-        }
-        let named = model.is_some();
-        if self.0.access_log && named {
-            self.0.fields.lock().model = model;
-        }
-        named
-    }
-
-    /// A model name as the access log and the spans keep it (clipped),
-    /// read from its raw JSON.
-    #[must_use]
-    pub fn model_name(raw: &RawValue) -> Option<CompactString> {
-        text(raw).map(|m| clip(&m))
-    }
-
     pub fn answer_meta(&self, json: &[u8]) -> bool {
         if !self.0.access_log && !tracing_on() {
             return true;
@@ -403,6 +382,27 @@ impl RequestTrace {
             f.finish_reasons = reasons;
         }
         named
+    }
+
+    /// As [`RequestTrace::answer_meta`], with the answer's `model` already
+    /// read (by `classify::read_answer`): only spans, which show the finish
+    /// reasons too, read the answer again.
+    pub fn answer_model(&self, json: &[u8], model: Option<CompactString>) -> bool {
+        if tracing_on() {
+            return self.answer_meta(json);
+        }
+        let named = model.is_some();
+        if self.0.access_log && named {
+            self.0.fields.lock().model = model;
+        }
+        named
+    }
+
+    /// A model name as the access log and the spans keep it (clipped),
+    /// read from its raw JSON.
+    #[must_use]
+    pub fn model_name(raw: &RawValue) -> Option<CompactString> {
+        text(raw).map(|m| clip(&m))
     }
 
     /// An upstream's response head: its own request id, on the record and
