@@ -11,6 +11,8 @@ use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+mod scan;
+
 /// One complete event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
@@ -144,9 +146,14 @@ impl Parser {
             }
             let line = &self.buf[line_start..line_start + line_len];
             if let Some(value) = field(line, b"data") {
-                let value = String::from_utf8_lossy(value);
-                // A lossy copy means replaced bytes: never relayed as they came.
-                self.not_utf8 |= matches!(value, std::borrow::Cow::Owned(_));
+                let value = match std::str::from_utf8(value) {
+                    Ok(value) => std::borrow::Cow::Borrowed(value),
+                    Err(_) => {
+                        // Replaced bytes: never relayed as they came.
+                        self.not_utf8 = true;
+                        String::from_utf8_lossy(value)
+                    }
+                };
                 match &mut self.data {
                     Some(d) => {
                         d.push('\n');
@@ -343,6 +350,14 @@ pub fn classify_data(data: &str) -> Chunk {
     if data.is_empty() {
         return Chunk::Empty;
     }
+    if let Some(chunk) = scan::chunk(data.as_bytes()) {
+        return chunk;
+    }
+    read_chunk(data)
+}
+
+/// [`classify_data`] by serde: what the byte scan leaves to it.
+fn read_chunk(data: &str) -> Chunk {
     let Ok(chunk) = serde_json::from_str::<ChunkFacts<'_>>(data) else {
         return Chunk::Malformed;
     };
