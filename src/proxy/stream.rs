@@ -75,9 +75,9 @@ enum Continued {
 
 impl Relay {
     /// A relay whose first bytes are what the commit point held back.
+    /// `span` is what its log lines and its end run in: the attempt's span
+    /// with tracing on (so it lasts to the stream's end), else the request's.
     #[must_use]
-    /// `span` is what the relay runs in: the attempt's span with tracing on
-    /// (so it lasts to the stream's end), else the request's.
     pub fn new(
         commit: Commit,
         recovery: Option<Box<Recovery>>,
@@ -115,19 +115,23 @@ impl Relay {
     /// The relay as a response body.
     #[must_use]
     pub fn into_body(self) -> Body {
-        let stream = futures_util::stream::unfold(self, |mut relay| {
-            let span = relay.span.clone();
-            // With tracing on, `span` is the attempt's (which log lines do
-            // not show): enter the request's own around it.
-            let log = relay.log_span();
-            async move {
-                let bytes = relay.next().await?;
-                Some((bytes, relay))
-            }
-            .instrument(span)
-            .instrument(log)
+        // Boxed: the unfold moves its state in and out on every frame.
+        let stream = futures_util::stream::unfold(Box::new(self), |mut relay| async move {
+            let bytes = relay.next().await?;
+            Some((bytes, relay))
         });
         body::streamed(stream)
+    }
+
+    /// Runs `f` in the relay's spans. Only what may log or start an attempt
+    /// does (a dropped event, a contract check, the stream's end): entering
+    /// and leaving two spans would cost each relayed event about as much
+    /// as reading it.
+    fn in_spans<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+        let (span, log) = (self.span.clone(), self.log_span());
+        let _span = span.enter();
+        let _log = log.enter();
+        f(self)
     }
 
     /// The request's log span when the relay's own span is an attempt span
@@ -159,11 +163,19 @@ impl Relay {
                     .then(|| crate::sanitize::redact_secrets(last.freeze(), secrets));
             }
             if let Some(end) = self.advance().await {
-                let end = self.settled(end);
-                match self.continue_on_next(end).await {
-                    Continued::No => self.conclude(end),
-                    Continued::Yes | Continued::Ended => {}
+                // With tracing on, `span` is the attempt's (which log lines
+                // do not show): the request's own is entered inside it.
+                let (span, log) = (self.span.clone(), self.log_span());
+                async {
+                    let end = self.settled(end);
+                    match self.continue_on_next(end).await {
+                        Continued::No => self.conclude(end),
+                        Continued::Yes | Continued::Ended => {}
+                    }
                 }
+                .instrument(span)
+                .instrument(log)
+                .await;
             }
         }
     }
@@ -260,15 +272,18 @@ impl Relay {
             }
             match sse::classify_event(&event) {
                 Chunk::Malformed => {
-                    debug!(target = %self.state.target.name, "dropping malformed event");
+                    self.in_spans(
+                        |s| debug!(target = %s.state.target.name, "dropping malformed event"),
+                    );
                     self.state.target.metrics.malformed.increment(1);
                     continue;
                 }
                 Chunk::Error { code } => {
                     let data = event.data.as_deref().unwrap_or("").as_bytes();
                     let headers = http::HeaderMap::new();
-                    let (decision, _) =
-                        attempt::in_band_verdict(&self.state.target, code, &headers, data);
+                    let (decision, _) = self.in_spans(|s| {
+                        attempt::in_band_verdict(&s.state.target, code, &headers, data)
+                    });
                     self.in_band = Some(decision);
                     return Some(StreamEnd::InBandError);
                 }
@@ -311,7 +326,11 @@ impl Relay {
                 }
                 Chunk::Empty => {}
             }
-            if (self.state.finished || self.state.done) && self.release_tool_calls().is_err() {
+            let ended = self.state.finished || self.state.done;
+            if ended
+                && self.state.contract.is_some()
+                && self.in_spans(Self::release_tool_calls).is_err()
+            {
                 return Some(StreamEnd::ContractViolation);
             }
             let spliced = self.splice.as_mut().map(|s| s.event(&event));
