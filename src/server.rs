@@ -304,7 +304,11 @@ impl Server {
         let app = Arc::clone(&self.app);
         let service = service_fn(move |req| {
             let app = Arc::clone(&app);
-            async move { Ok::<_, Infallible>(handle(app, req, peer, kind).await) }
+            // Boxed: hyper keeps room for the service's future as long as the
+            // connection lives, so a request's (the walk and its attempts,
+            // tens of KB) would stay reserved under every open stream.
+            let handled = Box::pin(handle(app, req, peer, kind));
+            async move { Ok::<_, Infallible>(handled.await) }
         });
         let conn = self
             .builder
