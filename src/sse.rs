@@ -23,8 +23,9 @@ pub struct Event {
     /// Not an event switchyard may relay: its `data` was not UTF-8 (`data`
     /// then holds a lossy copy), or a translator could not read it.
     pub malformed: bool,
-    /// What its writer knows it means (a translator's chat event), so that
-    /// [`classify_event`] need not parse it back; `None`: read the data.
+    /// What it means, when already read (a translator's chat event, or a
+    /// chat chunk the stream's [`ChunkReader`] read), so that
+    /// [`classify_event`] need not read it again; `None`: read the data.
     pub reading: Option<Chunk>,
     /// The upstream event a translated event was read from, when the client
     /// speaks the upstream's protocol and gets that event instead of its
@@ -343,6 +344,24 @@ pub fn classify_event(event: &Event) -> Chunk {
 /// Reads an event's `data` as an OpenAI chunk.
 #[must_use]
 pub fn classify_data(data: &str) -> Chunk {
+    read_data(data, scan::chunk)
+}
+
+/// Reads the events of one stream as OpenAI chunks, as [`classify_data`]
+/// does, each by its difference from the last one read whole where it can.
+#[derive(Debug, Default)]
+pub struct ChunkReader {
+    memo: scan::Memo,
+}
+
+impl ChunkReader {
+    /// What [`classify_data`] reads from `data`.
+    pub fn read(&mut self, data: &str) -> Chunk {
+        read_data(data, |data| self.memo.chunk(data))
+    }
+}
+
+fn read_data(data: &str, scan: impl FnOnce(&[u8]) -> Option<Chunk>) -> Chunk {
     let data = data.trim();
     if data == "[DONE]" {
         return Chunk::Done;
@@ -350,7 +369,7 @@ pub fn classify_data(data: &str) -> Chunk {
     if data.is_empty() {
         return Chunk::Empty;
     }
-    if let Some(chunk) = scan::chunk(data.as_bytes()) {
+    if let Some(chunk) = scan(data.as_bytes()) {
         return chunk;
     }
     read_chunk(data)

@@ -654,6 +654,8 @@ pub struct Events {
     /// first translation ([`crate::sse::Upstream`]).
     native: bool,
     ready: std::collections::VecDeque<crate::sse::Event>,
+    /// Reads chat chunks that come as they are (no translator).
+    chunks: crate::sse::ChunkReader,
 }
 
 /// A stream's framing, read into events.
@@ -728,6 +730,7 @@ impl Events {
             native: native && translator.is_some(),
             translator,
             ready: std::collections::VecDeque::new(),
+            chunks: crate::sse::ChunkReader::default(),
         })
     }
 
@@ -766,8 +769,12 @@ impl Events {
             if let Some(e) = self.ready.pop_front() {
                 return Some(e);
             }
-            let event = self.framer.next_event(eof)?;
+            let mut event = self.framer.next_event(eof)?;
             let Some(translator) = &mut self.translator else {
+                // Chat chunks as they came: read here, once, for every reader.
+                if let (false, Some(data)) = (event.malformed, &event.data) {
+                    event.reading = Some(self.chunks.read(data));
+                }
                 return Some(event);
             };
             if event.malformed {

@@ -8,6 +8,11 @@
 //! fallback): an escaped or repeated key it reads, a field of an unexpected
 //! type, an in-band error, a surrogate escape or deep nesting make it step
 //! aside (`None`), and serde decides.
+//!
+//! The chunks of one stream differ mostly in the text of a few strings (the
+//! delta, an `obfuscation` pad), so a [`Memo`] of the last chunk scanned whole
+//! reads the next one by comparing it with that one and checking only what
+//! changed.
 
 use super::Chunk;
 
@@ -15,37 +20,151 @@ use super::Chunk;
 /// equal.
 const MAX_DEPTH: u32 = 100;
 
+/// Chunks longer than this are not kept by a [`Memo`] (it lives as long as
+/// its stream).
+const MEMO_MAX_BYTES: usize = 4096;
+
 /// The chunk's meaning, or `None` when serde must read it.
 pub(super) fn chunk(data: &[u8]) -> Option<Chunk> {
-    let mut scan = Scan { b: data, i: 0 };
-    let facts = scan.top()?;
-    scan.ws();
-    if scan.i != data.len() {
-        return None;
-    }
-    Some(if facts.content {
-        Chunk::Content {
-            finished: facts.finished,
-        }
-    } else {
-        Chunk::NoContent {
-            finished: facts.finished,
-        }
-    })
+    Scan::new(data, None).read().map(Facts::chunk)
 }
 
-#[derive(Default)]
+/// The last chunk of a stream the scan read whole, with where its value
+/// strings lie.
+#[derive(Debug, Default)]
+pub(super) struct Memo {
+    last: Vec<u8>,
+    strings: Vec<Span>,
+    facts: Facts,
+    /// `last` was read (not left to serde).
+    valid: bool,
+    /// Chunks read by their difference from `last`.
+    #[cfg(test)]
+    pub(super) by_difference: usize,
+}
+
+impl Memo {
+    /// [`chunk`], for the next chunk of the stream this memo has seen.
+    pub(super) fn chunk(&mut self, data: &[u8]) -> Option<Chunk> {
+        if let Some(facts) = self.same_shape(data) {
+            #[cfg(test)]
+            {
+                self.by_difference += 1;
+            }
+            return Some(facts.chunk());
+        }
+        self.valid = false;
+        if data.len() > MEMO_MAX_BYTES {
+            return chunk(data);
+        }
+        self.strings.clear();
+        let facts = Scan::new(data, Some(&mut self.strings)).read()?;
+        self.last.clear();
+        self.last.extend_from_slice(data);
+        self.facts = facts;
+        self.valid = true;
+        Some(facts.chunk())
+    }
+
+    /// The facts of `b` when it is the last chunk with only the text of
+    /// some value strings changed: walking both, every difference must start
+    /// inside a value string of the last chunk (read plain, no escape) and
+    /// run to its closing quote, and in `b` be plain text up to a closing
+    /// quote. Then `b` has the last chunk's structure, keys and types, and
+    /// only a text field's emptiness can change what it means.
+    fn same_shape(&self, b: &[u8]) -> Option<Facts> {
+        if !self.valid {
+            return None;
+        }
+        let a = &self.last[..];
+        let mut facts = self.facts;
+        let mut strings = self.strings.iter();
+        let (mut i, mut j) = (0, 0);
+        loop {
+            let same = common_prefix(&a[i..], &b[j..]);
+            i += same;
+            j += same;
+            if i == a.len() && j == b.len() {
+                return Some(facts);
+            }
+            let string = strings.find(|s| s.end >= i)?;
+            if string.start > i {
+                return None;
+            }
+            // Where `b`'s plain text stops must be its closing quote: the
+            // walk goes on from `a`'s, and a quote is no string's text.
+            let close = plain_run(b, j);
+            if string.text {
+                let was = string.end > string.start;
+                let now = i > string.start || close > j;
+                facts.texts = facts.texts - u32::from(was) + u32::from(now);
+            }
+            i = string.end;
+            j = close;
+        }
+    }
+}
+
+/// Where a value string's text lies (between its quotes).
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start: usize,
+    end: usize,
+    /// A delta's text field: whether it is empty is part of the meaning.
+    text: bool,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
 struct Facts {
-    content: bool,
+    /// Content other than the text fields read plain: a tool or function
+    /// call, a text with an escape.
+    elsewhere: bool,
+    /// Text fields read plain that are not empty.
+    texts: u32,
     finished: bool,
 }
 
-struct Scan<'a> {
-    b: &'a [u8],
-    i: usize,
+impl Facts {
+    fn chunk(self) -> Chunk {
+        let finished = self.finished;
+        if self.elsewhere || self.texts > 0 {
+            Chunk::Content { finished }
+        } else {
+            Chunk::NoContent { finished }
+        }
+    }
 }
 
-impl<'a> Scan<'a> {
+struct Scan<'a, 's> {
+    b: &'a [u8],
+    i: usize,
+    /// Where the value strings read plain are, when a memo keeps them.
+    strings: Option<&'s mut Vec<Span>>,
+}
+
+impl<'a, 's> Scan<'a, 's> {
+    fn new(b: &'a [u8], strings: Option<&'s mut Vec<Span>>) -> Self {
+        Scan { b, i: 0, strings }
+    }
+
+    /// The whole of `b`: one object, nothing after it.
+    fn read(mut self) -> Option<Facts> {
+        let facts = self.top()?;
+        self.ws();
+        (self.i == self.b.len()).then_some(facts)
+    }
+
+    /// Keeps where a plain value string's text lies.
+    fn record(&mut self, start: usize, text: bool) {
+        if let Some(strings) = &mut self.strings {
+            strings.push(Span {
+                start,
+                end: self.i - 1,
+                text,
+            });
+        }
+    }
+
     fn peek(&self) -> Option<u8> {
         self.b.get(self.i).copied()
     }
@@ -175,7 +294,7 @@ impl<'a> Scan<'a> {
             once(&mut seen[field])?;
             if field >= 3 {
                 let raw = s.raw_value(4)?;
-                facts.content |= raw != b"null" && raw != b"[]";
+                facts.elsewhere |= raw != b"null" && raw != b"[]";
                 return Some(());
             }
             // Text fields: a string or null, as serde's `Option<Cow<str>>`.
@@ -183,7 +302,14 @@ impl<'a> Scan<'a> {
                 return s.literal(b"null");
             }
             s.eat(b'"')?;
-            facts.content |= s.string()?.is_none_or(|text| !text.is_empty());
+            let start = s.i;
+            match s.string()? {
+                Some(text) => {
+                    s.record(start, true);
+                    facts.texts += u32::from(!text.is_empty());
+                }
+                None => facts.elsewhere = true,
+            }
             Some(())
         })
     }
@@ -203,7 +329,11 @@ impl<'a> Scan<'a> {
         match self.peek()? {
             b'"' => {
                 self.i += 1;
-                self.string().map(drop)
+                let start = self.i;
+                if self.string()?.is_some() {
+                    self.record(start, false);
+                }
+                Some(())
             }
             b'{' => {
                 self.i += 1;
@@ -334,6 +464,26 @@ fn plain_run(b: &[u8], mut i: usize) -> usize {
         .get(i)
         .is_some_and(|&c| c != b'"' && c != b'\\' && c >= 0x20)
     {
+        i += 1;
+    }
+    i
+}
+
+/// How many bytes `a` and `b` start with alike, eight at a time.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let (mut x, mut y) = ([0; 8], [0; 8]);
+        x.copy_from_slice(&a[i..i + 8]);
+        y.copy_from_slice(&b[i..i + 8]);
+        let differ = u64::from_le_bytes(x) ^ u64::from_le_bytes(y);
+        if differ != 0 {
+            return i + (differ.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < n && a[i] == b[i] {
         i += 1;
     }
     i
@@ -555,6 +705,153 @@ mod tests {
             _ => {}
         }
         String::from_utf8(bytes).ok()
+    }
+
+    /// What a memo reads, checked against a stateless read of the same data.
+    fn read_with(memo: &mut Memo, data: &str) -> Option<Chunk> {
+        let read = memo.chunk(data.as_bytes());
+        assert_eq!(
+            read,
+            chunk(data.as_bytes()),
+            "memo and scan differ on {data}"
+        );
+        read
+    }
+
+    #[test]
+    fn a_streams_chunks_are_read_by_their_difference() {
+        let chunk_of = |delta: &str, finish: &str, pad: &str| {
+            format!(
+                r#"{{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":{finish}}}],"obfuscation":"{pad}"}}"#
+            )
+        };
+        let mut memo = Memo::default();
+        let stream = [
+            (
+                chunk_of(r#"{"role":"assistant","content":""}"#, "null", "x1"),
+                Chunk::NoContent { finished: false },
+            ),
+            (
+                chunk_of(r#"{"content":"Hel"}"#, "null", "abcdef"),
+                Chunk::Content { finished: false },
+            ),
+            (
+                chunk_of(r#"{"content":"lo, wörld"}"#, "null", "Z"),
+                Chunk::Content { finished: false },
+            ),
+            (
+                chunk_of(r#"{"content":""}"#, "null", "pad"),
+                Chunk::NoContent { finished: false },
+            ),
+            (
+                chunk_of(r#"{"content":"again"}"#, "null", ""),
+                Chunk::Content { finished: false },
+            ),
+            (
+                chunk_of(r#"{"content":"a\"quote"}"#, "null", "q"),
+                Chunk::Content { finished: false },
+            ),
+            (
+                chunk_of(r#"{"content":"b"}"#, "null", "q"),
+                Chunk::Content { finished: false },
+            ),
+            (
+                chunk_of("{}", r#""stop""#, "end"),
+                Chunk::NoContent { finished: true },
+            ),
+        ];
+        for (data, want) in &stream {
+            assert_eq!(read_with(&mut memo, data), Some(*want), "{data}");
+        }
+        // Read whole: the first, the one after the role chunk (another key),
+        // the escaped text, the one after it (its string had an escape), the
+        // finish. The rest by their difference.
+        assert_eq!(memo.by_difference, 3);
+    }
+
+    #[test]
+    fn a_difference_outside_a_strings_text_is_read_whole() {
+        let mut memo = Memo::default();
+        let base = r#"{"choices":[{"delta":{"content":"ab","role":"assistant"},"finish_reason":null}],"n":1}"#;
+        read_with(&mut memo, base);
+        let content = Some(Chunk::Content { finished: false });
+        for (data, want, by_difference) in [
+            // Text only.
+            (r#"{"choices":[{"delta":{"content":"","role":"assistant"},"finish_reason":null}],"n":1}"#, Some(Chunk::NoContent { finished: false }), true),
+            (r#"{"choices":[{"delta":{"content":"abc","role":"tool"},"finish_reason":null}],"n":1}"#, content, true),
+            // A key, a number, a literal, a quote or an escape in the text,
+            // text running out of its string, a control character, what
+            // follows the object, a cut.
+            (r#"{"choices":[{"delta":{"contenu":"ab","role":"assistant"},"finish_reason":null}],"n":1}"#, Some(Chunk::NoContent { finished: false }), false),
+            (r#"{"choices":[{"delta":{"content":"ab","role":"assistant"},"finish_reason":null}],"n":2}"#, content, false),
+            (r#"{"choices":[{"delta":{"content":"ab","role":"assistant"},"finish_reason":"stop"}],"n":1}"#, Some(Chunk::Content { finished: true }), false),
+            (r#"{"choices":[{"delta":{"content":"a"b","role":"assistant"},"finish_reason":null}],"n":1}"#, None, false),
+            (r#"{"choices":[{"delta":{"content":"a\nb","role":"assistant"},"finish_reason":null}],"n":1}"#, content, false),
+            (r#"{"choices":[{"delta":{"content":"ab","x":"y","role":"assistant"},"finish_reason":null}],"n":1}"#, content, false),
+            ("{\"choices\":[{\"delta\":{\"content\":\"a\u{1}b\",\"role\":\"assistant\"},\"finish_reason\":null}],\"n\":1}", None, false),
+            (r#"{"choices":[{"delta":{"content":"ab","role":"assistant"},"finish_reason":null}],"n":1} "#, content, false),
+            (r#"{"choices":[{"delta":{"content":"ab","role":"assistant"},"finish_reason":null}],"n":1}x"#, None, false),
+            (r#"{"choices":[{"delta":{"content":"ab","role":"assistant"},"finish_reason":null}],"n":1"#, None, false),
+        ] {
+            let before = memo.by_difference;
+            assert_eq!(read_with(&mut memo, data), want, "{data}");
+            assert_eq!(memo.by_difference > before, by_difference, "{data}");
+            // The next case is compared with `base` again.
+            read_with(&mut memo, base);
+        }
+    }
+
+    /// Replaces the text of the `n`th string of `data` (keys included) with
+    /// `text`.
+    fn with_string(data: &str, n: usize, text: &str) -> String {
+        let mut quotes = data.match_indices('"').map(|(i, _)| i);
+        let Some(open) = quotes.nth(2 * n) else {
+            return data.to_owned();
+        };
+        let Some(close) = quotes.next() else {
+            return data.to_owned();
+        };
+        format!("{}{text}{}", &data[..=open], &data[close..])
+    }
+
+    #[test]
+    fn on_generated_streams_the_memo_agrees_with_the_scan() {
+        let mut rng = Rng(0x5EED_1234_ABCD_0002);
+        let texts = [
+            "",
+            "a",
+            "tok é",
+            "x y z 12345678",
+            "a\\\"b",
+            "\\u0041",
+            "\\",
+            "\"",
+            "a\tb",
+        ];
+        let mut by_difference = 0;
+        for _ in 0..4_000 {
+            let mut memo = Memo::default();
+            let base = generated(&mut rng);
+            read_with(&mut memo, &base);
+            for _ in 0..6 {
+                let n = rng.below(12);
+                let text = rng.pick(&texts);
+                let next = with_string(&base, n, text);
+                let next = match rng.below(4) {
+                    0 => mutated(&mut rng, &next).unwrap_or(next),
+                    _ => next,
+                };
+                let read = memo.by_difference;
+                let agreed = read_with(&mut memo, &next).is_none_or(|c| c == read_chunk(&next));
+                assert!(agreed, "memo and serde disagree on {next}");
+                by_difference += memo.by_difference - read;
+            }
+        }
+        // Not a memo that always reads whole.
+        assert!(
+            by_difference > 4_000,
+            "read by difference {by_difference} times"
+        );
     }
 
     #[test]
