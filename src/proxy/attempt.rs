@@ -975,7 +975,8 @@ fn take_events(
             chunk,
             Chunk::Content { finished: true } | Chunk::NoContent { finished: true }
         );
-        if let (Some(data), true) = (&event.data, !held.meta_seen || finishes) {
+        let asked = !held.meta_seen || (finishes && call.account.trace.wants_finish());
+        if let (Some(data), true) = (&event.data, asked) {
             // The model that answered is in the first chunk; finish reasons in the last.
             held.meta_seen = call.account.trace.answer_meta(data.as_bytes());
         }

@@ -291,8 +291,9 @@ impl Relay {
                 Chunk::Content { finished } => {
                     self.content_chunks += 1;
                     self.state.finished |= finished;
-                    if let (true, Some(data)) = (finished, &event.data) {
-                        let _ = self.state.account.trace.answer_meta(data.as_bytes());
+                    let trace = &self.state.account.trace;
+                    if let (true, Some(data)) = (finished && trace.wants_finish(), &event.data) {
+                        let _ = trace.answer_meta(data.as_bytes());
                     }
                     if let (Some(_), Some(data)) = (&self.state.contract, &event.data) {
                         let (tool, text) = self.state.calls.push_chunk(data);
@@ -311,8 +312,9 @@ impl Relay {
                         if data.contains("\"usage\"") {
                             self.usage = sse::usage(data.as_bytes()).or(self.usage);
                         }
-                        if finished {
-                            let _ = self.state.account.trace.answer_meta(data.as_bytes());
+                        let trace = &self.state.account.trace;
+                        if finished && trace.wants_finish() {
+                            let _ = trace.answer_meta(data.as_bytes());
                         }
                     }
                     self.state.finished |= finished;

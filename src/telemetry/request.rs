@@ -384,6 +384,13 @@ impl RequestTrace {
         named
     }
 
+    /// Whether a stream's finishing chunk has anything to show: its finish
+    /// reasons (spans only), or the model when no chunk named it yet.
+    #[must_use]
+    pub fn wants_finish(&self) -> bool {
+        tracing_on() || (self.0.access_log && self.0.fields.lock().model.is_none())
+    }
+
     /// As [`RequestTrace::answer_meta`], with the answer's `model` already
     /// read (by `classify::read_answer`): only spans, which show the finish
     /// reasons too, read the answer again.
