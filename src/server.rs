@@ -41,8 +41,7 @@ use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -61,6 +60,7 @@ use crate::snapshot::{self as snap, CompileOptions, LiveState, Snapshot};
 use crate::state::App;
 use crate::telemetry::RequestTrace;
 
+mod conn;
 mod workers;
 
 /// Largest request body accepted; larger gets 413.
@@ -276,25 +276,20 @@ impl Gateway {
 /// Serves connections on the runtime it runs on, and drains them.
 struct Server {
     app: Arc<App>,
-    builder: auto::Builder<TokioExecutor>,
+    builders: Arc<conn::Builders>,
     graceful: GracefulShutdown,
 }
 
 impl Server {
     fn new(app: Arc<App>) -> Self {
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT)
-            .max_headers(MAX_HEADERS)
-            .max_buf_size(MAX_HEAD_BYTES);
-        builder
-            .http2()
-            .max_header_list_size(u32::try_from(MAX_HEAD_BYTES).unwrap_or(u32::MAX));
+        let limits = conn::Limits {
+            header_read: HEADER_READ_TIMEOUT,
+            max_headers: MAX_HEADERS,
+            max_head_bytes: MAX_HEAD_BYTES,
+        };
         Self {
             app,
-            builder,
+            builders: Arc::new(conn::Builders::new(&limits)),
             graceful: GracefulShutdown::new(),
         }
     }
@@ -309,13 +304,27 @@ impl Server {
             // whole future into the box copies tens of KB per request.
             async move { Ok::<_, Infallible>(handle(app, req, peer, kind).await) }
         });
-        let conn = self
-            .builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        let conn = self.graceful.watch(conn);
+        let builders = Arc::clone(&self.builders);
+        // Counted in by the drain from here, while the first bytes are awaited.
+        let watcher = self.graceful.watcher();
         tokio::spawn(async move {
-            let _ = conn.await;
+            let sniffed = conn::sniff(&stream, HEADER_READ_TIMEOUT).await;
+            let io = TokioIo::new(stream);
+            let _ = match sniffed {
+                conn::Sniffed::Http1 => {
+                    let conn = builders.http1.serve_connection(io, service);
+                    watcher.watch(conn).await.map_err(drop)
+                }
+                conn::Sniffed::Http2 => {
+                    let conn = builders.http2.serve_connection(io, service);
+                    watcher.watch(conn).await.map_err(drop)
+                }
+                conn::Sniffed::Unsure => {
+                    let conn = builders.auto.serve_connection(io, service);
+                    watcher.watch(conn).await.map_err(drop)
+                }
+                conn::Sniffed::Silent => Ok(()),
+            };
         });
     }
 

@@ -226,3 +226,35 @@ async fn a_target_with_a_non_ascii_name_is_counted_under_its_name() {
     );
     assert!(!text.contains(r#"target="none",status="200""#), "{text}");
 }
+
+/// One listener serves HTTP/1.1 and HTTP/2 prior knowledge (h2c) alike,
+/// plain answers and streams.
+#[tokio::test]
+async fn http2_prior_knowledge_is_served_like_http1() {
+    let a = Fake::always(fake::completion("m", "hi from h2")).await;
+    let gw = gateway(&two_tasks(&a.url())).await;
+    let h2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    for (i, client) in [client(), h2].into_iter().enumerate() {
+        let req = Request::post(gw.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(hello("gpt-4o").to_string())))
+            .unwrap();
+        let resp = tokio::time::timeout(std::time::Duration::from_secs(10), client.request(req))
+            .await
+            .expect("answered in time")
+            .expect("request failed");
+        let want = if i == 0 {
+            http::Version::HTTP_11
+        } else {
+            http::Version::HTTP_2
+        };
+        assert_eq!(resp.version(), want);
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"], "hi from h2", "{v}");
+    }
+    assert_eq!(a.calls(), 2);
+}
