@@ -319,10 +319,6 @@ impl Server {
                     let conn = builders.http2.serve_connection(io, service);
                     watcher.watch(conn).await.map_err(drop)
                 }
-                conn::Sniffed::Unsure => {
-                    let conn = builders.auto.serve_connection(io, service);
-                    watcher.watch(conn).await.map_err(drop)
-                }
                 conn::Sniffed::Silent => Ok(()),
             };
         });
