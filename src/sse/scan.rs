@@ -33,11 +33,11 @@ pub(super) fn chunk(data: &[u8]) -> Option<Chunk> {
 /// strings lie.
 #[derive(Debug, Default)]
 pub(super) struct Memo {
+    /// Empty when the last chunk was not read by the scan (or none came yet):
+    /// a chunk never is.
     last: Vec<u8>,
     strings: Vec<Span>,
     facts: Facts,
-    /// `last` was read (not left to serde).
-    valid: bool,
     /// Chunks read by their difference from `last`.
     #[cfg(test)]
     pub(super) by_difference: usize,
@@ -53,16 +53,14 @@ impl Memo {
             }
             return Some(facts.chunk());
         }
-        self.valid = false;
+        self.last.clear();
         if data.len() > MEMO_MAX_BYTES {
             return chunk(data);
         }
         self.strings.clear();
         let facts = Scan::new(data, Some(&mut self.strings)).read()?;
-        self.last.clear();
         self.last.extend_from_slice(data);
         self.facts = facts;
-        self.valid = true;
         Some(facts.chunk())
     }
 
@@ -73,10 +71,10 @@ impl Memo {
     /// quote. Then `b` has the last chunk's structure, keys and types, and
     /// only a text field's emptiness can change what it means.
     fn same_shape(&self, b: &[u8]) -> Option<Facts> {
-        if !self.valid {
+        let a = &self.last[..];
+        if a.is_empty() {
             return None;
         }
-        let a = &self.last[..];
         let mut facts = self.facts;
         let mut strings = self.strings.iter();
         let (mut i, mut j) = (0, 0);
