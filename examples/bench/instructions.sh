@@ -10,8 +10,14 @@
 #
 #   examples/bench/instructions.sh                     # plain, 2,000 requests
 #   MODE=stream N=1000 examples/bench/instructions.sh
+#   FRONT=messages MODE=stream N=1000 examples/bench/instructions.sh
 #
-# Env: MODE (plain | stream) N (2000) TOP (30 rows of the stage table)
+# FRONT picks the protocol on both sides: chat (Chat Completions to an
+# OpenAI-compatible target), messages (a Messages client and an `anthropic`
+# target) or responses (a Responses client and a `responses: true` target),
+# the last two passed through as sent. The floor relays the same bytes.
+#
+# Env: MODE (plain | stream) FRONT (chat) N (2000) TOP (30 rows of the stage table)
 #      SKIP_BUILD=1 SWITCHYARD_BIN FLOOR_BIN (default: the release builds)
 #      OUT (/tmp/switchyard-instructions/DATE) PORT_BASE (19500)
 # Installs what is missing: valgrind and nginx (apt), oha (cargo install).
@@ -19,6 +25,7 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 MODE="${MODE:-plain}"
+FRONT="${FRONT:-chat}"
 N="${N:-2000}"
 TOP="${TOP:-30}"
 OUT="${OUT:-/tmp/switchyard-instructions/$(date +%Y%m%d-%H%M%S)}"
@@ -67,23 +74,37 @@ http {
     keepalive_requests 1000000;
     location /plain/v1/chat/completions { default_type application/json; return 200 '$NEUTRAL_PLAIN'; }
     location /stream/v1/chat/completions { default_type text/event-stream; return 200 '$NEUTRAL_SSE'; }
+    location /plain/v1/messages { default_type application/json; return 200 '$A_PLAIN'; }
+    location /stream/v1/messages { default_type text/event-stream; return 200 '$A_SSE'; }
+    location /plain/v1/responses { default_type application/json; return 200 '$R_PLAIN'; }
+    location /stream/v1/responses { default_type text/event-stream; return 200 '$R_SSE'; }
   }
 }
 EOF
 nginx -c "$OUT/nginx.conf" -p "$OUT" -g 'daemon off;' 2>"$OUT/nginx.log" & PIDS+=("$!")
 
+case "$FRONT" in
+  chat) PROVIDER_EXTRA='' PATH_FRONT=/v1/chat/completions ;;
+  messages) PROVIDER_EXTRA=', protocol: anthropic, api_key_env: BENCH_ANTHROPIC_KEY' PATH_FRONT=/v1/messages ;;
+  responses) PROVIDER_EXTRA=', responses: true' PATH_FRONT=/v1/responses ;;
+  *) log "FRONT must be chat, messages or responses"; exit 2 ;;
+esac
+export BENCH_ANTHROPIC_KEY=bench-key
 cat > "$OUT/routes.yaml" <<EOF
 version: 1
 listen: 127.0.0.1:$P_SY
 providers:
-  neutral: { base_url: 'http://127.0.0.1:$P_NEUTRAL/$MODE/v1' }
+  neutral: { base_url: 'http://127.0.0.1:$P_NEUTRAL/$MODE/v1'$PROVIDER_EXTRA }
 targets:
   neutral: { provider: neutral, model: up }
 tasks:
   neutral: { chain: [neutral] }
 EOF
 STREAM=false; [ "$MODE" = stream ] && STREAM=true
-printf '{"model":"neutral","stream":%s,"messages":[{"role":"user","content":"hi"}]}' "$STREAM" > "$OUT/body.json"
+case "$FRONT" in
+  responses) printf '{"model":"neutral","stream":%s,"max_output_tokens":16,"input":"hi"}' "$STREAM" ;;
+  *) printf '{"model":"neutral","stream":%s,"max_tokens":16,"messages":[{"role":"user","content":"hi"}]}' "$STREAM" ;;
+esac > "$OUT/body.json"
 
 load() { # url count
   oha -n "$2" -c 4 --no-tui -m POST -H 'content-type: application/json' -D "$OUT/body.json" "$1" \
@@ -114,16 +135,16 @@ count() {
   echo "$name $((total / N)) $dump"
 }
 
-log "switchyard under callgrind ($MODE, $N requests)"
+log "switchyard under callgrind ($FRONT, $MODE, $N requests)"
 export RUST_LOG=info # switchyard's default level: its access line is written
-read -r _ SY_IR SY_DUMP < <(count switchyard "http://127.0.0.1:$P_SY/v1/chat/completions" \
+read -r _ SY_IR SY_DUMP < <(count switchyard "http://127.0.0.1:$P_SY$PATH_FRONT" \
   "$SY_BIN" serve --config "$OUT/routes.yaml")
 log "floor proxy under callgrind"
-read -r _ FLOOR_IR _ < <(count floor "http://127.0.0.1:$P_FLOOR/$MODE/v1/chat/completions" \
+read -r _ FLOOR_IR _ < <(count floor "http://127.0.0.1:$P_FLOOR/$MODE$PATH_FRONT" \
   "$FLOOR_BIN" --listen "127.0.0.1:$P_FLOOR" --upstream "http://127.0.0.1:$P_NEUTRAL")
 
 {
-  echo "## Instructions per request ($MODE, $N requests after 500 of warm-up)"
+  echo "## Instructions per request ($FRONT, $MODE, $N requests after 500 of warm-up)"
   echo
   echo "| process | instructions per request |"
   echo "|---|---:|"
