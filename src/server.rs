@@ -832,13 +832,14 @@ async fn stored_response(
     let found = match app.responses.fetch(id).await {
         Some(_) if method == Method::DELETE => {
             app.responses.delete(id);
-            Some(serde_json::json!({"id": id, "object": "response", "deleted": true}))
+            let deleted = serde_json::json!({"id": id, "object": "response", "deleted": true});
+            Some(Bytes::from(deleted.to_string()))
         }
-        Some(stored) => Some(stored.response.clone()),
+        Some(stored) => Some(Bytes::copy_from_slice(stored.response.get().as_bytes())),
         None => None,
     };
     let mut resp = match found {
-        Some(v) => json(StatusCode::OK, &v),
+        Some(bytes) => json_bytes(StatusCode::OK, bytes),
         None => json(
             StatusCode::NOT_FOUND,
             &serde_json::json!({"error": {

@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-mod scan;
+pub mod scan;
 
 /// One complete event.
 #[derive(Debug, Clone, PartialEq, Eq)]

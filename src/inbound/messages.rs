@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::native::Untranslatable;
+use crate::sse::scan;
 
 use super::{
     fresh_id, write_event, Chunk, Completion, Finish, Invalid, Render, Translated, Usage, WireError,
@@ -633,12 +634,43 @@ struct BlockHead<'a> {
     kind: Cow<'a, str>,
 }
 
+impl<'a> EventHead<'a> {
+    /// An event's head, read by a scan (the event of every token), else by
+    /// serde when the scan leaves it (an escape, a type it does not take).
+    fn read(data: &'a str) -> Option<Self> {
+        Self::scan(data).or_else(|| serde_json::from_str(data).ok())
+    }
+
+    fn scan(data: &'a str) -> Option<Self> {
+        let [kind, index, block] = scan::fields(data, ["type", "index", "content_block"])?;
+        let kind = scan::plain_str(kind)??;
+        let index = match scan::plain_u64(index)? {
+            Some(n) => Some(u32::try_from(n).ok()?),
+            None => None,
+        };
+        let content_block = match block {
+            None | Some("null") => None,
+            Some(block) => {
+                let [block_kind] = scan::fields(block, ["type"])?;
+                Some(BlockHead {
+                    kind: Cow::Borrowed(scan::plain_str(block_kind)??),
+                })
+            }
+        };
+        Some(Self {
+            kind: Cow::Borrowed(kind),
+            index,
+            content_block,
+        })
+    }
+}
+
 impl StreamReply {
     /// An upstream Messages event (its target speaks Messages), written as
     /// it came. The state follows it, so that what another target adds
     /// after a break (rendered from chat) carries on from it.
     pub(super) fn native(&mut self, data: &str, raw: &[u8], out: &mut BytesMut) {
-        let Ok(head) = serde_json::from_str::<EventHead<'_>>(data) else {
+        let Some(head) = EventHead::read(data) else {
             return;
         };
         if self.ended {
@@ -868,6 +900,40 @@ fn envelope(kind: &str, message: &str) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_head_read_by_the_scan_reads_as_serde_reads_it() {
+        type Seen = Option<(String, Option<u32>, Option<String>)>;
+        let seen = |head: Option<EventHead<'_>>| -> Seen {
+            head.map(|h| {
+                let block = h.content_block.map(|b| b.kind.into_owned());
+                (h.kind.into_owned(), h.index, block)
+            })
+        };
+        let events = [
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}"#,
+            r#"{"type":"content_block_start","index":2,"content_block":{"type":"thinking","thinking":""}}"#,
+            r#"{"type":"content_block_start","index":2,"content_block":{"type":"t\u0065xt"}}"#,
+            r#"{"type":"content_block_start","index":2,"content_block":{}}"#,
+            r#"{"type":"content_block_start","index":2,"content_block":null}"#,
+            r#"{"type":"content_block_stop","index":4294967296}"#,
+            r#"{"type":"content_block_stop","index":"1"}"#,
+            r#"{"type":"content_block_stop","index":null}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}"#,
+            r#"{"type":"message_stop","type":"ping"}"#,
+            r#"{"type":7}"#,
+            r#"{"index":0}"#,
+            r#"{"type":"ping"} {}"#,
+            r#" {"type" : "ping" } "#,
+        ];
+        for event in events {
+            let by_serde = seen(serde_json::from_str(event).ok());
+            assert_eq!(seen(EventHead::read(event)), by_serde, "{event}");
+            if let Some(scanned) = EventHead::scan(event) {
+                assert_eq!(seen(Some(scanned)), by_serde, "{event}");
+            }
+        }
+    }
 
     fn chat_of(body: &str) -> Value {
         serde_json::from_slice(&translate(body.as_bytes()).unwrap().chat).unwrap()

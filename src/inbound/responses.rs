@@ -14,11 +14,15 @@
 //! a stored conversation as items instead of `previous_response_id`), and its
 //! own answer and events go back as sent and are kept under its ids.
 
+use std::borrow::Cow;
+
 use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::native::Untranslatable;
+use crate::sse::scan;
 
 use super::store::Stored;
 use super::{
@@ -753,19 +757,12 @@ impl Reply {
     }
 
     /// Keeps the finished response and its conversation, unless `store: false`.
-    fn keep(&self, response: &Value, assistant: Value) {
+    fn keep(&self, response: &str, assistant: &Value) {
         let Some(store) = &self.store else {
             return;
         };
-        let mut conversation = self.conversation.clone();
-        conversation.push(assistant);
-        store.put(
-            self.id.clone(),
-            Stored {
-                response: response.clone(),
-                conversation,
-            },
-        );
+        let json = Stored::json(response, &self.conversation, assistant);
+        store.put(self.id.clone(), json);
     }
 
     /// A Responses target's own answer, as it sent it (kept in the store
@@ -773,21 +770,35 @@ impl Reply {
     #[must_use]
     pub fn native_answer(&mut self, native: Bytes) -> Bytes {
         if self.store.is_some() {
-            if let Ok(response) = serde_json::from_slice::<Value>(&native) {
-                self.keep_native(&response);
+            if let Ok(text) = std::str::from_utf8(&native) {
+                self.keep_native(text);
             }
         }
         native
     }
 
-    /// Keeps a response a Responses target made, under its own id.
-    fn keep_native(&mut self, response: &Value) {
-        let Some(id) = response["id"].as_str() else {
+    /// Keeps a response a Responses target made (its JSON text), under its
+    /// own id. Only its id and output are read: the rest is kept as it came.
+    fn keep_native(&mut self, response: &str) {
+        #[derive(Deserialize)]
+        struct Made<'a> {
+            #[serde(borrow)]
+            id: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            output: Option<&'a RawValue>,
+        }
+        let Ok(Made {
+            id: Some(id),
+            output,
+        }) = serde_json::from_str::<Made<'_>>(response)
+        else {
             return;
         };
-        id.clone_into(&mut self.id);
-        let output = response["output"].as_array().map_or(&[][..], Vec::as_slice);
-        self.keep(response, assistant_of(output));
+        id.as_ref().clone_into(&mut self.id);
+        let output: Vec<Value> = output
+            .and_then(|o| serde_json::from_str(o.get()).ok())
+            .unwrap_or_default();
+        self.keep(response, &assistant_of(&output));
     }
 
     /// A chat completion as a `response` object (kept in the store).
@@ -833,8 +844,9 @@ impl Reply {
             output,
             usage_of(completion.usage.as_ref()),
         );
-        self.keep(&response, assistant);
-        Bytes::from(response.to_string())
+        let response = response.to_string();
+        self.keep(&response, &assistant);
+        Bytes::from(response)
     }
 
     /// The renderer of this request's stream.
@@ -891,22 +903,82 @@ pub struct StreamReply {
 }
 
 /// What the stream state needs of an upstream Responses event.
-#[derive(Deserialize)]
 struct EventHead<'a> {
+    kind: Cow<'a, str>,
+    sequence_number: Option<u64>,
+    output_index: Option<usize>,
+    item_id: Option<Cow<'a, str>>,
+    delta: Option<Cow<'a, str>>,
+    /// The JSON text of `item` and `response`.
+    item: Option<&'a str>,
+    response: Option<&'a str>,
+}
+
+/// [`EventHead`] as serde reads it.
+#[derive(Deserialize)]
+struct WireHead<'a> {
     #[serde(rename = "type", borrow)]
-    kind: std::borrow::Cow<'a, str>,
+    kind: Cow<'a, str>,
     #[serde(default)]
     sequence_number: Option<u64>,
     #[serde(default)]
     output_index: Option<usize>,
     #[serde(borrow, default)]
-    item_id: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default)]
-    delta: Option<String>,
+    item_id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    item: Option<&'a serde_json::value::RawValue>,
+    delta: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    response: Option<&'a serde_json::value::RawValue>,
+    item: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    response: Option<&'a RawValue>,
+}
+
+impl<'a> EventHead<'a> {
+    /// An event's head, read by a scan (the event of every token), else by
+    /// serde when the scan leaves it (an escape, a type it does not take).
+    fn read(data: &'a str) -> Option<Self> {
+        if let Some(head) = Self::scan(data) {
+            return Some(head);
+        }
+        let wire: WireHead<'a> = serde_json::from_str(data).ok()?;
+        Some(Self {
+            kind: wire.kind,
+            sequence_number: wire.sequence_number,
+            output_index: wire.output_index,
+            item_id: wire.item_id,
+            delta: wire.delta,
+            item: wire.item.map(RawValue::get),
+            response: wire.response.map(RawValue::get),
+        })
+    }
+
+    fn scan(data: &'a str) -> Option<Self> {
+        let keys = [
+            "type",
+            "sequence_number",
+            "output_index",
+            "item_id",
+            "delta",
+            "item",
+            "response",
+        ];
+        let [kind, sequence_number, output_index, item_id, delta, item, response] =
+            scan::fields(data, keys)?;
+        let output_index = match scan::plain_u64(output_index)? {
+            Some(n) => Some(usize::try_from(n).ok()?),
+            None => None,
+        };
+        let raw = |f: Option<&'a str>| f.filter(|v| *v != "null");
+        Some(Self {
+            kind: Cow::Borrowed(scan::plain_str(kind)??),
+            sequence_number: scan::plain_u64(sequence_number)?,
+            output_index,
+            item_id: scan::plain_str(item_id)?.map(Cow::Borrowed),
+            delta: scan::plain_str(delta)?.map(Cow::Borrowed),
+            item: raw(item),
+            response: raw(response),
+        })
+    }
 }
 
 /// What the stream state needs of an output item.
@@ -928,7 +1000,7 @@ impl StreamReply {
     /// a break (rendered from chat) carries on from it: the same response id,
     /// the next sequence numbers, the open message item.
     pub(super) fn native(&mut self, data: &str, raw: &[u8], out: &mut BytesMut) {
-        let Ok(head) = serde_json::from_str::<EventHead<'_>>(data) else {
+        let Some(head) = EventHead::read(data) else {
             return;
         };
         if self.ended {
@@ -940,14 +1012,14 @@ impl StreamReply {
         }
         let item = || {
             head.item
-                .and_then(|i| serde_json::from_str::<ItemHead>(i.get()).ok())
+                .and_then(|i| serde_json::from_str::<ItemHead>(i).ok())
         };
         match head.kind.as_ref() {
             "response.created" => {
                 self.started = true;
                 let response = head
                     .response
-                    .and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
+                    .and_then(|r| serde_json::from_str::<Value>(r).ok());
                 if let Some(response) = response {
                     if let Some(id) = response["id"].as_str() {
                         id.clone_into(&mut self.reply.id);
@@ -981,7 +1053,7 @@ impl StreamReply {
             "response.output_item.done" => {
                 let done = head
                     .item
-                    .and_then(|i| serde_json::from_str::<Value>(i.get()).ok());
+                    .and_then(|i| serde_json::from_str::<Value>(i).ok());
                 if let (Some(done), Some(index)) = (done, head.output_index) {
                     let id = done["id"].as_str().unwrap_or_default();
                     if self.text.as_ref().is_some_and(|t| t.id == id) {
@@ -995,11 +1067,8 @@ impl StreamReply {
             }
             "response.completed" | "response.incomplete" => {
                 self.ended = true;
-                let response = head
-                    .response
-                    .and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
-                if let Some(response) = response {
-                    self.reply.keep_native(&response);
+                if let Some(response) = head.response {
+                    self.reply.keep_native(response);
                 }
             }
             "response.failed" | "error" => self.ended = true,
@@ -1197,7 +1266,7 @@ impl StreamReply {
         let response =
             self.reply
                 .object(&self.model, status, output, usage_of(self.usage.as_ref()));
-        self.reply.keep(&response, assistant);
+        self.reply.keep(&response.to_string(), &assistant);
         let kind = match status {
             Status::Incomplete(_) => "response.incomplete",
             Status::InProgress | Status::Completed | Status::Failed => "response.completed",
@@ -1260,6 +1329,69 @@ pub fn previous_response_id(body: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_head_read_by_the_scan_reads_as_serde_reads_it() {
+        type Seen = Option<(
+            String,
+            Option<u64>,
+            Option<usize>,
+            Option<String>,
+            Option<String>,
+        )>;
+        type Raw = (Option<String>, Option<String>);
+        let seen = |head: Option<EventHead<'_>>| -> (Seen, Raw) {
+            let Some(h) = head else {
+                return (None, (None, None));
+            };
+            let raw =
+                |v: Option<&str>| v.map(|v| serde_json::from_str::<Value>(v).unwrap().to_string());
+            let owned = |v: Option<Cow<'_, str>>| v.map(Cow::into_owned);
+            let (item, response) = (raw(h.item), raw(h.response));
+            let fields = (
+                h.kind.into_owned(),
+                h.sequence_number,
+                h.output_index,
+                owned(h.item_id),
+                owned(h.delta),
+            );
+            (Some(fields), (item, response))
+        };
+        let by_serde = |event: &str| {
+            let wire: Option<WireHead<'_>> = serde_json::from_str(event).ok();
+            seen(wire.map(|w| EventHead {
+                kind: w.kind,
+                sequence_number: w.sequence_number,
+                output_index: w.output_index,
+                item_id: w.item_id,
+                delta: w.delta,
+                item: w.item.map(RawValue::get),
+                response: w.response.map(RawValue::get),
+            }))
+        };
+        let events = [
+            r#"{"type":"response.output_text.delta","sequence_number":2,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"Hi","logprobs":[]}"#,
+            r#"{"type":"response.output_text.delta","item_id":"msg_1","delta":"a\nb"}"#,
+            r#"{"type":"response.output_text.delta","item_id":"m\u0073g","delta":"x"}"#,
+            r#"{"type":"response.output_item.added","sequence_number":1,"output_index":0,"item":{"type":"message","id":"msg_1"}}"#,
+            r#"{"type":"response.output_item.done","output_index":0,"item":null}"#,
+            r#"{"type":"response.completed","sequence_number":9,"response":{"id":"resp_1","output":[]}}"#,
+            r#"{"type":"response.completed","sequence_number":-9}"#,
+            r#"{"type":"response.completed","sequence_number":1.5}"#,
+            r#"{"type":"response.completed","output_index":"1"}"#,
+            r#"{"type":"x","delta":"a","delta":"b"}"#,
+            r#"{"type":"x","delta":5}"#,
+            r#"{"type":null}"#,
+            r#"{"type":"x"} x"#,
+        ];
+        for event in events {
+            let expected = by_serde(event);
+            assert_eq!(seen(EventHead::read(event)), expected, "{event}");
+            if let Some(scanned) = EventHead::scan(event) {
+                assert_eq!(seen(Some(scanned)), expected, "{event}");
+            }
+        }
+    }
 
     fn chat_of(body: &str, store: &ResponseStore) -> (Value, Reply) {
         let t = translate(body.as_bytes(), store).unwrap();

@@ -12,7 +12,8 @@ use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::time::timeout;
 
@@ -26,13 +27,36 @@ pub const MAX_BYTES: u64 = 64 << 20;
 const ENTRY_OVERHEAD: usize = 256;
 
 /// One stored response.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Deserialize)]
 pub struct Stored {
-    /// The response object, as the client got it.
-    pub response: Value,
+    /// The response object, as the client got it (its JSON text: it is only
+    /// ever sent back).
+    pub response: Box<RawValue>,
     /// The conversation up to and including this response's output, as chat
     /// messages (without `instructions`, which a continuation does not inherit).
     pub conversation: Vec<Value>,
+}
+
+impl Stored {
+    /// A stored response's JSON: `response` (JSON text, written as it is)
+    /// and the conversation that `earlier` and `last` make, written without
+    /// a copy of either.
+    #[must_use]
+    pub fn json(response: &str, earlier: &[Value], last: &Value) -> Bytes {
+        let mut out = Vec::with_capacity(response.len() + 64);
+        out.extend_from_slice(b"{\"response\":");
+        out.extend_from_slice(response.as_bytes());
+        out.extend_from_slice(b",\"conversation\":[");
+        for (i, message) in earlier.iter().chain(std::iter::once(last)).enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            // Writing a `Value` into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut out, message);
+        }
+        out.extend_from_slice(b"]}");
+        Bytes::from(out)
+    }
 }
 
 /// The store (cheap to clone: one cache, one link).
@@ -126,11 +150,9 @@ impl ResponseStore {
         Some(Arc::new(stored))
     }
 
-    /// Keeps `stored` as `id` (and writes it to the shared store behind the answer).
-    pub fn put(&self, id: String, stored: Stored) {
-        let Ok(json) = serde_json::to_vec(&stored).map(Bytes::from) else {
-            return;
-        };
+    /// Keeps `json` ([`Stored::json`]) as `id` (and writes it to the shared
+    /// store behind the answer).
+    pub fn put(&self, id: String, json: Bytes) {
         if let Some(link) = self.shared.load_full() {
             let key = format!("{}{id}", link.prefix);
             let bytes = json.clone();
@@ -172,24 +194,26 @@ mod tests {
     #[test]
     fn the_store_keeps_deletes_and_stays_within_its_bytes() {
         let store = ResponseStore::new(10_000, TTL);
+        let user = json!({"role": "user", "content": "hi"});
+        let assistant = json!({"role": "assistant", "content": "hello"});
         store.put(
             "resp_1".into(),
-            Stored {
-                response: json!({"id": "resp_1"}),
-                conversation: vec![json!({"role": "user", "content": "hi"})],
-            },
+            Stored::json(r#"{"id": "resp_1"}"#, &[user], &assistant),
         );
-        assert_eq!(store.get("resp_1").unwrap().conversation.len(), 1);
+        let stored = store.get("resp_1").unwrap();
+        assert_eq!(stored.response.get(), r#"{"id": "resp_1"}"#);
+        assert_eq!(
+            stored.conversation,
+            [json!({"role": "user", "content": "hi"}), assistant]
+        );
         assert!(store.delete("resp_1"));
         assert!(store.get("resp_1").is_none() && !store.delete("resp_1"));
         for i in 0..1000 {
             let big = "x".repeat(100);
+            let response = json!({ "t": big }).to_string();
             store.put(
                 format!("resp_{i}"),
-                Stored {
-                    response: json!({"t": big}),
-                    conversation: vec![],
-                },
+                Stored::json(&response, &[], &json!({})),
             );
         }
         store.local.run_pending_tasks();

@@ -29,6 +29,65 @@ pub(super) fn chunk(data: &[u8]) -> Option<Chunk> {
     Scan::new(data, None).read().map(Facts::chunk)
 }
 
+/// The raw values of `keys` in the JSON object `data` (`None` for a key it
+/// lacks), the whole object validated as serde_json reads it. `None` when
+/// serde must read it instead: not one object, a key with an escape, or a
+/// wanted key twice (serde refuses a repeated field it reads). Each value is
+/// a slice of `data` (a value starts and ends on an ASCII byte).
+#[must_use]
+pub fn fields<'a, const N: usize>(data: &'a str, keys: [&str; N]) -> Option<[Option<&'a str>; N]> {
+    let mut out = [None; N];
+    let mut s = Scan::new(data.as_bytes(), None);
+    s.eat(b'{')?;
+    s.members(|s, key| {
+        let key = key?;
+        let Some(at) = keys.iter().position(|k| k.as_bytes() == key) else {
+            return s.value(1);
+        };
+        let start = s.i;
+        s.value(1)?;
+        match out[at] {
+            Some(_) => None,
+            None => {
+                out[at] = Some(data.get(start..s.i)?);
+                Some(())
+            }
+        }
+    })?;
+    s.ws();
+    (s.i == data.len()).then_some(out)
+}
+
+/// A field [`fields`] read, as serde reads an `Option<&str>`: absent or
+/// `null` is `Some(None)`; a string without an escape is its text; anything
+/// else (an escape, another type) is `None`, for serde to judge.
+#[must_use]
+pub fn plain_str(raw: Option<&str>) -> Option<Option<&str>> {
+    match raw {
+        None | Some("null") => Some(None),
+        Some(raw) => {
+            let text = raw.strip_prefix('"')?.strip_suffix('"')?;
+            (!text.contains('\\')).then_some(Some(text))
+        }
+    }
+}
+
+/// A field [`fields`] read, as serde reads an `Option<u64>`: absent or
+/// `null` is `Some(None)`; `None` for anything but digits that fit.
+#[must_use]
+pub fn plain_u64(raw: Option<&str>) -> Option<Option<u64>> {
+    match raw {
+        None | Some("null") => Some(None),
+        Some(raw) => {
+            // A validated number: digits alone are an unsigned integer.
+            if !raw.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            raw.parse().ok().map(Some)
+        }
+    }
+}
+
 /// The last chunk of a stream the scan read whole, with where its value
 /// strings lie.
 #[derive(Debug, Default)]

@@ -197,16 +197,30 @@ impl Head {
         )
     }
 
-    /// A piece of text.
+    /// A piece of text: the chunk of every token, so written by hand, byte
+    /// for byte as [`Head::delta`] writes it.
     #[must_use]
     pub fn text(&self, text: &str) -> Frame {
-        self.delta(
-            Delta {
-                content: Some(text),
-                ..Delta::default()
-            },
-            None,
-        )
+        let mut out = Vec::with_capacity(160 + self.id.len() + self.model.len() + text.len());
+        out.extend_from_slice(b"data: {\"id\":");
+        json_string(&mut out, &self.id);
+        out.extend_from_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
+        // Writing a number into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, &self.created);
+        out.extend_from_slice(b",\"model\":");
+        json_string(&mut out, &self.model);
+        out.extend_from_slice(b",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
+        json_string(&mut out, text);
+        out.extend_from_slice(b"},\"finish_reason\":null}]}\n\n");
+        let reading = if text.is_empty() {
+            Reading::NoContent { finished: false }
+        } else {
+            Reading::Content { finished: false }
+        };
+        Frame {
+            raw: Bytes::from(out),
+            reading,
+        }
     }
 
     /// A piece of reasoning text.
@@ -298,6 +312,19 @@ pub fn completion_id() -> String {
     format!("chatcmpl-{:024x}", rand::random::<u128>() >> 32)
 }
 
+/// `text` as a JSON string, as serde_json writes it: between quotes as it
+/// is when nothing in it needs an escape (nearly every piece of text).
+fn json_string(out: &mut Vec<u8>, text: &str) {
+    if text.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(text.as_bytes());
+        out.push(b'"');
+    } else {
+        // Writing a string into a Vec cannot fail.
+        let _ = serde_json::to_writer(out, text);
+    }
+}
+
 /// One SSE event carrying `v`.
 #[must_use]
 pub fn sse(v: &impl Serialize) -> Bytes {
@@ -353,6 +380,35 @@ mod tests {
             serde_json::json!({"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
                 "completion_tokens_details": {"reasoning_tokens": 1}})
         );
+    }
+
+    #[test]
+    fn a_text_chunk_is_written_as_serde_writes_it() {
+        let texts = [
+            "",
+            "tok ",
+            "quote \" and \\ slash /",
+            "line\nbreak\ttab\u{1}\u{1f}",
+            "caf\u{e9} \u{1f600} \u{7f}",
+            "</script>",
+        ];
+        for (id, model) in [("x", "m"), ("msg_\"1", "claude\n"), ("", "")] {
+            let head = Head {
+                id: id.into(),
+                created: 1_700_000_000,
+                model: model.into(),
+            };
+            for text in texts {
+                let by_serde = head.delta(
+                    Delta {
+                        content: Some(text),
+                        ..Delta::default()
+                    },
+                    None,
+                );
+                assert_eq!(head.text(text), by_serde, "{text:?}");
+            }
+        }
     }
 
     #[test]
