@@ -990,6 +990,7 @@ impl Walk<'_> {
             account: &self.account,
             native: self.native.is_some()
                 && target.provider.endpoint.native_protocol() == self.native,
+            cached: self.fill.is_some(),
         }
     }
 

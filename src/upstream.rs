@@ -20,6 +20,7 @@ pub mod responses;
 pub mod translate;
 pub mod vertex;
 
+use std::borrow::Cow;
 use std::sync::atomic::AtomicU32;
 
 use bytes::Bytes;
@@ -222,6 +223,14 @@ pub trait Adapter: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// The body is not an answer of this protocol.
     fn decode_answer(&self, body: Bytes, model: &str) -> Result<Bytes, Malformed>;
+
+    /// What the engine reads of a 2xx body that goes back as it came (to a
+    /// client of this protocol, with nothing to check against its chat
+    /// reading), read without writing that reading. `None` where only
+    /// [`Adapter::decode_answer`] can judge the body, or it gives no counts.
+    fn answer_facts<'a>(&self, _body: &'a [u8]) -> Option<AnswerFacts<'a>> {
+        None
+    }
 
     /// A 2xx embeddings body in OpenAI's shape (as is, for a protocol whose
     /// embeddings are OpenAI's).
@@ -641,6 +650,16 @@ impl Endpoint {
     }
 }
 
+/// What the engine reads of a whole answer: an answer it is (as its chat
+/// reading would be), the model it names, and its token counts.
+#[derive(Debug, PartialEq, Eq)]
+pub struct AnswerFacts<'a> {
+    /// The model the upstream says answered.
+    pub model: Option<Cow<'a, str>>,
+    /// Prompt and completion tokens, as the chat reading would count them.
+    pub usage: (u64, u64),
+}
+
 /// An upstream stream as OpenAI chunk events: SSE framing, then (for a
 /// protocol with its own events) translation event by event, so the commit
 /// point, the relay and the end-of-stream verdict work alike for every
@@ -829,6 +848,39 @@ impl Events {
             }
         }
     }
+}
+
+/// Checks each adapter's [`AnswerFacts`] of a body against what the engine
+/// reads of the body's chat reading (`Err`: the translation refuses it):
+/// facts only where there is an answer, the same model and counts, and no
+/// facts only where the answer has no counts. How many had facts.
+#[cfg(test)]
+fn facts_agree<E: std::fmt::Debug>(
+    reads: impl IntoIterator<Item = (Option<AnswerFacts<'static>>, Result<Bytes, E>)>,
+) -> usize {
+    let mut with_facts = 0;
+    for (facts, chat) in reads {
+        let by_chat = chat.ok().and_then(|chat| {
+            let read = crate::classify::read_answer(&chat);
+            let model = read
+                .model
+                .and_then(|m| serde_json::from_str::<String>(m.get()).ok());
+            let usage = read.usage.and_then(crate::sse::usage_of);
+            (read.shape == crate::classify::AnswerShape::Completion).then_some((model, usage))
+        });
+        match (facts, by_chat) {
+            (Some(facts), Some((model, usage))) => {
+                assert_eq!(facts.model.as_deref(), model.as_deref());
+                assert_eq!(Some(facts.usage), usage);
+                with_facts += 1;
+            }
+            // No counts: only the chat reading (and the estimate) books it.
+            (None, Some((_, usage))) => assert_eq!(usage, None),
+            (None, None) => {}
+            (Some(facts), None) => panic!("facts of a body with no chat reading: {facts:?}"),
+        }
+    }
+    with_facts
 }
 
 #[cfg(test)]

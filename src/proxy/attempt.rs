@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use compact_str::CompactString;
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use http::StatusCode;
 use http_body_util::BodyExt;
@@ -81,6 +82,8 @@ pub struct Call<'a> {
     /// The target speaks the client's protocol and was sent the client's
     /// body: its answer goes back as it came, beside its chat reading.
     pub native: bool,
+    /// A cache keeps the answer (its chat reading).
+    pub cached: bool,
 }
 
 /// How one attempt ended.
@@ -564,6 +567,17 @@ fn answered(
     if !status.is_success() {
         return refused(call, adapter, status, headers, bytes, permit);
     }
+    if let Some((model, usage)) = facts_as_it_came(call, adapter, &bytes) {
+        let whole = Whole {
+            status,
+            chat: None,
+            native: Some(bytes),
+            model,
+            usage: Some(usage),
+            repaired: None,
+        };
+        return accepted(call, headers, whole, permit);
+    }
     // Kept only while the answer is as the target sent it.
     let raw = (call.native && call.op == Operation::Chat).then(|| bytes.clone());
     let model = &target.model;
@@ -612,7 +626,58 @@ fn answered(
         Ok(kept) => kept,
         Err(violated) => return Attempt::Violated(violated),
     };
-    // Header rules may still claim a completion; body rules never discard one.
+    let whole = Whole {
+        status,
+        native: raw.filter(|_| repaired.is_none()),
+        chat: Some(bytes),
+        model,
+        usage,
+        repaired,
+    };
+    accepted(call, headers, whole, permit)
+}
+
+/// The model and token counts of a target's answer that goes back to the
+/// client as it came, when nothing needs its chat reading: no stream, no
+/// contract, no cache keeping it, no trace reading it. Then that reading is
+/// never written (the adapter reads the facts from the answer itself).
+fn facts_as_it_came(
+    call: &Call<'_>,
+    adapter: &dyn crate::upstream::Adapter,
+    bytes: &[u8],
+) -> Option<(Option<CompactString>, (u64, u64))> {
+    let as_it_came = call.native
+        && call.op == Operation::Chat
+        && !call.stream
+        && !call.cached
+        && call.contract.is_none()
+        && !crate::telemetry::tracing_on();
+    if !as_it_came {
+        return None;
+    }
+    let facts = adapter.answer_facts(bytes)?;
+    let model = facts.model.as_deref().map(RequestTrace::model_named);
+    Some((model, facts.usage))
+}
+
+/// A whole 2xx answer that passed its checks, for [`accepted`].
+struct Whole {
+    status: StatusCode,
+    /// Its chat reading (`None`: the client gets `native`, nothing reads it).
+    chat: Option<Bytes>,
+    /// The answer as the target sent it, for a client of its protocol.
+    native: Option<Bytes>,
+    model: Option<CompactString>,
+    usage: Option<(u64, u64)>,
+    repaired: Option<Repair>,
+}
+
+/// The end of a whole answer: header rules may still claim it (body rules
+/// never discard one), else it is booked a success, its tokens settled,
+/// and it goes back with the provider's secrets redacted.
+fn accepted(call: &Call<'_>, headers: &HeaderMap, whole: Whole, permit: Permit) -> Attempt {
+    let target = call.target;
+    let code = whole.status.as_u16();
     let outcome = Outcome::Response {
         status: code,
         headers,
@@ -627,9 +692,10 @@ fn answered(
             permit,
         });
     }
+    let read = whole.chat.as_deref().unwrap_or_default();
     match call.op {
-        Operation::Chat => call.account.trace.answer_model(&bytes, model),
-        Operation::Embeddings | Operation::CountTokens => call.account.trace.answer_meta(&bytes),
+        Operation::Chat => call.account.trace.answer_model(read, whole.model),
+        Operation::Embeddings | Operation::CountTokens => call.account.trace.answer_meta(read),
     };
     book(
         &call.snapshot.health,
@@ -638,16 +704,20 @@ fn answered(
         permit,
         None,
     );
-    settle_usage(call, usage, &bytes);
+    settle_usage(call, whole.usage, read);
     let redacted = |bytes| crate::sanitize::redact_secrets(bytes, target.provider.secrets());
-    let native = raw
-        .filter(|_| repaired.is_none())
-        .map(|raw| native::Answer(redacted(raw)));
+    let native = whole.native.map(redacted);
+    let body = match (whole.chat, &native) {
+        (Some(chat), _) => redacted(chat),
+        // Nothing reads the body beside the answer as it came: the same bytes.
+        (None, Some(native)) => native.clone(),
+        (None, None) => Bytes::new(),
+    };
     Attempt::Answer {
-        status,
-        body: redacted(bytes),
-        repaired,
-        native,
+        status: whole.status,
+        body,
+        repaired: whole.repaired,
+        native: native.map(native::Answer),
     }
 }
 

@@ -467,6 +467,7 @@ impl Recovery {
             account,
             // A continuation's body is switchyard's own (the prefill).
             native: false,
+            cached: false,
         }
     }
 

@@ -412,6 +412,12 @@ impl RequestTrace {
         text(raw).map(|m| clip(&m))
     }
 
+    /// A model name as the access log and the spans keep it (clipped).
+    #[must_use]
+    pub fn model_named(name: &str) -> CompactString {
+        clip(name)
+    }
+
     /// An upstream's response head: its own request id, on the record and
     /// the current (attempt) span.
     pub fn upstream_head(&self, headers: &HeaderMap) {

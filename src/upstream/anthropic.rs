@@ -29,6 +29,7 @@ use super::translate::{
 use super::{Adapter, Malformed, TargetModel, Unsupported};
 use crate::native::Protocol;
 use crate::request::{ChatRequest, EmbeddingsRequest};
+use crate::sse::scan;
 
 /// The protocol's name in a refusal.
 const API: &str = "the Anthropic Messages API";
@@ -125,6 +126,10 @@ impl Adapter for Anthropic {
             }
             Err(e) => Err(Malformed(e.to_string())),
         }
+    }
+
+    fn answer_facts<'a>(&self, body: &'a [u8]) -> Option<super::AnswerFacts<'a>> {
+        answer_facts(body)
     }
 
     fn decode_error(
@@ -599,28 +604,24 @@ fn in_band_error(kind: &str, message: String) -> Value {
     })
 }
 
-/// Anthropic Messages response body -> OpenAI `chat.completion` JSON (bytes).
-///
-/// Text blocks are concatenated into `message.content` (`null` when there is
-/// no text but there are tool calls); `tool_use` blocks become `tool_calls`;
-/// `thinking` and other block types are dropped. `prompt_tokens` includes
-/// cache reads and writes, and cache reads are also reported as
-/// `prompt_tokens_details.cached_tokens`.
-pub fn from_messages_response(body: &[u8]) -> Result<Bytes, TranslateError> {
-    // One read of the body, an error envelope or a message.
-    #[derive(Deserialize)]
-    struct Reply<'a> {
-        #[serde(rename = "type", borrow)]
-        kind: Option<Cow<'a, str>>,
-        id: Option<Cow<'a, str>>,
-        model: Option<Cow<'a, str>>,
-        #[serde(default, borrow)]
-        content: Vec<Block<'a>>,
-        stop_reason: Option<Cow<'a, str>>,
-        #[serde(default)]
-        usage: Usage,
-        error: Option<ErrorBody>,
-    }
+/// A Messages answer, as the chat reading reads it.
+#[derive(Deserialize)]
+struct Reply<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<Cow<'a, str>>,
+    id: Option<Cow<'a, str>>,
+    model: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    content: Vec<Block<'a>>,
+    stop_reason: Option<Cow<'a, str>>,
+    #[serde(default)]
+    usage: Usage,
+    error: Option<ErrorBody>,
+}
+
+/// One read of a 2xx body: a message with its id and model, or why it is
+/// none (an error envelope is the upstream's error).
+fn read_reply(body: &[u8]) -> Result<Reply<'_>, TranslateError> {
     let m: Reply<'_> = serde_json::from_slice(body).map_err(|e| match e.classify() {
         serde_json::error::Category::Data => {
             TranslateError::InvalidResponse(format!("not a Messages response: {e}"))
@@ -629,11 +630,11 @@ pub fn from_messages_response(body: &[u8]) -> Result<Bytes, TranslateError> {
         | serde_json::error::Category::Syntax
         | serde_json::error::Category::Eof => TranslateError::Json(e),
     })?;
-    match (m.kind.as_deref(), m.error) {
+    match (m.kind.as_deref(), &m.error) {
         (Some("error"), Some(error)) => {
             return Err(TranslateError::Upstream {
-                kind: error.kind,
-                message: error.message.unwrap_or_default(),
+                kind: error.kind.clone(),
+                message: error.message.clone().unwrap_or_default(),
             })
         }
         (None | Some("message"), _) => {}
@@ -643,11 +644,37 @@ pub fn from_messages_response(body: &[u8]) -> Result<Bytes, TranslateError> {
             )))
         }
     }
-    let (Some(id), Some(model)) = (m.id, m.model) else {
+    if m.id.is_none() || m.model.is_none() {
         return Err(TranslateError::InvalidResponse(
             "not a Messages response: no `id` or `model`".into(),
         ));
-    };
+    }
+    Ok(m)
+}
+
+/// [`super::Adapter::answer_facts`]: an answer [`from_messages_response`]
+/// would read, with counts.
+fn answer_facts(body: &[u8]) -> Option<super::AnswerFacts<'_>> {
+    let m = read_reply(body).ok()?;
+    read_blocks(&m.content).ok()?;
+    m.usage.known().then(|| super::AnswerFacts {
+        usage: (
+            m.usage.prompt_tokens().unwrap_or(0),
+            m.usage.output_tokens.unwrap_or(0),
+        ),
+        model: m.model,
+    })
+}
+
+/// Anthropic Messages response body -> OpenAI `chat.completion` JSON (bytes).
+///
+/// Text blocks are concatenated into `message.content` (`null` when there is
+/// no text but there are tool calls); `tool_use` blocks become `tool_calls`;
+/// `thinking` and other block types are dropped. `prompt_tokens` includes
+/// cache reads and writes, and cache reads are also reported as
+/// `prompt_tokens_details.cached_tokens`.
+pub fn from_messages_response(body: &[u8]) -> Result<Bytes, TranslateError> {
+    let m = read_reply(body)?;
     let (text, tool_calls) = read_blocks(&m.content)?;
     let content = (tool_calls.is_empty() || !text.is_empty()).then_some(text);
     let usage = m.usage.known().then(|| {
@@ -658,6 +685,7 @@ pub fn from_messages_response(body: &[u8]) -> Result<Bytes, TranslateError> {
             0,
         )
     });
+    let (id, model) = (m.id.unwrap_or_default(), m.model.unwrap_or_default());
     let completion = wire::Completion {
         id: &id,
         object: "chat.completion",
@@ -874,6 +902,15 @@ impl MessagesStream {
     /// `message_stop` produce nothing. A tool call whose input streamed no
     /// JSON at all gets `"{}"` as its arguments when its block stops.
     pub fn on_event(&mut self, data: &str) -> Result<Vec<Frame>, TranslateError> {
+        match text_delta(data) {
+            Some(Some(t)) if !t.is_empty() && !self.finished => Ok(vec![self.head.text(t)]),
+            Some(_) => Ok(Vec::new()),
+            None => self.read_event(data),
+        }
+    }
+
+    /// [`MessagesStream::on_event`], for an event read by serde.
+    fn read_event(&mut self, data: &str) -> Result<Vec<Frame>, TranslateError> {
         let event: StreamEvent<'_> = serde_json::from_str(data)?;
         if self.finished {
             return Ok(Vec::new());
@@ -1000,6 +1037,36 @@ impl MessagesStream {
             self.completion_tokens = o;
         }
     }
+}
+
+/// A `content_block_delta` of text, the event of every token, read by a
+/// scan as serde would read it (its text, if any); `None` for any other
+/// event, or one the scan leaves to serde.
+fn text_delta(data: &str) -> Option<Option<&str>> {
+    let keys = [
+        "type",
+        "index",
+        "message",
+        "content_block",
+        "delta",
+        "usage",
+    ];
+    let [kind, index, message, block, delta, usage] = scan::fields(data, keys)?;
+    let absent = |f: Option<&str>| f.is_none_or(|v| v == "null");
+    if kind != Some("\"content_block_delta\"")
+        || !(absent(message) && absent(block) && absent(usage))
+    {
+        return None;
+    }
+    scan::plain_u64(index)?;
+    let keys = ["type", "text", "partial_json", "stop_reason"];
+    let [kind, text, partial_json, stop_reason] = scan::fields(delta?, keys)?;
+    if kind != Some("\"text_delta\"") {
+        return None;
+    }
+    scan::plain_str(partial_json)?;
+    scan::plain_str(stop_reason)?;
+    scan::plain_str(text)
 }
 
 /// The Anthropic content block `index` of an event.
@@ -1149,6 +1216,30 @@ mod tests {
     }
 
     #[test]
+    fn an_answers_facts_are_what_its_chat_reading_says() {
+        let bodies = [
+            fixture!("text_response.anthropic.json"),
+            fixture!("tool_use_response.anthropic.json"),
+            r#"{"id":"m","type":"message","model":"c","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":5,"cache_creation_input_tokens":2,"cache_read_input_tokens":3,"output_tokens":7}}"#,
+            r#"{"id":"m","model":"c","content":[],"usage":{"output_tokens":7}}"#,
+            r#"{"id":"m","type":"message","model":"c","content":[{"type":"text","text":"hi"}]}"#,
+            r#"{"id":"m","type":"message","model":"c","content":[{"type":"tool_use","name":"f","input":{}}],"usage":{"input_tokens":1}}"#,
+            r#"{"id":"m","type":"message","model":"c","content":[],"stop_reason":7,"usage":{"input_tokens":1}}"#,
+            r#"{"type":"message","model":"c","content":[],"usage":{"input_tokens":1}}"#,
+            r#"{"type":"error","error":{"type":"overloaded_error","message":"busy"},"usage":{"input_tokens":1}}"#,
+            r#"{"type":"completion","id":"m","model":"c","usage":{"input_tokens":1}}"#,
+            r#"{"id":"m","model":"c","usage":{"input_tokens":1}} trailing"#,
+        ];
+        let read = |body: &'static str| {
+            (
+                answer_facts(body.as_bytes()),
+                from_messages_response(body.as_bytes()),
+            )
+        };
+        assert_eq!(super::super::facts_agree(bodies.map(read)), 4);
+    }
+
+    #[test]
     fn text_response_translates() {
         let got =
             from_messages_response(fixture!("text_response.anthropic.json").as_bytes()).unwrap();
@@ -1252,6 +1343,63 @@ mod tests {
             created.windows(2).all(|w| w[0] == w[1]),
             "one `created` per stream"
         );
+    }
+
+    #[test]
+    fn a_text_delta_read_by_the_scan_reads_as_serde_reads_it() {
+        let start = [
+            r#"{"type":"message_start","message":{"id":"msg_1","model":"claude"}}"#,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        ];
+        let events = [
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":""}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":null}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a\"b\n"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"\ud83d\ude00"}}"#,
+            r#" { "type" : "content_block_delta" , "index" : 7 , "delta" : { "text" : "x" , "type" : "text_delta" } } "#,
+            r#"{"type":"content_block_delta","index":"0","delta":{"type":"text_delta","text":"x"}}"#,
+            r#"{"type":"content_block_delta","index":-1,"delta":{"type":"text_delta","text":"x"}}"#,
+            r#"{"type":"content_block_delta","index":1.0,"delta":{"type":"text_delta","text":"x"}}"#,
+            r#"{"type":"content_block_delta","index":99999999999999999999,"delta":{"type":"text_delta","text":"x"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":5}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a","text":"b"}}"#,
+            r#"{"type":"content_block_delta","type":"ping","index":0,"delta":{"type":"text_delta","text":"a"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a","stop_reason":7}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a","extra":[1,{"b":null}]}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":null}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"},"usage":{"output_tokens":"x"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"},"message":{"id":"m"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}} x"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hm"}}"#,
+            r#"{"type":"content_block_delta","\u0069ndex":"x","delta":{"type":"text_delta","text":"a"}}"#,
+            r#"{"type":"ping"}"#,
+            r#"[1]"#,
+        ];
+        for event in events {
+            let (mut by_scan, mut by_serde) =
+                (MessagesStream::new(true), MessagesStream::new(true));
+            by_serde.head.created = by_scan.head.created;
+            for e in start {
+                assert_eq!(
+                    by_scan.on_event(e).unwrap(),
+                    by_serde.read_event(e).unwrap()
+                );
+            }
+            match (by_scan.on_event(event), by_serde.read_event(event)) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{event}"),
+                (Err(_), Err(_)) => {}
+                (a, b) => panic!("{event}: {a:?} against {b:?}"),
+            }
+        }
+        // After the message's end a text delta is read into nothing.
+        let mut stream = MessagesStream::new(true);
+        stream.on_event(r#"{"type":"message_stop"}"#).unwrap();
+        let late = r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"late"}}"#;
+        assert!(stream.on_event(late).unwrap().is_empty());
     }
 
     #[test]

@@ -11,6 +11,7 @@ use super::chunk::{Delta, Frame, Head, Usage};
 use super::{Adapter, Malformed, StreamTranslator, TargetModel, Unsupported};
 use crate::native::Protocol;
 use crate::request::{ChatRequest, EmbeddingsRequest};
+use crate::sse::scan;
 
 /// The Responses road of an OpenAI provider.
 #[derive(Debug)]
@@ -65,6 +66,16 @@ impl Adapter for Responses {
         let response: Response<'_> =
             serde_json::from_slice(&body).map_err(|e| Malformed(format!("not a response: {e}")))?;
         completion_of(&response)
+    }
+
+    fn answer_facts<'a>(&self, body: &'a [u8]) -> Option<super::AnswerFacts<'a>> {
+        let response: Response<'a> = serde_json::from_slice(body).ok()?;
+        answerable(&response).ok()?;
+        let usage = response.usage?;
+        Some(super::AnswerFacts {
+            model: Some(std::borrow::Cow::Borrowed(response.model)),
+            usage: (usage.input_tokens, usage.output_tokens),
+        })
     }
 
     fn stream_translator(
@@ -270,11 +281,25 @@ fn finish_reason(response: &Response<'_>, called: bool) -> &'static str {
 }
 
 /// A whole response as a `chat.completion`.
-fn completion_of(response: &Response<'_>) -> Result<Bytes, Malformed> {
+/// Whether a response has a chat reading: a finished one, whose calls have
+/// what a chat call needs.
+fn answerable(response: &Response<'_>) -> Result<(), Malformed> {
     match response.status {
         Some("completed" | "incomplete") | None => {}
         Some(other) => return Err(Malformed(format!("a response with status `{other}`"))),
     }
+    let call_without_id = response
+        .output
+        .iter()
+        .any(|i| i.kind == "function_call" && (i.call_id.is_none() || i.name.is_none()));
+    if call_without_id {
+        return Err(Malformed("a function_call without call_id or name".into()));
+    }
+    Ok(())
+}
+
+fn completion_of(response: &Response<'_>) -> Result<Bytes, Malformed> {
+    answerable(response)?;
     let mut text: Option<String> = None;
     let mut refusal: Option<String> = None;
     let mut tool_calls = Vec::new();
@@ -293,16 +318,16 @@ fn completion_of(response: &Response<'_>) -> Result<Bytes, Malformed> {
                     }
                 }
             }
+            // `answerable` has refused a call without its id or name.
             "function_call" => {
-                let (Some(id), Some(name)) = (item.call_id, item.name) else {
-                    return Err(Malformed("a function_call without call_id or name".into()));
-                };
-                let arguments = item.arguments.as_deref().unwrap_or("{}");
-                tool_calls.push(ToolCall {
-                    id,
-                    kind: "function",
-                    function: Function { name, arguments },
-                });
+                if let (Some(id), Some(name)) = (item.call_id, item.name) {
+                    let arguments = item.arguments.as_deref().unwrap_or("{}");
+                    tool_calls.push(ToolCall {
+                        id,
+                        kind: "function",
+                        function: Function { name, arguments },
+                    });
+                }
             }
             // Reasoning and built-in tool items have no chat reading.
             _ => {}
@@ -370,6 +395,45 @@ struct ResponsesStream {
 
 impl StreamTranslator for ResponsesStream {
     fn on_event(&mut self, data: &str) -> Result<Vec<Frame>, Malformed> {
+        match text_delta(data) {
+            Some(delta) if !self.finished => Ok(self.text(delta, false)),
+            Some(_) => Ok(Vec::new()),
+            None => self.read_event(data),
+        }
+    }
+}
+
+/// A `response.output_text.delta`, the event of every token, read by a scan
+/// as serde would read it (its delta, if any); `None` for any other event,
+/// or one the scan leaves to serde.
+fn text_delta(data: &str) -> Option<Option<&str>> {
+    let keys = [
+        "type",
+        "response",
+        "item",
+        "item_id",
+        "output_index",
+        "delta",
+        "arguments",
+        "code",
+        "message",
+    ];
+    let [kind, response, item, item_id, output_index, delta, arguments, code, message] =
+        scan::fields(data, keys)?;
+    let absent = |f: Option<&str>| f.is_none_or(|v| v == "null");
+    if kind != Some("\"response.output_text.delta\"") || !(absent(response) && absent(item)) {
+        return None;
+    }
+    scan::plain_u64(output_index)?;
+    for field in [item_id, arguments, code, message] {
+        scan::plain_str(field)?;
+    }
+    scan::plain_str(delta)
+}
+
+impl ResponsesStream {
+    /// [`StreamTranslator::on_event`], for an event read by serde.
+    fn read_event(&mut self, data: &str) -> Result<Vec<Frame>, Malformed> {
         let event: Event<'_> =
             serde_json::from_str(data).map_err(|e| Malformed(format!("not an event: {e}")))?;
         if self.finished {
@@ -424,9 +488,7 @@ impl StreamTranslator for ResponsesStream {
         };
         Ok(out)
     }
-}
 
-impl ResponsesStream {
     fn text(&self, delta: Option<&str>, refusal: bool) -> Vec<Frame> {
         let Some(text) = delta.filter(|t| !t.is_empty()) else {
             return Vec::new();
@@ -562,6 +624,28 @@ mod tests {
         assert!(junk.is_err());
     }
 
+    #[test]
+    fn an_answers_facts_are_what_its_chat_reading_says() {
+        let bodies: [&'static str; 8] = [
+            r#"{"id":"r","model":"gpt","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"hi"}]}],"usage":{"input_tokens":5,"output_tokens":2,"input_tokens_details":{"cached_tokens":1}}}"#,
+            r#"{"id":"r","model":"gpt","output":[{"type":"function_call","call_id":"c","name":"f","arguments":"{}"}],"usage":{"input_tokens":5}}"#,
+            r#"{"id":"r","model":"gpt","status":"incomplete","output":[],"usage":{"output_tokens":3}}"#,
+            r#"{"id":"r","model":"gpt","output":[{"type":"message","content":[]}]}"#,
+            r#"{"id":"r","model":"gpt","output":[{"type":"function_call","name":"f"}],"usage":{"input_tokens":5}}"#,
+            r#"{"id":"r","status":"failed","output":[],"usage":{"input_tokens":5}}"#,
+            r#"{"id":"r","status":"in_progress","output":[],"usage":{"input_tokens":5}}"#,
+            r#"{"id":1,"output":[],"usage":{"input_tokens":5}}"#,
+        ];
+        let read = |body: &'static str| {
+            let bytes = Bytes::from_static(body.as_bytes());
+            (
+                Responses.answer_facts(body.as_bytes()),
+                Responses.decode_answer(bytes, "m"),
+            )
+        };
+        assert_eq!(super::super::facts_agree(bodies.map(read)), 3);
+    }
+
     fn run(events: &[&str], include_usage: bool) -> Vec<String> {
         let mut t = Responses.stream_translator(include_usage, "m").unwrap();
         events
@@ -569,6 +653,43 @@ mod tests {
             .flat_map(|e| t.on_event(e).unwrap())
             .map(|b| String::from_utf8(b.raw.to_vec()).unwrap())
             .collect()
+    }
+
+    #[test]
+    fn a_text_delta_read_by_the_scan_reads_as_serde_reads_it() {
+        let created = r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_9","created_at":3,"model":"m","output":[]}}"#;
+        let events = [
+            r#"{"type":"response.output_text.delta","sequence_number":2,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"Hi","logprobs":[],"obfuscation":"x1"}"#,
+            r#"{"type":"response.output_text.delta","sequence_number":2,"item_id":"msg_1","output_index":0,"delta":""}"#,
+            r#"{"type":"response.output_text.delta","item_id":"msg_1","output_index":0,"delta":null}"#,
+            r#"{"type":"response.output_text.delta","item_id":"msg_1","output_index":0}"#,
+            r#"{"type":"response.output_text.delta","item_id":"msg_1","output_index":0,"delta":"a\"b\u00e9"}"#,
+            r#"{"type":"response.output_text.delta","item_id":"m\u0073g","output_index":0,"delta":"x"}"#,
+            r#"{"type":"response.output_text.delta","item_id":7,"output_index":0,"delta":"x"}"#,
+            r#"{"type":"response.output_text.delta","item_id":"msg_1","output_index":-1,"delta":"x"}"#,
+            r#"{"type":"response.output_text.delta","item_id":"msg_1","output_index":"0","delta":"x"}"#,
+            r#"{"type":"response.output_text.delta","item_id":"msg_1","delta":"x","delta":"y"}"#,
+            r#"{"type":"response.output_text.delta","item_id":"msg_1","delta":"x","code":5}"#,
+            r#"{"type":"response.output_text.delta","delta":"x","item":{"type":"message"}}"#,
+            r#"{"type":"response.output_text.delta","delta":"x","response":{"id":"r"}}"#,
+            r#"{"type":"response.output_text.delta","delta":"x"} ,"#,
+            r#" { "delta" : "x" , "type" : "response.output_text.delta" } "#,
+            r#"{"type":"response.refusal.delta","delta":"no"}"#,
+            r#"{"type":"response.output_text.done","text":"Hi"}"#,
+        ];
+        for event in events {
+            let (mut by_scan, mut by_serde) =
+                (ResponsesStream::default(), ResponsesStream::default());
+            assert_eq!(
+                by_scan.on_event(created).unwrap(),
+                by_serde.read_event(created).unwrap()
+            );
+            match (by_scan.on_event(event), by_serde.read_event(event)) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{event}"),
+                (Err(_), Err(_)) => {}
+                (a, b) => panic!("{event}: {a:?} against {b:?}"),
+            }
+        }
     }
 
     #[test]
