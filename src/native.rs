@@ -37,6 +37,28 @@ impl Protocol {
     }
 }
 
+/// A Messages `content_block_delta` of text exactly as Anthropic writes it
+/// (compact, its keys in its order): the event of every token, so both its
+/// translator and the client's renderer read it first this way, for a few
+/// comparisons. Its block index and text; `None` for anything else, which
+/// their full readings take (they agree with this one where it answers).
+#[must_use]
+pub fn messages_text_delta(data: &str) -> Option<(u64, &str)> {
+    let rest = data.strip_prefix(r#"{"type":"content_block_delta","index":"#)?;
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let (index, rest) = rest.split_at(digits);
+    // JSON writes no leading zero.
+    if index.is_empty() || (index.len() > 1 && index.starts_with('0')) {
+        return None;
+    }
+    let index = index.parse().ok()?;
+    let text = rest
+        .strip_prefix(r#","delta":{"type":"text_delta","text":""#)?
+        .strip_suffix(r#""}}"#)?;
+    // One JSON string, read as it is: no quote, escape or control character.
+    crate::sse::scan::is_plain(text).then_some((index, text))
+}
+
 /// The client's own body, as the server hands it to the engine beside its
 /// chat translation.
 #[derive(Debug, Clone)]
@@ -106,5 +128,52 @@ pub fn render_events(render: &mut dyn StreamRender, raw: &[u8], out: &mut BytesM
     parser.push(raw);
     while let Some(event) = parser.next_event(true) {
         render.event(&event, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::messages_text_delta;
+
+    #[test]
+    fn a_text_delta_as_anthropic_writes_it_is_read_by_comparison() {
+        let delta = |index: &str, text: &str| {
+            format!(
+                r#"{{"type":"content_block_delta","index":{index},"delta":{{"type":"text_delta","text":"{text}"}}}}"#
+            )
+        };
+        assert_eq!(
+            messages_text_delta(&delta("0", "Hello")),
+            Some((0, "Hello"))
+        );
+        assert_eq!(messages_text_delta(&delta("12", "")), Some((12, "")));
+        assert_eq!(
+            messages_text_delta(&delta("3", "café ☕")),
+            Some((3, "café ☕"))
+        );
+        // What the full readings take: an escape, a control character, a
+        // number JSON does not write, another spacing or order, more after it.
+        for (index, text) in [
+            ("0", r"a\nb"),
+            ("0", "a\tb"),
+            ("01", "x"),
+            ("", "x"),
+            ("-1", "x"),
+        ] {
+            assert_eq!(
+                messages_text_delta(&delta(index, text)),
+                None,
+                "{index} {text}"
+            );
+        }
+        for data in [
+            r#"{"type": "content_block_delta","index":0,"delta":{"type":"text_delta","text":"x"}}"#,
+            r#"{"index":0,"type":"content_block_delta","delta":{"type":"text_delta","text":"x"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"x"}} "#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","text":"x"}}"#,
+            r#"{"type":"content_block_delta","index":99999999999999999999,"delta":{"type":"text_delta","text":"x"}}"#,
+        ] {
+            assert_eq!(messages_text_delta(data), None, "{data}");
+        }
     }
 }

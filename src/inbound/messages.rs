@@ -638,7 +638,16 @@ impl<'a> EventHead<'a> {
     /// An event's head, read by a scan (the event of every token), else by
     /// serde when the scan leaves it (an escape, a type it does not take).
     fn read(data: &'a str) -> Option<Self> {
-        Self::scan(data).or_else(|| serde_json::from_str(data).ok())
+        let delta = crate::native::messages_text_delta(data).and_then(|(index, _)| {
+            Some(Self {
+                kind: Cow::Borrowed("content_block_delta"),
+                index: Some(u32::try_from(index).ok()?),
+                content_block: None,
+            })
+        });
+        delta
+            .or_else(|| Self::scan(data))
+            .or_else(|| serde_json::from_str(data).ok())
     }
 
     fn scan(data: &'a str) -> Option<Self> {
@@ -925,6 +934,9 @@ mod tests {
             r#"{"index":0}"#,
             r#"{"type":"ping"} {}"#,
             r#" {"type" : "ping" } "#,
+            r#"{"type":"content_block_delta","index":3,"delta":{"type":"text_delta","text":"café ☕"}}"#,
+            r#"{"type":"content_block_delta","index":4294967296,"delta":{"type":"text_delta","text":"x"}}"#,
+            r#"{"type":"content_block_delta","index":07,"delta":{"type":"text_delta","text":"x"}}"#,
         ];
         for event in events {
             let by_serde = seen(serde_json::from_str(event).ok());

@@ -58,6 +58,13 @@ pub fn fields<'a, const N: usize>(data: &'a str, keys: [&str; N]) -> Option<[Opt
     (s.i == data.len()).then_some(out)
 }
 
+/// Whether `text` between quotes is a JSON string read as it is: no quote,
+/// escape or control character in it.
+#[must_use]
+pub fn is_plain(text: &str) -> bool {
+    plain_run(text.as_bytes(), 0) == text.len()
+}
+
 /// A field [`fields`] read, as serde reads an `Option<&str>`: absent or
 /// `null` is `Some(None)`; a string without an escape is its text; anything
 /// else (an escape, another type) is `None`, for serde to judge.
@@ -67,6 +74,7 @@ pub fn plain_str(raw: Option<&str>) -> Option<Option<&str>> {
         None | Some("null") => Some(None),
         Some(raw) => {
             let text = raw.strip_prefix('"')?.strip_suffix('"')?;
+            // A validated string: without an escape, its text is as it is.
             (!text.contains('\\')).then_some(Some(text))
         }
     }

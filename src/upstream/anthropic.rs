@@ -902,7 +902,8 @@ impl MessagesStream {
     /// `message_stop` produce nothing. A tool call whose input streamed no
     /// JSON at all gets `"{}"` as its arguments when its block stops.
     pub fn on_event(&mut self, data: &str) -> Result<Vec<Frame>, TranslateError> {
-        match text_delta(data) {
+        let text = crate::native::messages_text_delta(data).map(|(_, text)| Some(text));
+        match text.or_else(|| text_delta(data)) {
             Some(Some(t)) if !t.is_empty() && !self.finished => Ok(vec![self.head.text(t)]),
             Some(_) => Ok(Vec::new()),
             None => self.read_event(data),
@@ -1378,6 +1379,15 @@ mod tests {
             r#"{"type":"content_block_delta","\u0069ndex":"x","delta":{"type":"text_delta","text":"a"}}"#,
             r#"{"type":"ping"}"#,
             r#"[1]"#,
+            r#"{"type":"content_block_delta","index":12,"delta":{"type":"text_delta","text":"café ☕ </b>"}}"#,
+            r#"{"type":"content_block_delta","index":12,"delta":{"type":"text_delta","text":"caf\u00e9"}}"#,
+            r#"{"type":"content_block_delta","index":01,"delta":{"type":"text_delta","text":"x"}}"#,
+            r#"{"type":"content_block_delta","index":00,"delta":{"type":"text_delta","text":"x"}}"#,
+            r#"{"type":"content_block_delta","index":,"delta":{"type":"text_delta","text":"x"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"x"}} "#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"x"}}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"b"}}"#,
+            "{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"tab\there\"}}",
         ];
         for event in events {
             let (mut by_scan, mut by_serde) =

@@ -407,6 +407,11 @@ impl StreamTranslator for ResponsesStream {
 /// as serde would read it (its delta, if any); `None` for any other event,
 /// or one the scan leaves to serde.
 fn text_delta(data: &str) -> Option<Option<&str>> {
+    // Its type read plain is in its text (the scan reads no escaped one): a
+    // search spares every other event a scan before serde reads it.
+    if !data.contains("\"response.output_text.delta\"") {
+        return None;
+    }
     let keys = [
         "type",
         "response",
