@@ -81,6 +81,21 @@ impl Invalid {
     }
 }
 
+/// A body's `model` (read raw, so that its place is known too) as text.
+fn model_text(raw: Option<&serde_json::value::RawValue>) -> Result<Option<String>, Invalid> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    serde_json::from_str(raw.get()).map_err(|e| {
+        // serde's position is in the field, which says nothing here.
+        let message = e.to_string();
+        Invalid::field(
+            "model",
+            message.split(" at line ").next().unwrap_or_default(),
+        )
+    })
+}
+
 /// A request translated for the engine, and what rendering its answer needs.
 #[derive(Debug)]
 pub struct Translated {
@@ -89,6 +104,8 @@ pub struct Translated {
     /// The body a target of the client's own protocol gets, when it is not
     /// the client's as sent.
     pub native: Option<Bytes>,
+    /// Where that body's `model` is.
+    pub model_at: native::ModelAt,
     /// How the answer goes back.
     pub render: Render,
     /// The client asked for a stream.

@@ -70,6 +70,21 @@ pub struct Body {
     /// What the translation had to leave out, if anything: then only a
     /// target of `protocol` can serve the request.
     pub untranslatable: Option<Untranslatable>,
+    /// Where its `model` is, as the front door's reading found it.
+    pub model_at: ModelAt,
+}
+
+/// Where a body's top-level `model` value lies, as the reader that parsed
+/// the body found it (so that rewriting it needs no second read).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ModelAt {
+    /// Not known: found by reading the body again.
+    #[default]
+    Unread,
+    /// The body has no `model`.
+    Absent,
+    /// Its value's bytes, quotes included.
+    At(std::ops::Range<usize>),
 }
 
 /// What a translation into chat had to leave out, and the client's field
@@ -90,6 +105,7 @@ impl Body {
             protocol: self.protocol,
             body: &self.bytes,
             untranslatable: self.untranslatable.as_ref(),
+            model_at: &self.model_at,
         }
     }
 }
@@ -103,6 +119,8 @@ pub struct Request<'a> {
     pub body: &'a [u8],
     /// Why a target of another protocol cannot serve it, if one cannot.
     pub untranslatable: Option<&'a Untranslatable>,
+    /// Where its `model` is.
+    pub model_at: &'a ModelAt,
 }
 
 /// A whole answer as the target sent it (secrets redacted), in the extensions

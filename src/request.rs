@@ -13,6 +13,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::native::ModelAt;
 use crate::tokens;
 
 mod embeddings;
@@ -313,7 +314,10 @@ fn borrow_if_plain<'a>(raw: &'a RawValue, parsed: Cow<'a, str>) -> Cow<'a, str> 
 
 /// A present field as its raw value, `null` included (serde's `Option`
 /// would read `null` as absent).
-fn raw_even_null<'de, D>(d: D) -> Result<Option<&'de RawValue>, D::Error>
+///
+/// # Errors
+/// As serde's for a JSON value.
+pub fn raw_even_null<'de, D>(d: D) -> Result<Option<&'de RawValue>, D::Error>
 where
     D: serde::Deserializer<'de>,
 {
@@ -352,12 +356,34 @@ fn model(raw: Option<&RawValue>) -> Result<Option<Cow<'_, str>>, RequestError> {
 pub fn object_with_model(body: &[u8], model: &str) -> Option<Bytes> {
     #[derive(serde::Deserialize)]
     struct Model<'a> {
-        #[serde(borrow)]
+        // `null` kept: replaced, not written beside a second `model`.
+        #[serde(borrow, default, deserialize_with = "raw_even_null")]
         model: Option<&'a RawValue>,
     }
     let found: Model<'_> = serde_json::from_slice(body).ok()?;
     let span = found.model.and_then(|raw| span_in(body, raw));
     Some(with_model(body, span.as_ref(), model))
+}
+
+/// [`object_with_model`] for a body whose `model` a reader found already
+/// (a front door's): `body` must then have a field beside `model`.
+#[must_use]
+pub fn object_with_model_at(body: &[u8], at: &ModelAt, model: &str) -> Option<Bytes> {
+    match at {
+        ModelAt::Unread => object_with_model(body, model),
+        ModelAt::Absent => Some(with_model(body, None, model)),
+        ModelAt::At(span) => Some(with_model(body, Some(span), model)),
+    }
+}
+
+/// Where `raw`, a body's `model` as read by a reader that keeps `null`
+/// ([`raw_even_null`]) from `body`, lies.
+#[must_use]
+pub fn model_at(body: &[u8], raw: Option<&RawValue>) -> ModelAt {
+    match raw {
+        None => ModelAt::Absent,
+        Some(raw) => span_in(body, raw).map_or(ModelAt::Unread, ModelAt::At),
+    }
 }
 
 /// `body` (a JSON object with at least one other field) with `model` set to
@@ -685,5 +711,8 @@ mod tests {
         assert_eq!(&out[..], br#"{"model":"m","messages":[{"role":"user"}]}"#);
         let escaped = parse(r#"{"model":"g\u0070t","messages":[{"role":"user"}]}"#);
         assert_eq!(escaped.model.as_deref(), Some("gpt"));
+        // Another protocol's body: its `null` model replaced too, never doubled.
+        let out = object_with_model(br#"{"model":null,"max_tokens":1}"#, "m").unwrap();
+        assert_eq!(&out[..], br#"{"model":"m","max_tokens":1}"#);
     }
 }

@@ -741,6 +741,7 @@ async fn translated(
         protocol: api.protocol(),
         bytes: t.native.unwrap_or(bytes),
         untranslatable: t.untranslatable,
+        model_at: t.model_at,
     };
     let translation = Translation {
         render: t.render,

@@ -14,20 +14,23 @@ use std::borrow::Cow;
 use bytes::{Bytes, BytesMut};
 use http::StatusCode;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::native::Untranslatable;
 use crate::sse::scan;
 
 use super::{
-    fresh_id, write_event, Chunk, Completion, Finish, Invalid, Render, Translated, Usage, WireError,
+    fresh_id, model_text, write_event, Chunk, Completion, Finish, Invalid, Render, Translated,
+    Usage, WireError,
 };
 
 /// The request, as far as the translation reads it.
 #[derive(Deserialize)]
-struct Request {
-    #[serde(default)]
-    model: Option<String>,
+struct Request<'a> {
+    /// Read raw, so its place in the body is known ([`crate::native::ModelAt`]).
+    #[serde(borrow, default, deserialize_with = "crate::request::raw_even_null")]
+    model: Option<&'a RawValue>,
     max_tokens: u64,
     messages: Vec<Message>,
     #[serde(default)]
@@ -175,7 +178,8 @@ struct Metadata {
 /// The first field that is missing, of the wrong type, or that no chat
 /// request can carry.
 pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
-    let request: Request = Invalid::parse(body)?;
+    let request: Request<'_> = Invalid::parse(body)?;
+    let model = model_text(request.model)?;
     if request.messages.is_empty() {
         return Err(Invalid::field(
             "messages",
@@ -183,7 +187,7 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
         ));
     }
     let mut chat = Map::new();
-    if let Some(model) = &request.model {
+    if let Some(model) = &model {
         chat.insert("model".into(), json!(model));
     }
     chat.insert(
@@ -233,9 +237,10 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
     Ok(Translated {
         chat: Bytes::from(Value::Object(chat).to_string()),
         native: None,
+        model_at: crate::request::model_at(body, request.model),
         stream: request.stream.unwrap_or(false),
         render: Render::Messages(Reply {
-            model: request.model.unwrap_or_default(),
+            model: model.unwrap_or_default(),
         }),
         untranslatable,
     })
@@ -909,6 +914,24 @@ fn envelope(kind: &str, message: &str) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_models_place_is_read_with_the_body_and_the_rewrite_uses_it() {
+        let messages = r#""max_tokens":1,"messages":[{"role":"user","content":"hi"}]"#;
+        for model in [r#""model":"a","#, r#""model" : "a\"b" ,"#, r#""model":null,"#, ""] {
+            let body = format!("{{{model}{messages}}}");
+            let t = translate(body.as_bytes()).unwrap();
+            assert_ne!(t.model_at, crate::native::ModelAt::Unread, "{body}");
+            let by_place = crate::request::object_with_model_at(body.as_bytes(), &t.model_at, "up");
+            let by_reading = crate::request::object_with_model(body.as_bytes(), "up");
+            assert_eq!(by_place, by_reading, "{body}");
+            let sent: Value = serde_json::from_slice(&by_place.unwrap()).unwrap();
+            assert_eq!(sent["model"], "up");
+        }
+        let e = translate(format!(r#"{{"model":5,{messages}}}"#).as_bytes()).unwrap_err();
+        assert_eq!(e.param, "model");
+        assert!(e.message.contains("expected a string"), "{}", e.message);
+    }
 
     #[test]
     fn an_event_head_read_by_the_scan_reads_as_serde_reads_it() {

@@ -26,14 +26,15 @@ use crate::sse::scan;
 
 use super::store::Stored;
 use super::{
-    fresh_id, write_event, Chunk, Completion, Finish, Invalid, Render, ResponseStore, Translated,
-    Usage, WireError,
+    fresh_id, model_text, write_event, Chunk, Completion, Finish, Invalid, Render, ResponseStore,
+    Translated, Usage, WireError,
 };
 
 #[derive(Deserialize)]
-struct Request {
-    #[serde(default)]
-    model: Option<String>,
+struct Request<'a> {
+    /// Read raw, so its place in the body is known ([`crate::native::ModelAt`]).
+    #[serde(borrow, default, deserialize_with = "crate::request::raw_even_null")]
+    model: Option<&'a RawValue>,
     #[serde(default)]
     input: Option<Input>,
     #[serde(default)]
@@ -179,7 +180,8 @@ struct Reasoning {
 /// The first field that is missing, of the wrong type, or that no chat
 /// request can carry; an unknown or expired `previous_response_id`.
 pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Invalid> {
-    let request: Request = Invalid::parse(body)?;
+    let request: Request<'_> = Invalid::parse(body)?;
+    let model = model_text(request.model)?;
     let mut conversation = match &request.previous_response_id {
         Some(id) => store
             .get(id)
@@ -206,7 +208,7 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
         messages.push(json!({"role": "system", "content": instructions}));
     }
     messages.extend(conversation.iter().cloned());
-    let chat = chat_request(&request, messages)?;
+    let chat = chat_request(&request, model.as_deref(), messages)?;
     let untranslatable = built_in_tool(request.tools.as_deref()).or(untranslated);
     let echo = Echo::of(&request);
     // A target of the client's own protocol gets the conversation whole: a
@@ -215,14 +217,19 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
         .previous_response_id
         .as_ref()
         .and_then(|_| native_body(body, &conversation[..earlier]));
+    let model_at = match native {
+        Some(_) => crate::native::ModelAt::Unread,
+        None => crate::request::model_at(body, request.model),
+    };
     Ok(Translated {
         chat: Bytes::from(Value::Object(chat).to_string()),
         native,
+        model_at,
         stream: request.stream.unwrap_or(false),
         render: Render::Responses(Reply {
             id: fresh_id("resp_"),
             created_at: now_secs(),
-            model: request.model.unwrap_or_default(),
+            model: model.unwrap_or_default(),
             store: request.store.unwrap_or(true).then(|| store.clone()),
             conversation,
             echo,
@@ -315,9 +322,13 @@ fn only_responses(param: String, what: &str) -> Untranslatable {
     Untranslatable { param, why }
 }
 
-fn chat_request(request: &Request, messages: Vec<Value>) -> Result<Map<String, Value>, Invalid> {
+fn chat_request(
+    request: &Request<'_>,
+    model: Option<&str>,
+    messages: Vec<Value>,
+) -> Result<Map<String, Value>, Invalid> {
     let mut chat = Map::new();
-    if let Some(model) = &request.model {
+    if let Some(model) = model {
         chat.insert("model".into(), json!(model));
     }
     chat.insert("messages".into(), Value::Array(messages));
@@ -583,7 +594,7 @@ fn response_format(format: &Format) -> Option<Value> {
 struct Echo(Map<String, Value>);
 
 impl Echo {
-    fn of(request: &Request) -> Self {
+    fn of(request: &Request<'_>) -> Self {
         let text = match request.text.as_ref().and_then(|t| t.format.as_ref()) {
             Some(Format::JsonObject {}) => json!({"format": {"type": "json_object"}}),
             Some(Format::JsonSchema {

@@ -90,7 +90,7 @@ impl Adapter for Anthropic {
         let native = request
             .native
             .filter(|n| n.protocol == Protocol::Messages)
-            .and_then(|n| crate::request::object_with_model(n.body, target.model));
+            .and_then(|n| crate::request::object_with_model_at(n.body, n.model_at, target.model));
         if let Some(body) = native {
             return Ok(body);
         }

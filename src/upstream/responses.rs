@@ -50,7 +50,7 @@ impl Adapter for Responses {
         request
             .native
             .filter(|n| n.protocol == Protocol::Responses)
-            .and_then(|n| crate::request::object_with_model(n.body, target.model))
+            .and_then(|n| crate::request::object_with_model_at(n.body, n.model_at, target.model))
             .ok_or_else(|| Unsupported("only a Responses request goes to /responses".into()))
     }
 
