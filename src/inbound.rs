@@ -19,7 +19,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{Response, StatusCode};
 use http_body_util::BodyExt as _;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::body::{self, Body};
 use crate::native;
@@ -94,6 +94,53 @@ fn model_text(raw: Option<&serde_json::value::RawValue>) -> Result<Option<String
             message.split(" at line ").next().unwrap_or_default(),
         )
     })
+}
+
+/// The chat request a front door's request becomes (typed: the compiler
+/// checks its shape, and no `Value` tree is built for its top level).
+#[derive(Debug, Default, Serialize)]
+struct ChatBody<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<&'a str>,
+    messages: Vec<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop: Option<&'a [String]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<Vec<serde_json::Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_effort: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user: Option<&'a str>,
+}
+
+impl ChatBody<'_> {
+    /// Its JSON text.
+    fn to_bytes(&self) -> Bytes {
+        // Writing these types cannot fail: string keys, and numbers as serde
+        // read them from JSON (never a NaN).
+        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct StreamOptions {
+    include_usage: bool,
 }
 
 /// A request translated for the engine, and what rendering its answer needs.

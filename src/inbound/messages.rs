@@ -15,14 +15,14 @@ use bytes::{Bytes, BytesMut};
 use http::StatusCode;
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::native::Untranslatable;
 use crate::sse::scan;
 
 use super::{
-    fresh_id, model_text, write_event, Chunk, Completion, Finish, Invalid, Render, Translated,
-    Usage, WireError,
+    fresh_id, model_text, write_event, ChatBody, Chunk, Completion, Finish, Invalid, Render,
+    StreamOptions, Translated, Usage, WireError,
 };
 
 /// The request, as far as the translation reads it.
@@ -186,59 +186,44 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
             "at least one message is required",
         ));
     }
-    let mut chat = Map::new();
-    if let Some(model) = &model {
-        chat.insert("model".into(), json!(model));
-    }
-    chat.insert(
-        "messages".into(),
-        Value::Array(chat_messages(request.system.as_ref(), &request.messages)?),
-    );
-    chat.insert("max_tokens".into(), json!(request.max_tokens));
     let stream = request.stream.unwrap_or(false);
-    if stream {
-        chat.insert("stream".into(), json!(true));
-        chat.insert("stream_options".into(), json!({"include_usage": true}));
-    }
-    for (key, value) in [
-        ("temperature", request.temperature),
-        ("top_p", request.top_p),
-    ] {
-        if let Some(v) = value {
-            chat.insert(key.into(), json!(v));
-        }
-    }
-    if let Some(stop) = request.stop_sequences.filter(|s| !s.is_empty()) {
-        chat.insert("stop".into(), json!(stop));
-    }
     let mut untranslatable = None;
-    if let Some(tools) = &request.tools {
-        let (functions, server) = chat_tools(tools)?;
+    let mut tools = None;
+    if let Some(defs) = &request.tools {
+        let (functions, server) = chat_tools(defs)?;
         untranslatable = server;
-        if !functions.is_empty() {
-            chat.insert("tools".into(), Value::Array(functions));
-        }
+        tools = Some(functions).filter(|f| !f.is_empty());
     }
     // A choice among server tools alone is the Anthropic target's to make.
-    if let Some(choice) = request
+    let choice = request
         .tool_choice
         .as_ref()
-        .filter(|_| chat.contains_key("tools"))
-    {
-        let (choice, parallel) = chat_tool_choice(choice);
-        chat.insert("tool_choice".into(), choice);
-        if !parallel {
-            chat.insert("parallel_tool_calls".into(), json!(false));
-        }
-    }
-    if let Some(user) = request.metadata.and_then(|m| m.user_id) {
-        chat.insert("user".into(), json!(user));
-    }
+        .filter(|_| tools.is_some())
+        .map(chat_tool_choice);
+    let chat = ChatBody {
+        model: model.as_deref(),
+        messages: chat_messages(request.system.as_ref(), &request.messages)?,
+        max_tokens: Some(request.max_tokens),
+        stream,
+        stream_options: stream.then_some(StreamOptions {
+            include_usage: true,
+        }),
+        temperature: request.temperature,
+        top_p: request.top_p,
+        stop: request.stop_sequences.as_deref().filter(|s| !s.is_empty()),
+        tools,
+        parallel_tool_calls: choice
+            .as_ref()
+            .and_then(|(_, parallel)| (!parallel).then_some(false)),
+        tool_choice: choice.map(|(choice, _)| choice),
+        user: request.metadata.as_ref().and_then(|m| m.user_id.as_deref()),
+        ..ChatBody::default()
+    };
     Ok(Translated {
-        chat: Bytes::from(Value::Object(chat).to_string()),
+        chat: chat.to_bytes(),
         native: None,
         model_at: crate::request::model_at(body, request.model),
-        stream: request.stream.unwrap_or(false),
+        stream,
         render: Render::Messages(Reply {
             model: model.unwrap_or_default(),
         }),
@@ -278,12 +263,13 @@ fn chat_messages(system: Option<&System>, messages: &[Message]) -> Result<Vec<Va
         Some(System::Blocks(_)) | None => {}
     }
     for (i, message) in messages.iter().enumerate() {
-        let at = format!("messages[{i}].content");
         match (&message.content, message.role) {
             (Content::Text(text), role) => {
                 out.push(json!({"role": role_name(role), "content": text}));
             }
-            (Content::Blocks(blocks), Role::User) => user_turn(blocks, &at, &mut out)?,
+            (Content::Blocks(blocks), Role::User) => {
+                user_turn(blocks, &format!("messages[{i}].content"), &mut out)?;
+            }
             (Content::Blocks(blocks), Role::Assistant) => out.push(assistant_turn(blocks)),
         }
     }
@@ -918,7 +904,12 @@ mod tests {
     #[test]
     fn the_models_place_is_read_with_the_body_and_the_rewrite_uses_it() {
         let messages = r#""max_tokens":1,"messages":[{"role":"user","content":"hi"}]"#;
-        for model in [r#""model":"a","#, r#""model" : "a\"b" ,"#, r#""model":null,"#, ""] {
+        for model in [
+            r#""model":"a","#,
+            r#""model" : "a\"b" ,"#,
+            r#""model":null,"#,
+            "",
+        ] {
             let body = format!("{{{model}{messages}}}");
             let t = translate(body.as_bytes()).unwrap();
             assert_ne!(t.model_at, crate::native::ModelAt::Unread, "{body}");
@@ -1002,6 +993,24 @@ mod tests {
         assert_eq!(chat["parallel_tool_calls"], false);
         assert_eq!(chat["stream_options"]["include_usage"], true);
         assert!(chat.get("top_k").is_none());
+    }
+
+    #[test]
+    fn the_sampling_and_stop_fields_carry_over_and_absent_ones_stay_absent() {
+        let chat = chat_of(
+            r#"{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"x"}],
+            "temperature":0.5,"top_p":0.9,"stop_sequences":["END"],"metadata":{"user_id":"u1"}}"#,
+        );
+        let expected = json!({"model":"m","max_tokens":9,"messages":[{"role":"user","content":"x"}],
+            "temperature":0.5,"top_p":0.9,"stop":["END"],"user":"u1"});
+        assert_eq!(chat, expected);
+        let chat = chat_of(
+            r#"{"max_tokens":9,"messages":[{"role":"user","content":"x"}],"stop_sequences":[],"tool_choice":{"type":"auto"}}"#,
+        );
+        assert_eq!(
+            chat,
+            json!({"max_tokens":9,"messages":[{"role":"user","content":"x"}]})
+        );
     }
 
     #[test]

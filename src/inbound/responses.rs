@@ -26,8 +26,8 @@ use crate::sse::scan;
 
 use super::store::Stored;
 use super::{
-    fresh_id, model_text, write_event, Chunk, Completion, Finish, Invalid, Render, ResponseStore,
-    Translated, Usage, WireError,
+    fresh_id, model_text, write_event, ChatBody, Chunk, Completion, Finish, Invalid, Render,
+    ResponseStore, StreamOptions, Translated, Usage, WireError,
 };
 
 #[derive(Deserialize)]
@@ -222,7 +222,7 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
         None => crate::request::model_at(body, request.model),
     };
     Ok(Translated {
-        chat: Bytes::from(Value::Object(chat).to_string()),
+        chat: chat.to_bytes(),
         native,
         model_at,
         stream: request.stream.unwrap_or(false),
@@ -322,62 +322,45 @@ fn only_responses(param: String, what: &str) -> Untranslatable {
     Untranslatable { param, why }
 }
 
-fn chat_request(
-    request: &Request<'_>,
-    model: Option<&str>,
+fn chat_request<'a>(
+    request: &'a Request<'_>,
+    model: Option<&'a str>,
     messages: Vec<Value>,
-) -> Result<Map<String, Value>, Invalid> {
-    let mut chat = Map::new();
-    if let Some(model) = model {
-        chat.insert("model".into(), json!(model));
-    }
-    chat.insert("messages".into(), Value::Array(messages));
-    if request.stream == Some(true) {
-        chat.insert("stream".into(), json!(true));
-        chat.insert("stream_options".into(), json!({"include_usage": true}));
-    }
-    if let Some(n) = request.max_output_tokens {
-        chat.insert("max_tokens".into(), json!(n));
-    }
-    for (key, value) in [
-        ("temperature", request.temperature),
-        ("top_p", request.top_p),
-    ] {
-        if let Some(v) = value {
-            chat.insert(key.into(), json!(v));
-        }
-    }
-    if let Some(functions) = request.tools.as_deref().map(chat_tools).transpose()? {
-        if !functions.is_empty() {
-            chat.insert("tools".into(), Value::Array(functions));
-        }
-    }
+) -> Result<ChatBody<'a>, Invalid> {
+    let stream = request.stream == Some(true);
+    let tools = request
+        .tools
+        .as_deref()
+        .map(chat_tools)
+        .transpose()?
+        .filter(|functions| !functions.is_empty());
     // A choice among built-in tools alone is for a Responses target to make.
-    if let Some(choice) = request
-        .tool_choice
-        .as_ref()
-        .filter(|_| chat.contains_key("tools"))
-    {
-        chat.insert("tool_choice".into(), chat_tool_choice(choice)?);
-    }
-    if let Some(parallel) = request
-        .parallel_tool_calls
-        .filter(|_| chat.contains_key("tools"))
-    {
-        chat.insert("parallel_tool_calls".into(), json!(parallel));
-    }
-    if let Some(format) = request.text.as_ref().and_then(|t| t.format.as_ref()) {
-        if let Some(f) = response_format(format) {
-            chat.insert("response_format".into(), f);
-        }
-    }
-    if let Some(effort) = request.reasoning.as_ref().and_then(|r| r.effort.as_ref()) {
-        chat.insert("reasoning_effort".into(), json!(effort));
-    }
-    if let Some(user) = &request.user {
-        chat.insert("user".into(), json!(user));
-    }
-    Ok(chat)
+    let tool_choice = match request.tool_choice.as_ref().filter(|_| tools.is_some()) {
+        Some(choice) => Some(chat_tool_choice(choice)?),
+        None => None,
+    };
+    Ok(ChatBody {
+        model,
+        messages,
+        max_tokens: request.max_output_tokens,
+        stream,
+        stream_options: stream.then_some(StreamOptions {
+            include_usage: true,
+        }),
+        temperature: request.temperature,
+        top_p: request.top_p,
+        parallel_tool_calls: request.parallel_tool_calls.filter(|_| tools.is_some()),
+        tools,
+        tool_choice,
+        response_format: request
+            .text
+            .as_ref()
+            .and_then(|t| t.format.as_ref())
+            .and_then(response_format),
+        reasoning_effort: request.reasoning.as_ref().and_then(|r| r.effort.as_deref()),
+        user: request.user.as_deref(),
+        ..ChatBody::default()
+    })
 }
 
 /// Input items as chat messages, appended to `out`: consecutive
