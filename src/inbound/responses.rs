@@ -699,15 +699,74 @@ fn assistant_of(output: &[Value]) -> Value {
     let calls: Vec<Value> = output
         .iter()
         .filter(|i| i["type"] == "function_call")
-        .map(|i| {
-            json!({"id": i["call_id"], "type": "function",
-            "function": {"name": i["name"], "arguments": i["arguments"]}})
-        })
+        .map(|i| chat_call(&i["call_id"], &i["name"], &i["arguments"]))
         .collect();
+    assistant_turn(text, calls)
+}
+
+/// [`assistant_of`] the output items of a target's own response, each read
+/// into borrowed structs (an item that does not read is left out).
+fn assistant_of_made(output: &[&RawValue]) -> Value {
+    #[derive(Deserialize)]
+    struct Item<'a> {
+        #[serde(rename = "type", borrow, default)]
+        kind: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        content: Vec<Part<'a>>,
+        #[serde(borrow, default)]
+        call_id: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        name: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        arguments: Option<&'a RawValue>,
+    }
+    #[derive(Deserialize)]
+    struct Part<'a> {
+        #[serde(borrow, default)]
+        text: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        refusal: Option<&'a RawValue>,
+    }
+    let string =
+        |raw: Option<&RawValue>| raw.and_then(|r| serde_json::from_str::<String>(r.get()).ok());
+    let value = |raw: Option<&RawValue>| {
+        raw.and_then(|r| serde_json::from_str(r.get()).ok())
+            .unwrap_or(Value::Null)
+    };
+    let (mut text, mut calls) = (String::new(), Vec::new());
+    for item in output
+        .iter()
+        .filter_map(|i| serde_json::from_str::<Item<'_>>(i.get()).ok())
+    {
+        match item.kind.as_deref() {
+            Some("message") => {
+                for part in &item.content {
+                    if let Some(piece) = string(part.text).or_else(|| string(part.refusal)) {
+                        text.push_str(&piece);
+                    }
+                }
+            }
+            Some("function_call") => {
+                let (id, name) = (value(item.call_id), value(item.name));
+                calls.push(chat_call(&id, &name, &value(item.arguments)));
+            }
+            _ => {}
+        }
+    }
+    assistant_turn(text, calls)
+}
+
+/// A chat tool call, from a function call item's fields.
+fn chat_call(call_id: &Value, name: &Value, arguments: &Value) -> Value {
+    json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+}
+
+/// The assistant message of `text` (none when empty) and tool `calls`.
+fn assistant_turn(text: String, calls: Vec<Value>) -> Value {
     let content = if text.is_empty() {
         Value::Null
     } else {
-        json!(text)
+        Value::String(text)
     };
     let mut assistant = json!({"role": "assistant", "content": content});
     if !calls.is_empty() {
@@ -779,7 +838,7 @@ impl Reply {
             #[serde(borrow)]
             id: Option<Cow<'a, str>>,
             #[serde(borrow, default)]
-            output: Option<&'a RawValue>,
+            output: Vec<&'a RawValue>,
         }
         let Ok(Made {
             id: Some(id),
@@ -789,10 +848,7 @@ impl Reply {
             return;
         };
         id.as_ref().clone_into(&mut self.id);
-        let output: Vec<Value> = output
-            .and_then(|o| serde_json::from_str(o.get()).ok())
-            .unwrap_or_default();
-        self.keep(response, &assistant_of(&output));
+        self.keep(response, &assistant_of_made(&output));
     }
 
     /// A chat completion as a `response` object (kept in the store).
@@ -1323,6 +1379,22 @@ pub fn previous_response_id(body: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_target_responses_assistant_turn_reads_as_its_value_tree_does() {
+        let outputs = [
+            r#"[{"type":"message","id":"m","content":[{"type":"output_text","text":"Hello","annotations":[]},{"type":"output_text","text":" there"}]}]"#,
+            r#"[{"type":"reasoning","summary":[]},{"type":"message","content":[{"type":"refusal","refusal":"no"}]}]"#,
+            r#"[{"type":"function_call","call_id":"c1","name":"f","arguments":"{\"a\":1}"},{"type":"function_call","call_id":"c2","name":"g"}]"#,
+            r#"[{"type":"message","content":[{"text":"caf\u00e9"},{"text":5,"refusal":"r"}]},{"type":"web_search_call","id":"ws"}]"#,
+            r#"[]"#,
+        ];
+        for output in outputs {
+            let tree: Vec<Value> = serde_json::from_str(output).unwrap();
+            let raw: Vec<&RawValue> = serde_json::from_str(output).unwrap();
+            assert_eq!(assistant_of_made(&raw), assistant_of(&tree), "{output}");
+        }
+    }
 
     #[test]
     fn an_event_head_read_by_the_scan_reads_as_serde_reads_it() {
