@@ -4,6 +4,8 @@
 //! answer and events come back as sent beside their chat reading
 //! ([`crate::native`]). Every other request to the provider is chat.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -73,7 +75,7 @@ impl Adapter for Responses {
         answerable(&response).ok()?;
         let usage = response.usage?;
         Some(super::AnswerFacts {
-            model: Some(std::borrow::Cow::Borrowed(response.model)),
+            model: Some(Cow::Borrowed(response.model)),
             usage: (usage.input_tokens, usage.output_tokens),
         })
     }
@@ -128,20 +130,20 @@ struct Item<'a> {
     call_id: Option<&'a str>,
     #[serde(borrow, default)]
     name: Option<&'a str>,
-    #[serde(default)]
-    arguments: Option<String>,
-    #[serde(default)]
-    content: Vec<Part>,
+    #[serde(borrow, default)]
+    arguments: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Vec<Part<'a>>,
 }
 
 #[derive(Deserialize)]
-struct Part {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    text: Option<String>,
-    #[serde(default)]
-    refusal: Option<String>,
+struct Part<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    refusal: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
@@ -307,7 +309,7 @@ fn completion_of(response: &Response<'_>) -> Result<Bytes, Malformed> {
         match item.kind {
             "message" => {
                 for part in &item.content {
-                    match (part.kind.as_str(), &part.text, &part.refusal) {
+                    match (part.kind.as_ref(), &part.text, &part.refusal) {
                         ("output_text", Some(t), _) => {
                             text.get_or_insert_with(String::new).push_str(t)
                         }
@@ -398,9 +400,43 @@ impl StreamTranslator for ResponsesStream {
         match text_delta(data) {
             Some(delta) if !self.finished => Ok(self.text(delta, false)),
             Some(_) => Ok(Vec::new()),
+            None if unread(data) => Ok(Vec::new()),
             None => self.read_event(data),
         }
     }
+}
+
+/// The event types the chat reading takes something from.
+const READ_TYPES: [&str; 10] = [
+    "response.created",
+    "response.output_item.added",
+    "response.output_text.delta",
+    "response.refusal.delta",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+    "response.completed",
+    "response.incomplete",
+    "response.failed",
+    "error",
+];
+
+/// An event of a type the chat reading takes nothing from (a part opened,
+/// an item or a text done: the whole text again), checked by the scan to be
+/// one JSON object with that type, without reading it into structs.
+fn unread(data: &str) -> bool {
+    // The type is written first: a look at it spares the events the reading
+    // takes a scan before serde reads them.
+    let Some(first) = data.strip_prefix(r#"{"type":""#) else {
+        return false;
+    };
+    let named = first.split('"').next().unwrap_or_default();
+    if READ_TYPES.contains(&named) {
+        return false;
+    }
+    let Some([kind]) = scan::fields(data, ["type"]) else {
+        return false;
+    };
+    scan::plain_str(kind).is_some_and(|k| k.is_some_and(|k| !READ_TYPES.contains(&k)))
 }
 
 /// A `response.output_text.delta`, the event of every token, read by a scan
@@ -658,6 +694,65 @@ mod tests {
             .flat_map(|e| t.on_event(e).unwrap())
             .map(|b| String::from_utf8(b.raw.to_vec()).unwrap())
             .collect()
+    }
+
+    #[test]
+    fn an_event_left_unread_is_one_the_reading_takes_nothing_from() {
+        // Every stream event type of the Responses API, with the fields its
+        // reading would look at.
+        let types = [
+            "response.created",
+            "response.in_progress",
+            "response.completed",
+            "response.failed",
+            "response.incomplete",
+            "response.queued",
+            "response.output_item.added",
+            "response.output_item.done",
+            "response.content_part.added",
+            "response.content_part.done",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.refusal.delta",
+            "response.refusal.done",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.reasoning_summary_text.delta",
+            "response.reasoning_summary_part.added",
+            "response.web_search_call.completed",
+            "response.output_text.annotation.added",
+            "error",
+        ];
+        let created = r#"{"type":"response.created","response":{"id":"r","created_at":1,"model":"m","output":[]}}"#;
+        let added = r#"{"type":"response.output_item.added","output_index":0,"item":{"type":"function_call","id":"fc","call_id":"c","name":"f"}}"#;
+        let mut unread_seen = 0;
+        for kind in types {
+            let data = format!(
+                r#"{{"type":"{kind}","sequence_number":3,"item_id":"fc","output_index":0,"delta":"x","arguments":"{{}}","code":"c","message":"m","text":"t","item":{{"type":"message","id":"m"}},"response":{{"id":"r","status":"failed","error":{{"code":"server_error","message":"m"}},"output":[]}}}}"#
+            );
+            let mut stream = ResponsesStream::default();
+            stream.read_event(created).unwrap();
+            stream.read_event(added).unwrap();
+            let read = stream.read_event(&data).unwrap();
+            if unread(&data) {
+                unread_seen += 1;
+                assert!(
+                    read.is_empty(),
+                    "{kind} is left unread but reads into {read:?}"
+                );
+            } else {
+                assert!(READ_TYPES.contains(&kind), "{kind}");
+            }
+        }
+        assert_eq!(unread_seen, types.len() - READ_TYPES.len());
+        // Not one object with a plain type: serde judges it.
+        for data in [
+            r#"{"type":"response.in_progress""#,
+            r#"{"type":"response.in_progress","type":"x"}"#,
+            r#"{"type":"x\u0041"}"#,
+        ] {
+            assert!(!unread(data), "{data}");
+        }
     }
 
     #[test]
