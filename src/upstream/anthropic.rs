@@ -493,7 +493,7 @@ fn tool_choice(choice: &Value) -> Result<Value, TranslateError> {
 // ---------------------------------------------------------------------------
 
 /// Anthropic `usage` (a message's, or a stream event's).
-#[derive(Debug, Default, PartialEq, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 struct Usage {
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
@@ -803,7 +803,7 @@ struct ToolBlock {
 
 /// One stream event: its type and what any type needs, borrowed from the
 /// event's text (no tree is built).
-#[derive(Debug, PartialEq, Deserialize)]
+#[derive(Deserialize)]
 struct StreamEvent<'a> {
     #[serde(rename = "type", borrow)]
     kind: Cow<'a, str>,
@@ -819,7 +819,7 @@ struct StreamEvent<'a> {
     usage: Option<Usage>,
 }
 
-#[derive(Debug, PartialEq, Deserialize)]
+#[derive(Deserialize)]
 struct StartMessage<'a> {
     #[serde(borrow, default)]
     id: Cow<'a, str>,
@@ -829,7 +829,7 @@ struct StartMessage<'a> {
     usage: Option<Usage>,
 }
 
-#[derive(Debug, PartialEq, Deserialize)]
+#[derive(Deserialize)]
 struct BlockStart<'a> {
     #[serde(rename = "type", borrow, default)]
     kind: Cow<'a, str>,
@@ -841,7 +841,7 @@ struct BlockStart<'a> {
     name: Option<Cow<'a, str>>,
 }
 
-#[derive(Debug, PartialEq, Deserialize)]
+#[derive(Deserialize)]
 struct EventDelta<'a> {
     #[serde(rename = "type", borrow, default)]
     kind: Option<Cow<'a, str>>,
@@ -851,91 +851,6 @@ struct EventDelta<'a> {
     partial_json: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     stop_reason: Option<Cow<'a, str>>,
-}
-
-impl<'a> StreamEvent<'a> {
-    /// The event read by the scan as serde reads it; `None` where serde must
-    /// (an escape, a repeated key, a type the scan does not take).
-    fn scan(data: &'a str) -> Option<Self> {
-        let keys = [
-            "type",
-            "index",
-            "message",
-            "content_block",
-            "delta",
-            "usage",
-        ];
-        let [kind, index, message, block, delta, usage] = scan::fields(data, keys)?;
-        Some(Self {
-            kind: Cow::Borrowed(scan::plain_str(kind)??),
-            index: scan::plain_u64(index)?,
-            message: nullable(message, |m| {
-                let [id, model, usage] = scan::fields(m, ["id", "model", "usage"])?;
-                Some(StartMessage {
-                    id: text_or_default(id)?,
-                    model: text_or_default(model)?,
-                    usage: nullable(usage, scan_usage)?,
-                })
-            })?,
-            content_block: nullable(block, |b| {
-                let [kind, text, id, name] = scan::fields(b, ["type", "text", "id", "name"])?;
-                Some(BlockStart {
-                    kind: text_or_default(kind)?,
-                    text: scan::plain_str(text)?.map(Cow::Borrowed),
-                    id: scan::plain_str(id)?.map(Cow::Borrowed),
-                    name: scan::plain_str(name)?.map(Cow::Borrowed),
-                })
-            })?,
-            delta: nullable(delta, |d| {
-                let keys = ["type", "text", "partial_json", "stop_reason"];
-                let [kind, text, partial_json, stop_reason] = scan::fields(d, keys)?;
-                Some(EventDelta {
-                    kind: scan::plain_str(kind)?.map(Cow::Borrowed),
-                    text: scan::plain_str(text)?.map(Cow::Borrowed),
-                    partial_json: scan::plain_str(partial_json)?.map(Cow::Borrowed),
-                    stop_reason: scan::plain_str(stop_reason)?.map(Cow::Borrowed),
-                })
-            })?,
-            usage: nullable(usage, scan_usage)?,
-        })
-    }
-}
-
-/// An `Option<T>` field as serde reads it: absent or `null` is `None`, else
-/// `read`'s reading (`None` from it: serde must read the event).
-fn nullable<'a, T>(
-    raw: Option<&'a str>,
-    read: impl FnOnce(&'a str) -> Option<T>,
-) -> Option<Option<T>> {
-    match raw {
-        None | Some("null") => Some(None),
-        Some(raw) => read(raw).map(Some),
-    }
-}
-
-/// A `#[serde(default)] Cow<str>` field: absent is empty; `null` is serde's
-/// to refuse.
-fn text_or_default(raw: Option<&str>) -> Option<Cow<'_, str>> {
-    match raw {
-        None => Some(Cow::Borrowed("")),
-        Some(_) => scan::plain_str(raw)?.map(Cow::Borrowed),
-    }
-}
-
-fn scan_usage(raw: &str) -> Option<Usage> {
-    let keys = [
-        "input_tokens",
-        "output_tokens",
-        "cache_creation_input_tokens",
-        "cache_read_input_tokens",
-    ];
-    let [input, output, creation, read] = scan::fields(raw, keys)?;
-    Some(Usage {
-        input_tokens: scan::plain_u64(input)?,
-        output_tokens: scan::plain_u64(output)?,
-        cache_creation_input_tokens: scan::plain_u64(creation)?,
-        cache_read_input_tokens: scan::plain_u64(read)?,
-    })
 }
 
 /// Translates an Anthropic SSE stream, event by event, into OpenAI `chat.completion.chunk` SSE events.
@@ -997,10 +912,7 @@ impl MessagesStream {
 
     /// [`MessagesStream::on_event`], for an event read by serde.
     fn read_event(&mut self, data: &str) -> Result<Vec<Frame>, TranslateError> {
-        let event = match StreamEvent::scan(data) {
-            Some(event) => event,
-            None => serde_json::from_str(data)?,
-        };
+        let event: StreamEvent<'_> = serde_json::from_str(data)?;
         if self.finished {
             return Ok(Vec::new());
         }
@@ -1432,56 +1344,6 @@ mod tests {
             created.windows(2).all(|w| w[0] == w[1]),
             "one `created` per stream"
         );
-    }
-
-    #[test]
-    fn an_event_read_by_the_scan_reads_as_serde_reads_it() {
-        let read = [
-            r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude","content":[],"stop_reason":null,"usage":{"input_tokens":25,"cache_creation_input_tokens":0,"cache_read_input_tokens":3,"output_tokens":1}}}"#,
-            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
-            r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"get","input":{}}}"#,
-            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{}"}}"#,
-            r#"{"type":"content_block_stop","index":0}"#,
-            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":15}}"#,
-            r#"{"type":"message_stop"}"#,
-            r#"{"type":"ping"}"#,
-            r#"{"type":"message_start","message":{"usage":null}}"#,
-            r#"{"type":"content_block_start","index":0,"content_block":{}}"#,
-        ];
-        for data in read {
-            let scanned = StreamEvent::scan(data);
-            assert!(scanned.is_some(), "the scan reads {data}");
-            assert_eq!(
-                scanned.ok_or(()),
-                serde_json::from_str(data).map_err(|_| ()),
-                "{data}"
-            );
-        }
-        // Where the scan steps aside, or agrees with serde's refusal.
-        let odd = [
-            r#"{"type":"message_start","message":{"id":null}}"#,
-            r#"{"type":"message_start","message":{"id":"a\"b","model":"m"}}"#,
-            r#"{"type":"message_start","message":{"usage":{"input_tokens":-1}}}"#,
-            r#"{"type":"message_start","message":{"usage":{"input_tokens":1,"input_tokens":2}}}"#,
-            r#"{"type":"message_start","message":[]}"#,
-            r#"{"type":"content_block_start","content_block":{"type":null}}"#,
-            r#"{"type":"content_block_start","content_block":{"type":"text","text":7}}"#,
-            r#"{"type":"message_delta","delta":{"stop_reason":"end\nturn"}}"#,
-            r#"{"type":"message_delta","usage":{"output_tokens":1.5}}"#,
-            r#"{"type":null}"#,
-            r#"{"index":0}"#,
-            r#"{"type":"ping","type":"ping"}"#,
-            r#"{"type":"ping"} x"#,
-        ];
-        for data in odd {
-            if let Some(scanned) = StreamEvent::scan(data) {
-                assert_eq!(
-                    Ok(scanned),
-                    serde_json::from_str(data).map_err(|_| ()),
-                    "{data}"
-                );
-            }
-        }
     }
 
     #[test]
