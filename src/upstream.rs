@@ -850,6 +850,21 @@ impl Events {
     }
 }
 
+/// Asserts two readings of one stream event (a fast one and serde's) agree:
+/// the same chunks, or both refuse it.
+#[cfg(test)]
+fn assert_same_reading<A: std::fmt::Debug, B: std::fmt::Debug>(
+    event: &str,
+    fast: Result<Vec<chunk::Frame>, A>,
+    by_serde: Result<Vec<chunk::Frame>, B>,
+) {
+    match (fast, by_serde) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b, "{event}"),
+        (Err(_), Err(_)) => {}
+        (a, b) => panic!("{event}: {a:?} against {b:?}"),
+    }
+}
+
 /// Checks each adapter's [`AnswerFacts`] of a body against what the engine
 /// reads of the body's chat reading (`Err`: the translation refuses it):
 /// facts only where there is an answer, the same model and counts, and no
