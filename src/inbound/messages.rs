@@ -598,14 +598,14 @@ pub struct StreamReply {
     started: bool,
     open: Option<Open>,
     /// Blocks started so far (the next block's index).
-    blocks: u32,
+    blocks: u64,
     /// Chat tool-call indexes seen, in order.
     tools: Vec<u32>,
     finish: Option<Finish>,
     usage: Option<Usage>,
     ended: bool,
     /// The upstream's index of the open block, when the upstream opened it.
-    native_index: Option<u32>,
+    native_index: Option<u64>,
     /// The upstream's own `message_delta` went out.
     delta_sent: bool,
 }
@@ -615,7 +615,7 @@ pub struct StreamReply {
 struct EventHead<'a> {
     #[serde(rename = "type", borrow)]
     kind: Cow<'a, str>,
-    index: Option<u32>,
+    index: Option<u64>,
     content_block: Option<BlockHead<'a>>,
 }
 
@@ -629,12 +629,10 @@ impl<'a> EventHead<'a> {
     /// An event's head, read by a scan (the event of every token), else by
     /// serde when the scan leaves it (an escape, a type it does not take).
     fn read(data: &'a str) -> Option<Self> {
-        let delta = crate::native::messages_text_delta(data).and_then(|(index, _)| {
-            Some(Self {
-                kind: Cow::Borrowed("content_block_delta"),
-                index: Some(u32::try_from(index).ok()?),
-                content_block: None,
-            })
+        let delta = crate::native::messages_text_delta(data).map(|(index, _)| Self {
+            kind: Cow::Borrowed("content_block_delta"),
+            index: Some(index),
+            content_block: None,
         });
         delta
             .or_else(|| Self::scan(data))
@@ -644,10 +642,7 @@ impl<'a> EventHead<'a> {
     fn scan(data: &'a str) -> Option<Self> {
         let [kind, index, block] = scan::fields(data, ["type", "index", "content_block"])?;
         let kind = scan::plain_str(kind)??;
-        let index = match scan::plain_u64(index)? {
-            Some(n) => Some(u32::try_from(n).ok()?),
-            None => None,
-        };
+        let index = scan::plain_u64(index)?;
         let content_block = match block {
             None | Some("null") => None,
             Some(block) => {
@@ -689,7 +684,8 @@ impl StreamReply {
                     _ => Open::Upstream,
                 });
                 self.native_index = Some(index);
-                self.blocks = index + 1;
+                // The upstream's index, whatever it is: the next block follows it.
+                self.blocks = index.saturating_add(1);
             }
             // A block closed here (a repaired call rendered instead) takes no more.
             "content_block_delta" if !ours(self) => return,
@@ -743,13 +739,13 @@ impl StreamReply {
             "content_block_start",
             &json!({"type": "content_block_start", "index": self.blocks, "content_block": start}),
         );
-        self.blocks += 1;
+        self.blocks = self.blocks.saturating_add(1);
     }
 
     fn close(&mut self, out: &mut BytesMut) {
         self.native_index = None;
         if self.open.take().is_some() {
-            let index = self.blocks - 1;
+            let index = self.blocks.saturating_sub(1);
             write_event(
                 out,
                 "content_block_stop",
@@ -759,7 +755,7 @@ impl StreamReply {
     }
 
     fn delta(&self, delta: Value, out: &mut BytesMut) {
-        let index = self.blocks - 1;
+        let index = self.blocks.saturating_sub(1);
         write_event(
             out,
             "content_block_delta",
@@ -926,7 +922,7 @@ mod tests {
 
     #[test]
     fn an_event_head_read_by_the_scan_reads_as_serde_reads_it() {
-        type Seen = Option<(String, Option<u32>, Option<String>)>;
+        type Seen = Option<(String, Option<u64>, Option<String>)>;
         let seen = |head: Option<EventHead<'_>>| -> Seen {
             head.map(|h| {
                 let block = h.content_block.map(|b| b.kind.into_owned());
@@ -1061,6 +1057,41 @@ mod tests {
         }
         r.done(&mut out);
         String::from_utf8(out.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn an_upstream_block_at_any_index_is_relayed_and_a_chat_piece_follows_it() {
+        for index in [u64::from(u32::MAX), u64::from(u32::MAX) + 1, u64::MAX] {
+            let mut r = Reply { model: "m".into() }.stream();
+            let mut out = BytesMut::new();
+            let events = [
+                r#"{"type":"message_start","message":{"id":"msg_1","model":"m"}}"#.to_owned(),
+                format!(
+                    r#"{{"type":"content_block_start","index":{index},"content_block":{{"type":"text","text":""}}}}"#
+                ),
+                format!(
+                    r#"{{"type":"content_block_delta","index":{index},"delta":{{"type":"text_delta","text":"Hi"}}}}"#
+                ),
+            ];
+            let mut relayed = String::new();
+            for data in &events {
+                let raw = format!("event: e\ndata: {data}\n\n");
+                r.native(data, raw.as_bytes(), &mut out);
+                relayed.push_str(&raw);
+            }
+            assert_eq!(String::from_utf8(out.to_vec()).unwrap(), relayed, "{index}");
+            // What another target adds after a break goes on in that block.
+            let piece =
+                r#"{"id":"c","model":"m","choices":[{"index":0,"delta":{"content":" more"}}]}"#;
+            r.chunk(&serde_json::from_str(piece).unwrap(), &mut out);
+            r.done(&mut out);
+            let text = String::from_utf8(out.to_vec()).unwrap();
+            assert!(
+                text.contains(" more")
+                    && text.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
+                "{text}"
+            );
+        }
     }
 
     #[test]
