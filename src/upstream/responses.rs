@@ -75,7 +75,7 @@ impl Adapter for Responses {
         answerable(&response).ok()?;
         let usage = response.usage?;
         Some(super::AnswerFacts {
-            model: Some(Cow::Borrowed(response.model)),
+            model: Some(response.model),
             usage: (usage.input_tokens, usage.output_tokens),
         })
     }
@@ -99,13 +99,13 @@ impl Adapter for Responses {
 #[derive(Deserialize)]
 struct Response<'a> {
     #[serde(borrow, default)]
-    id: &'a str,
+    id: Cow<'a, str>,
     #[serde(default)]
     created_at: u64,
     #[serde(borrow, default)]
-    model: &'a str,
+    model: Cow<'a, str>,
     #[serde(borrow, default)]
-    status: Option<&'a str>,
+    status: Option<Cow<'a, str>>,
     #[serde(default)]
     incomplete_details: Option<IncompleteDetails<'a>>,
     #[serde(borrow)]
@@ -117,19 +117,19 @@ struct Response<'a> {
 #[derive(Deserialize)]
 struct IncompleteDetails<'a> {
     #[serde(borrow, default)]
-    reason: Option<&'a str>,
+    reason: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
 struct Item<'a> {
     #[serde(rename = "type", borrow)]
-    kind: &'a str,
+    kind: Cow<'a, str>,
     #[serde(borrow, default)]
-    id: Option<&'a str>,
+    id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    call_id: Option<&'a str>,
+    call_id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    name: Option<&'a str>,
+    name: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     arguments: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
@@ -174,13 +174,13 @@ struct ReasoningDetails {
 #[derive(Deserialize)]
 struct Event<'a> {
     #[serde(rename = "type", borrow)]
-    kind: &'a str,
+    kind: Cow<'a, str>,
     #[serde(borrow, default)]
     response: Option<Response<'a>>,
     #[serde(borrow, default)]
     item: Option<Item<'a>>,
     #[serde(borrow, default)]
-    item_id: Option<&'a str>,
+    item_id: Option<Cow<'a, str>>,
     #[serde(default)]
     output_index: Option<u64>,
     #[serde(default)]
@@ -209,7 +209,7 @@ struct FailedResponse<'a> {
 #[derive(Deserialize)]
 struct WireError<'a> {
     #[serde(borrow, default)]
-    code: Option<&'a str>,
+    code: Option<Cow<'a, str>>,
     #[serde(default)]
     message: Option<String>,
 }
@@ -273,8 +273,11 @@ impl From<WireUsage> for Usage {
 
 /// The chat `finish_reason` of a finished response.
 fn finish_reason(response: &Response<'_>, called: bool) -> &'static str {
-    let reason = response.incomplete_details.as_ref().and_then(|d| d.reason);
-    match (response.status, reason) {
+    let reason = response
+        .incomplete_details
+        .as_ref()
+        .and_then(|d| d.reason.as_deref());
+    match (response.status.as_deref(), reason) {
         (Some("incomplete"), Some("content_filter")) => "content_filter",
         (Some("incomplete"), _) => "length",
         _ if called => "tool_calls",
@@ -286,7 +289,7 @@ fn finish_reason(response: &Response<'_>, called: bool) -> &'static str {
 /// Whether a response has a chat reading: a finished one, whose calls have
 /// what a chat call needs.
 fn answerable(response: &Response<'_>) -> Result<(), Malformed> {
-    match response.status {
+    match response.status.as_deref() {
         Some("completed" | "incomplete") | None => {}
         Some(other) => return Err(Malformed(format!("a response with status `{other}`"))),
     }
@@ -306,7 +309,7 @@ fn completion_of(response: &Response<'_>) -> Result<Bytes, Malformed> {
     let mut refusal: Option<String> = None;
     let mut tool_calls = Vec::new();
     for item in &response.output {
-        match item.kind {
+        match item.kind.as_ref() {
             "message" => {
                 for part in &item.content {
                     match (part.kind.as_ref(), &part.text, &part.refusal) {
@@ -322,7 +325,7 @@ fn completion_of(response: &Response<'_>) -> Result<Bytes, Malformed> {
             }
             // `answerable` has refused a call without its id or name.
             "function_call" => {
-                if let (Some(id), Some(name)) = (item.call_id, item.name) {
+                if let (Some(id), Some(name)) = (item.call_id.as_deref(), item.name.as_deref()) {
                     let arguments = item.arguments.as_deref().unwrap_or("{}");
                     tool_calls.push(ToolCall {
                         id,
@@ -337,10 +340,10 @@ fn completion_of(response: &Response<'_>) -> Result<Bytes, Malformed> {
     }
     let finish_reason = finish_reason(response, !tool_calls.is_empty());
     let completion = Completion {
-        id: response.id,
+        id: &response.id,
         object: "chat.completion",
         created: response.created_at,
-        model: response.model,
+        model: &response.model,
         choices: [Choice {
             index: 0,
             message: Message {
@@ -480,14 +483,14 @@ impl ResponsesStream {
         if self.finished {
             return Ok(Vec::new());
         }
-        let out = match event.kind {
+        let out = match event.kind.as_ref() {
             "response.created" => {
                 let response = event
                     .response
                     .as_ref()
                     .ok_or_else(|| Malformed("response.created without `response`".into()))?;
-                response.id.clone_into(&mut self.head.id);
-                response.model.clone_into(&mut self.head.model);
+                response.id.as_ref().clone_into(&mut self.head.id);
+                response.model.as_ref().clone_into(&mut self.head.model);
                 self.head.created = response.created_at;
                 vec![self.head.role()]
             }
@@ -510,7 +513,7 @@ impl ResponsesStream {
                 let error = failure.response.error;
                 let code = error
                     .as_ref()
-                    .and_then(|e| e.code)
+                    .and_then(|e| e.code.as_deref())
                     .unwrap_or("server_error");
                 let message = error.as_ref().and_then(|e| e.message.as_deref());
                 self.finished = true;
@@ -549,12 +552,12 @@ impl ResponsesStream {
         let Some(item) = event.item.as_ref().filter(|i| i.kind == "function_call") else {
             return Ok(Vec::new());
         };
-        let (Some(call_id), Some(name)) = (item.call_id, item.name) else {
+        let (Some(call_id), Some(name)) = (item.call_id.as_deref(), item.name.as_deref()) else {
             return Err(Malformed("a function_call without call_id or name".into()));
         };
         let index = self.calls.len();
         self.calls.push(Call {
-            item_id: item.id.unwrap_or_default().to_owned(),
+            item_id: item.id.as_deref().unwrap_or_default().to_owned(),
             output_index: event.output_index,
             sent_arguments: false,
         });
@@ -564,7 +567,7 @@ impl ResponsesStream {
     /// The call an arguments event is about: by item id, else by output index.
     fn call_of(&self, event: &Event<'_>) -> Option<usize> {
         self.calls.iter().position(|c| {
-            event.item_id.is_some_and(|id| id == c.item_id)
+            event.item_id.as_deref().is_some_and(|id| id == c.item_id)
                 || (event.item_id.is_none() && event.output_index == c.output_index)
         })
     }
@@ -667,8 +670,10 @@ mod tests {
 
     #[test]
     fn an_answers_facts_are_what_its_chat_reading_says() {
-        let bodies: [&'static str; 8] = [
+        let bodies: [&'static str; 9] = [
             r#"{"id":"r","model":"gpt","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"hi"}]}],"usage":{"input_tokens":5,"output_tokens":2,"input_tokens_details":{"cached_tokens":1}}}"#,
+            // Escapes anywhere, as encoders that escape more than JSON needs write them.
+            r#"{"id":"resp_1","model":"gpt-up","status":"completed","output":[{"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{}"}],"usage":{"input_tokens":5}}"#,
             r#"{"id":"r","model":"gpt","output":[{"type":"function_call","call_id":"c","name":"f","arguments":"{}"}],"usage":{"input_tokens":5}}"#,
             r#"{"id":"r","model":"gpt","status":"incomplete","output":[],"usage":{"output_tokens":3}}"#,
             r#"{"id":"r","model":"gpt","output":[{"type":"message","content":[]}]}"#,
@@ -684,7 +689,9 @@ mod tests {
                 Responses.decode_answer(bytes, "m"),
             )
         };
-        assert_eq!(super::super::facts_agree(bodies.map(read)), 3);
+        assert_eq!(super::super::facts_agree(bodies.map(read)), 4);
+        let escaped = read(bodies[1]).0.unwrap();
+        assert_eq!(escaped.model.as_deref(), Some("gpt-up"));
     }
 
     fn run(events: &[&str], include_usage: bool) -> Vec<String> {
@@ -776,6 +783,7 @@ mod tests {
             r#" { "delta" : "x" , "type" : "response.output_text.delta" } "#,
             r#"{"type":"response.refusal.delta","delta":"no"}"#,
             r#"{"type":"response.output_text.done","text":"Hi"}"#,
+            r#"{"type":"response.output_text.delta","item_id":"msg","delta":"x"}"#,
         ];
         for event in events {
             let (mut by_scan, mut by_serde) =
@@ -787,6 +795,31 @@ mod tests {
             let (fast, by_serde) = (by_scan.on_event(event), by_serde.read_event(event));
             super::super::assert_same_reading(event, fast, by_serde);
         }
+    }
+
+    #[test]
+    fn escaped_strings_in_a_stream_read_as_their_text() {
+        let out = run(
+            &[
+                r#"{"type":"response.created","response":{"id":"resp_\u0039","created_at":3,"model":"gpt\u002dup","output":[]}}"#,
+                r#"{"type":"response.output_text.\u0064elta","item_id":"m\u0073g","output_index":0,"delta":"Hi"}"#,
+                r#"{"type":"response.output_item.added","output_index":1,"item":{"type":"function_call","id":"fc\u005f1","call_id":"c\u0031","name":"get_w\u0065ather"}}"#,
+            ],
+            false,
+        );
+        let data = |i: usize| -> serde_json::Value {
+            serde_json::from_str(out[i].trim().trim_start_matches("data: ")).unwrap()
+        };
+        assert_eq!(
+            (data(0)["id"].as_str(), data(0)["model"].as_str()),
+            (Some("resp_9"), Some("gpt-up"))
+        );
+        assert_eq!(data(1)["choices"][0]["delta"]["content"], "Hi");
+        let call = &data(2)["choices"][0]["delta"]["tool_calls"][0];
+        assert_eq!(
+            (call["id"].as_str(), call["function"]["name"].as_str()),
+            (Some("c1"), Some("get_weather"))
+        );
     }
 
     #[test]
