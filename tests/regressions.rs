@@ -324,3 +324,29 @@ async fn an_account_out_of_quota_is_not_a_rate_limit_to_wait_out() {
     assert_eq!(ans.header("x-should-retry"), "false");
     assert_eq!(ans.header("retry-after"), "");
 }
+
+#[tokio::test]
+async fn an_absurd_usage_count_is_booked_clamped_and_never_wraps_a_counter() {
+    let absurd = fake::completion_body("m", "hi").replace(
+        r#""completion_tokens":2"#,
+        r#""completion_tokens":18446744073709551615"#,
+    );
+    let a = Fake::always(fake::json(200, &absurd)).await;
+    let gw = gateway(&chain_config(&[("a", &a.url())], "", "")).await;
+    let booked = || async {
+        let page = metrics_page(&gw).await;
+        series_value(
+            &page,
+            r#"switchyard_tokens_total{target="a",kind="completion"}"#,
+        )
+        .unwrap_or(0.0)
+    };
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        assert_eq!(chat(gw.addr, hello("gpt-4o")).await.status, 200);
+        seen.push(booked().await);
+    }
+    // u64::MAX added to a counter wraps it to one below where it was.
+    let step = 4_294_967_296.0;
+    assert_eq!(seen, [step, 2.0 * step, 3.0 * step], "booked: {seen:?}");
+}

@@ -9,6 +9,11 @@ use tokio::time::Instant;
 use crate::snapshot::{Target, Task};
 use crate::telemetry::RequestTrace;
 
+/// The most tokens one answer is booked for, prompt and completion each: an
+/// upstream's count beyond it is absurd (no model's context holds it), and
+/// the counters it adds to must not wrap on it.
+const MAX_BOOKED_TOKENS: u64 = 1 << 32;
+
 /// Books one answer's usage.
 #[derive(Debug, Clone)]
 pub struct Account {
@@ -31,6 +36,8 @@ impl Account {
     /// `completion_estimate` (a stream's content chunks, an answer's text).
     pub fn settle(&self, target: &Target, usage: Option<(u64, u64)>, completion_estimate: u64) {
         let (prompt, completion) = usage.unwrap_or((self.prompt_estimate, completion_estimate));
+        let prompt = prompt.min(MAX_BOOKED_TOKENS);
+        let completion = completion.min(MAX_BOOKED_TOKENS);
         target.metrics.prompt_tokens.increment(prompt);
         target.metrics.completion_tokens.increment(completion);
         let usd = target.usd(prompt, completion);
