@@ -456,6 +456,9 @@ struct WireError {
     #[serde(rename = "type")]
     kind: Option<String>,
     code: Option<serde_json::Value>,
+    /// The status of an upstream error that broke a stream
+    /// ([`crate::sse::interrupt_events`]).
+    status: Option<u16>,
 }
 
 impl WireError {

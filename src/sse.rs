@@ -490,17 +490,74 @@ pub fn first_error_code(body: &[u8]) -> Option<Option<u16>> {
     None
 }
 
-/// The closing pair switchyard sends when a stream breaks after the commit
-/// point: one OpenAI-style error event, then `data: [DONE]`.
-#[must_use]
-pub fn interrupt_events(reason: &str) -> Bytes {
-    let body = serde_json::json!({
-        "error": {
-            "message": format!("upstream stream interrupted ({reason}); the answer above is incomplete"),
-            "type": "upstream_error",
-            "code": "stream_interrupted",
+/// What an upstream's own error event said, when that event broke a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamSaid {
+    /// The status its error reads as (an `overloaded_error` is 529).
+    pub status: u16,
+    /// Its message, at most [`SAID_CHARS`] characters of it.
+    pub message: String,
+}
+
+/// The longest upstream message an interruption repeats.
+pub const SAID_CHARS: usize = 500;
+
+impl UpstreamSaid {
+    /// What the error event `data` (`{"error": …}`) said, read as `status`.
+    #[must_use]
+    pub fn of(status: u16, data: &str) -> Self {
+        #[derive(Deserialize)]
+        struct Event<'a> {
+            #[serde(borrow)]
+            error: Said<'a>,
         }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Said<'a> {
+            Text(#[serde(borrow)] std::borrow::Cow<'a, str>),
+            Object {
+                #[serde(default, borrow)]
+                message: Option<std::borrow::Cow<'a, str>>,
+            },
+        }
+        let message = match serde_json::from_str::<Event<'_>>(data).map(|e| e.error) {
+            Ok(
+                Said::Text(text)
+                | Said::Object {
+                    message: Some(text),
+                },
+            ) => text,
+            Ok(Said::Object { message: None }) | Err(_) => "".into(),
+        };
+        Self {
+            status,
+            message: message.chars().take(SAID_CHARS).collect(),
+        }
+    }
+}
+
+/// The closing pair switchyard sends when a stream breaks after the commit
+/// point: one OpenAI-style error event, then `data: [DONE]`. An upstream
+/// error event that broke it is told in it: its message, and its status
+/// (`status`), so a client's renderer can name its kind.
+#[must_use]
+pub fn interrupt_events(reason: &str, said: Option<&UpstreamSaid>) -> Bytes {
+    let mut error = serde_json::json!({
+        "message": format!("upstream stream interrupted ({reason}); the answer above is incomplete"),
+        "type": "upstream_error",
+        "code": "stream_interrupted",
     });
+    if let Some(said) = said {
+        let told = if said.message.is_empty() {
+            format!("{reason}, status {}", said.status)
+        } else {
+            format!("{reason}, status {}: {}", said.status, said.message)
+        };
+        error["message"] =
+            format!("upstream stream interrupted ({told}); the answer above is incomplete").into();
+        error["status"] = said.status.into();
+    }
+    let body = serde_json::json!({ "error": error });
     Bytes::from(format!("data: {body}\n\ndata: [DONE]\n\n"))
 }
 
@@ -703,6 +760,29 @@ pub const DONE: &[u8] = b"data: [DONE]\n\n";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_an_upstream_error_said_is_read_in_every_shape() {
+        let said = |data: &str| UpstreamSaid::of(529, data).message;
+        assert_eq!(
+            said(r#"{"error":{"message":"Over\u006coaded","type":"x"}}"#),
+            "Overloaded"
+        );
+        assert_eq!(said(r#"{"error":"busy"}"#), "busy");
+        assert_eq!(said(r#"{"error":{"type":"x"}}"#), "");
+        assert_eq!(said("not json"), "");
+        let long = format!(
+            r#"{{"error":{{"message":"{}"}}}}"#,
+            "é".repeat(SAID_CHARS + 7)
+        );
+        assert_eq!(said(&long).chars().count(), SAID_CHARS);
+        let told = interrupt_events("upstream_error", Some(&UpstreamSaid::of(529, "{}")));
+        let told = String::from_utf8(told.to_vec()).unwrap();
+        assert!(told.contains(r#""status":529"#), "{told}");
+        assert!(told.contains("(upstream_error, status 529)"), "{told}");
+        let plain = String::from_utf8(interrupt_events("reset", None).to_vec()).unwrap();
+        assert!(!plain.contains("status"), "{plain}");
+    }
 
     #[test]
     fn an_events_text_is_replaced_or_taken_out() {

@@ -210,6 +210,61 @@ async fn a_messages_stream_broken_without_recovery_ends_in_an_error_event() {
     assert_eq!(messages_text(&body), "The quick", "{body}");
 }
 
+/// An Anthropic stream that says "Hello", then breaks with its own
+/// `error` event: `kind` (`overloaded_error`, ...) and `message`.
+fn anthropic_error_mid_stream(kind: &str, message: &str) -> Reply {
+    let text = include_str!("fixtures/anthropic/stream_text.anthropic.sse");
+    let first_delta = text.find("\"Hello\"").unwrap();
+    let cut = first_delta + text[first_delta..].find("\n\n").unwrap() + 2;
+    let error = json!({"type": "error", "error": {"type": kind, "message": message}});
+    let sse = format!("{}event: error\ndata: {error}\n\n", &text[..cut]);
+    anthropic_stream(&sse, None)
+}
+
+#[tokio::test]
+async fn an_upstream_error_event_mid_stream_reaches_the_client_with_its_kind_and_message() {
+    let keys = tempfile::tempdir().unwrap();
+    for (kind, status, message) in [
+        ("overloaded_error", 529, "Overloaded"),
+        (
+            "rate_limit_error",
+            429,
+            "Number of tokens has exceeded your per-minute limit",
+        ),
+        ("api_error", 500, "Internal server error"),
+    ] {
+        // Each client on a gateway of its own: the error cools the target down.
+        let a = Fake::always(anthropic_error_mid_stream(kind, message)).await;
+        let gw = gateway(&routes(&[anthropic_hop("a", &a.url(), &keys)], "", "")).await;
+        // A Messages client, passed through: Anthropic's own kind of error.
+        let ans = messages(&gw, hello_messages(true)).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        let body = ans.text();
+        assert_eq!(messages_text(&body), "Hello", "{body}");
+        let (last, data) = named_events(&body).pop().unwrap();
+        assert_eq!(last, "error", "{body}");
+        assert_eq!(data["error"]["type"], kind, "{body}");
+        let said = data["error"]["message"].as_str().unwrap();
+        assert!(said.contains(message), "{body}");
+        let gw = gateway(&routes(&[anthropic_hop("a", &a.url(), &keys)], "", "")).await;
+        // A chat client of the same target: the status and message in the interruption.
+        let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+        let body = ans.text();
+        let error: Value = sse_data(&body)
+            .iter()
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .find(|d| d.get("error").is_some())
+            .unwrap_or_else(|| panic!("no error event: {body}"));
+        assert_eq!(error["error"]["code"], "stream_interrupted", "{body}");
+        assert_eq!(error["error"]["status"], status, "{body}");
+        let said = error["error"]["message"].as_str().unwrap();
+        assert!(
+            said.contains(message) && said.contains("upstream_error"),
+            "{body}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_responses_stream_of_a_tool_call_is_the_typed_event_sequence() {
     let call = |args: &str, first: bool| {

@@ -840,8 +840,10 @@ impl StreamReply {
             return;
         }
         self.ended = true;
-        let kind = match error.code() {
-            Some("stream_interrupted") => "api_error",
+        let kind = match (error.code(), error.status.map(StatusCode::from_u16)) {
+            // The upstream's own error broke it: its kind, as Anthropic names it.
+            (Some("stream_interrupted"), Some(Ok(status))) => error_type(None, status),
+            (Some("stream_interrupted"), _) => "api_error",
             _ => error_type(error.kind.as_deref(), StatusCode::BAD_GATEWAY),
         };
         write_event(

@@ -55,6 +55,8 @@ pub struct Relay {
     /// stream (an account out of credit cools its provider, as before the
     /// commit point).
     in_band: Option<classify::Decision>,
+    /// What that error event said, for the interruption to repeat.
+    said: Option<sse::UpstreamSaid>,
     /// Renders each event in the client's protocol, when it speaks another;
     /// else the events go out as they are.
     render: Option<Box<dyn StreamRender>>,
@@ -100,6 +102,7 @@ impl Relay {
             seam: None,
             drain,
             in_band: None,
+            said: None,
             render,
             kept: fill.map(|fill| (fill, cache::Collector::default())),
         };
@@ -281,10 +284,14 @@ impl Relay {
                 Chunk::Error { code } => {
                     let data = event.data.as_deref().unwrap_or("").as_bytes();
                     let headers = http::HeaderMap::new();
-                    let (decision, _) = self.in_spans(|s| {
+                    let (decision, status) = self.in_spans(|s| {
                         attempt::in_band_verdict(&s.state.target, code, &headers, data)
                     });
                     self.in_band = Some(decision);
+                    self.said = Some(sse::UpstreamSaid::of(
+                        status,
+                        event.data.as_deref().unwrap_or(""),
+                    ));
                     return Some(StreamEnd::InBandError);
                 }
                 Chunk::Done => self.state.done = true,
@@ -491,7 +498,7 @@ impl Relay {
             }
             Some(Err(())) => {
                 recovery.count_failed(&broken);
-                self.push_raw(sse::interrupt_events(why.label()));
+                self.push_raw(sse::interrupt_events(why.label(), self.said.as_ref()));
                 self.over = true;
                 Continued::Ended
             }
@@ -537,6 +544,7 @@ impl Relay {
         // A continued answer is two targets' work: never cached.
         self.kept = None;
         self.usage = None;
+        self.said = None;
         self.content_chunks = 0;
         self.splice = Some(splice);
         self.seam = Some(seam);
@@ -583,7 +591,9 @@ impl Relay {
                 self.push_raw(Bytes::from_static(sse::DONE));
             }
             StreamVerdict::Complete { add_done: false } | StreamVerdict::ClientGone => {}
-            StreamVerdict::Interrupted(why) => self.push_raw(sse::interrupt_events(why.label())),
+            StreamVerdict::Interrupted(why) => {
+                self.push_raw(sse::interrupt_events(why.label(), self.said.as_ref()));
+            }
             StreamVerdict::Drained => self.push_raw(sse::drain_events()),
         }
         self.record(verdict);
