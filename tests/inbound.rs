@@ -359,6 +359,17 @@ async fn malformed_messages_requests_are_anthropic_400s_naming_the_field_with_no
             "tools[0]",
         ),
         (
+            json!({"model": "gpt-4o", "max_tokens": 8,
+                   "messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+            "messages[0].content[0]",
+        ),
+        (
+            json!({"model": "gpt-4o", "max_tokens": 8,
+                   "messages": [{"role": "user", "content": [{"type": "image",
+                       "source": {"type": "base64", "media_type": "image/png"}}]}]}),
+            "messages[0].content[0].source",
+        ),
+        (
             json!({"model": "gpt-4o", "max_tokens": "many", "messages": [user]}),
             "max_tokens",
         ),
@@ -737,6 +748,104 @@ async fn a_tool_call_held_to_the_contract_comes_back_in_the_order_the_target_sen
     assert_eq!(data_lines(&body), data_lines(THINKING_STREAM), "{body}");
 }
 
+/// Blocks only Anthropic reads, as a client sends them back in later turns:
+/// a server tool's call and result, a search result, a document by URL, an
+/// image by file id.
+fn anthropic_only_turns() -> Vec<(&'static str, Value)> {
+    let user = |content: Value| json!([{"role": "user", "content": content}]);
+    vec![
+        (
+            "messages[1].content[1].type",
+            json!([
+                {"role": "user", "content": "news today?"},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Searching."},
+                    {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search",
+                     "input": {"query": "news"}},
+                    {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1",
+                     "content": [{"type": "web_search_result", "url": "https://example.com",
+                                  "title": "Example", "encrypted_content": "EqgfCioIARgB"}]},
+                    {"type": "text", "text": "Here is the news.",
+                     "citations": [{"type": "web_search_result_location", "url": "https://example.com",
+                                    "title": "Example", "encrypted_index": "Eo8BCi", "cited_text": "news"}]}
+                ]},
+                {"role": "user", "content": "and?"}
+            ]),
+        ),
+        (
+            "messages[0].content[0].type",
+            user(
+                json!([{"type": "search_result", "source": "https://example.com/a", "title": "A",
+                         "content": [{"type": "text", "text": "alpha"}]},
+                        {"type": "text", "text": "sum it up"}]),
+            ),
+        ),
+        (
+            "messages[0].content[0].source.type",
+            user(
+                json!([{"type": "document", "source": {"type": "url", "url": "https://example.com/a.pdf"}},
+                        {"type": "text", "text": "sum it up"}]),
+            ),
+        ),
+        (
+            "messages[0].content[0].source.type",
+            user(
+                json!([{"type": "image", "source": {"type": "file", "file_id": "file_011"}},
+                        {"type": "text", "text": "what is it?"}]),
+            ),
+        ),
+        (
+            "messages[0].content[0].source.type",
+            user(json!([{"type": "document", "source": {"type": "content",
+                         "content": [{"type": "text", "text": "alpha"}]}},
+                        {"type": "text", "text": "sum it up"}])),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn the_mcp_connector_goes_only_to_an_anthropic_target() {
+    let b = Fake::always(fake::completion("model-b", "from b")).await;
+    let gw = gateway(&routes(&[hop("b", &b.url())], "", "")).await;
+    let mut body = hello_messages(false);
+    body["mcp_servers"] =
+        json!([{"type": "url", "url": "https://mcp.example.com/sse", "name": "x"}]);
+    let ans = messages(&gw, body).await;
+    assert_eq!(ans.status, 400, "{}", ans.text());
+    assert!(ans.text().contains("mcp_servers"), "{}", ans.text());
+    assert_eq!(b.calls(), 0);
+    let mut body = hello_messages(false);
+    body["mcp_servers"] = json!([]);
+    assert_eq!(messages(&gw, body).await.status, 200);
+}
+
+#[tokio::test]
+async fn blocks_only_anthropic_reads_go_to_an_anthropic_target_and_skip_the_others() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::always(fake::json(200, ANTHROPIC_TEXT)).await;
+    let b = Fake::always(fake::completion("model-b", "from b")).await;
+    let both = gateway(&routes(
+        &[hop("b", &b.url()), anthropic_hop("a", &a.url(), &keys)],
+        "",
+        "",
+    ))
+    .await;
+    let chat_only = gateway(&routes(&[hop("b", &b.url())], "", "")).await;
+    for (i, (param, turns)) in anthropic_only_turns().into_iter().enumerate() {
+        let body = json!({"model": "gpt-4o", "max_tokens": 64, "messages": turns});
+        let ans = messages(&both, body.clone()).await;
+        assert_eq!(ans.status, 200, "{param}: {}", ans.text());
+        assert_eq!(ans.header("x-switchyard-target"), "a", "{param}");
+        assert_eq!(a.seen()[i].body["messages"], body["messages"], "{param}");
+        // Without an Anthropic target: a 400 naming the block, and no call.
+        let ans = messages(&chat_only, body).await;
+        assert_eq!(ans.status, 400, "{param}: {}", ans.text());
+        let message = ans.json()["error"]["message"].as_str().unwrap().to_owned();
+        assert!(message.contains(param), "{param}: {message}");
+    }
+    assert_eq!(b.calls(), 0);
+}
+
 #[tokio::test]
 async fn a_server_tool_skips_targets_of_the_other_protocol() {
     let keys = tempfile::tempdir().unwrap();
@@ -811,6 +920,60 @@ async fn a_server_tool_skips_targets_of_the_other_protocol() {
     assert_eq!(ans.status, 200, "{}", ans.text());
     assert_eq!(a.seen()[0].body["input"], input);
     assert_eq!(b.calls(), 0);
+}
+
+#[tokio::test]
+async fn a_tool_choice_only_responses_honours_is_a_responses_targets() {
+    let b = Fake::always(fake::completion("model-b", "from b")).await;
+    let chat_only = gateway(&routes(
+        &[hop("b", &b.url()).target("capabilities: [tools]")],
+        "",
+        "",
+    ))
+    .await;
+    let function = json!({"type": "function", "name": "f", "parameters": {"type": "object"}});
+    let cases = [
+        (
+            json!({"type": "allowed_tools", "mode": "auto",
+                "tools": [{"type": "function", "name": "f"}]}),
+            400,
+            "tool_choice.type",
+        ),
+        (
+            json!({"type": "mcp", "server_label": "deepwiki"}),
+            400,
+            "tool_choice.type",
+        ),
+        (json!({"type": "function"}), 400, "tool_choice.name"),
+        (json!({"name": "f"}), 400, "tool_choice"),
+        (json!({"type": "function", "name": "f"}), 200, ""),
+    ];
+    for (choice, status, param) in cases {
+        let body =
+            json!({"model": "gpt-4o", "input": "x", "tools": [function], "tool_choice": choice});
+        let ans = responses(&chat_only, body).await;
+        assert_eq!(ans.status, status, "{choice}: {}", ans.text());
+        assert!(ans.text().contains(param), "{choice}: {}", ans.text());
+    }
+    assert_eq!(b.calls(), 1, "only the function's choice went upstream");
+    // A Responses target takes it as sent.
+    let a = Fake::always(fake::json(200, RESPONSES_ANSWER)).await;
+    let gw = gateway(&routes(
+        &[
+            hop("b", &b.url()).target("capabilities: [tools]"),
+            responses_hop("a", &a.url()).target("capabilities: [tools]"),
+        ],
+        "",
+        "",
+    ))
+    .await;
+    let choice = json!({"type": "allowed_tools", "mode": "required",
+                        "tools": [{"type": "function", "name": "f"}]});
+    let body = json!({"model": "gpt-4o", "input": "x", "tools": [function], "tool_choice": choice});
+    let ans = responses(&gw, body).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(a.seen()[0].body["tool_choice"], choice);
+    assert_eq!(b.calls(), 1);
 }
 
 #[tokio::test]

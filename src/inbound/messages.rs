@@ -5,9 +5,11 @@
 //! `ping`, `event: error`) and errors rendered the way Anthropic sends them.
 //!
 //! Dropped by design when translating (README lists them): `cache_control`,
-//! `top_k`, the `thinking` config and thinking blocks of earlier turns (a
-//! chat target cannot take them back). Server tools and document sources a
-//! chat request cannot carry are refused with a 400 naming the field.
+//! `top_k`, `citations`, the `thinking` config and thinking blocks of earlier
+//! turns (a chat target cannot take them back). What a chat request cannot
+//! carry at all (a server tool, its calls and results in earlier turns, a
+//! block or source of a type only Anthropic reads) leaves the request to an
+//! Anthropic target ([`Untranslatable`]); without one, a 400 names the field.
 
 use std::borrow::Cow;
 
@@ -49,6 +51,9 @@ struct Request<'a> {
     tool_choice: Option<ToolChoice>,
     #[serde(default)]
     metadata: Option<Metadata>,
+    /// Remote MCP servers Anthropic calls on the model's behalf.
+    #[serde(borrow, default)]
+    mcp_servers: Option<&'a RawValue>,
 }
 
 /// `count_tokens` takes the request without `max_tokens`.
@@ -125,15 +130,72 @@ enum Block {
     // Their text and signatures cannot go to a chat target.
     Thinking {},
     RedactedThinking {},
+    /// A block of another type (a server tool's call or result, a search
+    /// result), or one of the types above that did not read as it.
+    #[serde(untagged)]
+    Other {
+        #[serde(rename = "type")]
+        kind: String,
+    },
+}
+
+/// The block types [`Block`] reads: one of them read as [`Block::Other`]
+/// is malformed.
+const BLOCK_TYPES: [&str; 7] = [
+    "text",
+    "image",
+    "document",
+    "tool_use",
+    "tool_result",
+    "thinking",
+    "redacted_thinking",
+];
+
+/// A block chat cannot carry, at `at`: a 400 when its type is one
+/// [`Block`] reads (so it was malformed), else it leaves the request to an
+/// Anthropic target.
+fn other_block(
+    kind: &str,
+    at: &str,
+    untranslated: &mut Option<Untranslatable>,
+) -> Result<(), Invalid> {
+    if BLOCK_TYPES.contains(&kind) {
+        return Err(Invalid::field(
+            at,
+            format!("a `{kind}` block is missing a field or has one of the wrong type"),
+        ));
+    }
+    untranslated.get_or_insert_with(|| {
+        only_anthropic(format!("{at}.type"), &format!("content block `{kind}`"))
+    });
+    Ok(())
+}
+
+/// What chat cannot carry, at `param`: only an Anthropic target can serve it.
+fn only_anthropic(param: String, what: &str) -> Untranslatable {
+    let why = format!("{what} ({param}) runs only on a target that speaks Anthropic Messages");
+    Untranslatable { param, why }
 }
 
 #[derive(Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum Source {
-    Base64 { media_type: String, data: String },
-    Url { url: String },
-    Text { data: String },
-    File {},
+    Base64 {
+        media_type: String,
+        data: String,
+    },
+    Url {
+        url: String,
+    },
+    Text {
+        data: String,
+    },
+    /// A file id, custom content, or a type to come: Anthropic's alone.
+    #[serde(untagged)]
+    Other {
+        #[serde(rename = "type")]
+        kind: String,
+    },
 }
 
 #[derive(Deserialize)]
@@ -194,6 +256,24 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
         untranslatable = server;
         tools = Some(functions).filter(|f| !f.is_empty());
     }
+    if request
+        .mcp_servers
+        .is_some_and(|m| !matches!(m.get(), "null" | "[]"))
+    {
+        untranslatable.get_or_insert_with(|| {
+            only_anthropic("mcp_servers".into(), "the MCP connector (`mcp_servers`)")
+        });
+    }
+    let mut messages = chat_messages(
+        request.system.as_ref(),
+        &request.messages,
+        &mut untranslatable,
+    )?;
+    if messages.is_empty() && untranslatable.is_some() {
+        // All it says is Anthropic's alone: no chat target gets this body,
+        // but the engine reads it (a chat request has a message).
+        messages.push(json!({"role": "user", "content": ""}));
+    }
     // A choice among server tools alone is the Anthropic target's to make.
     let choice = request
         .tool_choice
@@ -202,7 +282,7 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
         .map(chat_tool_choice);
     let chat = ChatBody {
         model: model.as_deref(),
-        messages: chat_messages(request.system.as_ref(), &request.messages)?,
+        messages,
         max_tokens: Some(request.max_tokens),
         stream,
         stream_options: stream.then_some(StreamOptions {
@@ -238,7 +318,8 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
 pub fn count_request(body: &[u8]) -> Result<Bytes, Invalid> {
     let request: CountRequest = Invalid::parse(body)?;
     let mut chat = json!({
-        "messages": chat_messages(request.system.as_ref(), &request.messages)?,
+        // An estimate counts what chat can carry.
+        "messages": chat_messages(request.system.as_ref(), &request.messages, &mut None)?,
     });
     if let Some(model) = request.model {
         chat["model"] = json!(model);
@@ -252,7 +333,13 @@ pub fn count_request(body: &[u8]) -> Result<Bytes, Invalid> {
 /// The system prompt and the turns, as chat messages: a user turn's tool
 /// results become `tool` messages (first, as chat wants them right after
 /// the call), an assistant turn's `tool_use` blocks its `tool_calls`.
-fn chat_messages(system: Option<&System>, messages: &[Message]) -> Result<Vec<Value>, Invalid> {
+/// The system prompt and the messages as chat messages; the first block
+/// chat cannot carry is named in `untranslated`.
+fn chat_messages(
+    system: Option<&System>,
+    messages: &[Message],
+    untranslated: &mut Option<Untranslatable>,
+) -> Result<Vec<Value>, Invalid> {
     let mut out = Vec::with_capacity(messages.len() + 1);
     match system {
         Some(System::Text(text)) => out.push(json!({"role": "system", "content": text})),
@@ -263,14 +350,17 @@ fn chat_messages(system: Option<&System>, messages: &[Message]) -> Result<Vec<Va
         Some(System::Blocks(_)) | None => {}
     }
     for (i, message) in messages.iter().enumerate() {
+        let at = || format!("messages[{i}].content");
         match (&message.content, message.role) {
             (Content::Text(text), role) => {
                 out.push(json!({"role": role_name(role), "content": text}));
             }
             (Content::Blocks(blocks), Role::User) => {
-                user_turn(blocks, &format!("messages[{i}].content"), &mut out)?;
+                user_turn(blocks, &at(), &mut out, untranslated)?;
             }
-            (Content::Blocks(blocks), Role::Assistant) => out.push(assistant_turn(blocks)),
+            (Content::Blocks(blocks), Role::Assistant) => {
+                out.push(assistant_turn(blocks, &at(), untranslated)?);
+            }
         }
     }
     Ok(out)
@@ -283,7 +373,12 @@ fn role_name(role: Role) -> &'static str {
     }
 }
 
-fn user_turn(blocks: &[Block], at: &str, out: &mut Vec<Value>) -> Result<(), Invalid> {
+fn user_turn(
+    blocks: &[Block],
+    at: &str,
+    out: &mut Vec<Value>,
+    untranslated: &mut Option<Untranslatable>,
+) -> Result<(), Invalid> {
     let mut parts = Vec::new();
     for (j, block) in blocks.iter().enumerate() {
         let at = format!("{at}[{j}]");
@@ -293,7 +388,7 @@ fn user_turn(blocks: &[Block], at: &str, out: &mut Vec<Value>) -> Result<(), Inv
                 content,
                 is_error,
             } => {
-                let (text, images) = tool_result(content.as_ref(), &at)?;
+                let (text, images) = tool_result(content.as_ref(), &at, untranslated)?;
                 // Chat has no error flag on a tool result: the text says it.
                 let text = if *is_error {
                     format!("Error: {text}")
@@ -308,7 +403,8 @@ fn user_turn(blocks: &[Block], at: &str, out: &mut Vec<Value>) -> Result<(), Inv
             | Block::Document { .. }
             | Block::ToolUse { .. }
             | Block::Thinking {}
-            | Block::RedactedThinking {}) => parts.extend(user_part(other, &at)?),
+            | Block::RedactedThinking {}
+            | Block::Other { .. }) => parts.extend(user_part(other, &at, untranslated)?),
         }
     }
     if !parts.is_empty() {
@@ -318,53 +414,110 @@ fn user_turn(blocks: &[Block], at: &str, out: &mut Vec<Value>) -> Result<(), Inv
 }
 
 /// A user block as a chat content part; `None` for what carries nothing a
-/// chat target reads (a thinking block).
-fn user_part(block: &Block, at: &str) -> Result<Option<Value>, Invalid> {
+/// chat target reads (a thinking block), or what it cannot read.
+fn user_part(
+    block: &Block,
+    at: &str,
+    untranslated: &mut Option<Untranslatable>,
+) -> Result<Option<Value>, Invalid> {
     Ok(match block {
         Block::Text { text } => Some(json!({"type": "text", "text": text})),
-        Block::Image { source } => Some(image_part(source, &format!("{at}.source"))?),
-        Block::Document { source, title } => Some(document_part(source, title.as_deref(), at)?),
-        Block::Thinking {} | Block::RedactedThinking {} => None,
+        Block::Image { source } => image_part(source, &format!("{at}.source"), untranslated)?,
+        Block::Document { source, title } => {
+            document_part(source, title.as_deref(), at, untranslated)?
+        }
+        Block::Thinking {} | Block::RedactedThinking {} | Block::ToolResult { .. } => None,
         Block::ToolUse { .. } => {
             return Err(Invalid::field(
                 format!("{at}.type"),
                 "`tool_use` blocks belong in an assistant turn",
             ))
         }
-        Block::ToolResult { .. } => None,
+        Block::Other { kind } => {
+            other_block(kind, at, untranslated)?;
+            None
+        }
     })
 }
 
-fn image_part(source: &Source, at: &str) -> Result<Value, Invalid> {
+/// The source types [`Source`] reads: one of them read as
+/// [`Source::Other`] is malformed.
+const SOURCE_TYPES: [&str; 3] = ["base64", "url", "text"];
+
+/// A source chat cannot carry, at `at` (the source): as [`other_block`].
+fn other_source(
+    kind: &str,
+    at: &str,
+    untranslated: &mut Option<Untranslatable>,
+) -> Result<(), Invalid> {
+    if SOURCE_TYPES.contains(&kind) {
+        return Err(Invalid::field(
+            at,
+            format!("a `{kind}` source is missing a field or has one of the wrong type"),
+        ));
+    }
+    untranslated.get_or_insert_with(|| {
+        only_anthropic(format!("{at}.type"), &format!("a source of type `{kind}`"))
+    });
+    Ok(())
+}
+
+fn image_part(
+    source: &Source,
+    at: &str,
+    untranslated: &mut Option<Untranslatable>,
+) -> Result<Option<Value>, Invalid> {
     let url = match source {
         Source::Base64 { media_type, data } => format!("data:{media_type};base64,{data}"),
         Source::Url { url } => url.clone(),
-        Source::Text { .. } | Source::File {} => {
+        Source::Text { .. } => {
             return Err(Invalid::field(
                 format!("{at}.type"),
-                "an image source is `base64` or `url` here",
+                "an image source is `base64`, `url` or `file`",
             ))
         }
+        Source::Other { kind } => {
+            other_source(kind, at, untranslated)?;
+            return Ok(None);
+        }
     };
-    Ok(json!({"type": "image_url", "image_url": {"url": url}}))
+    Ok(Some(
+        json!({"type": "image_url", "image_url": {"url": url}}),
+    ))
 }
 
-fn document_part(source: &Source, title: Option<&str>, at: &str) -> Result<Value, Invalid> {
-    match source {
-        Source::Base64 { media_type, data } => Ok(json!({"type": "file", "file": {
+fn document_part(
+    source: &Source,
+    title: Option<&str>,
+    at: &str,
+    untranslated: &mut Option<Untranslatable>,
+) -> Result<Option<Value>, Invalid> {
+    Ok(match source {
+        Source::Base64 { media_type, data } => Some(json!({"type": "file", "file": {
             "filename": title.unwrap_or("document.pdf"),
             "file_data": format!("data:{media_type};base64,{data}"),
         }})),
-        Source::Text { data } => Ok(json!({"type": "text", "text": data})),
-        Source::Url { .. } | Source::File {} => Err(Invalid::field(
-            format!("{at}.source.type"),
-            "a document is sent as `base64` or `text` through switchyard (a chat target cannot fetch a URL or a file id)",
-        )),
-    }
+        Source::Text { data } => Some(json!({"type": "text", "text": data})),
+        // A chat target cannot fetch a URL.
+        Source::Url { .. } => {
+            untranslated.get_or_insert_with(|| {
+                only_anthropic(format!("{at}.source.type"), "a document by `url`")
+            });
+            None
+        }
+        Source::Other { kind } => {
+            other_source(kind, &format!("{at}.source"), untranslated)?;
+            None
+        }
+    })
 }
 
 /// A tool result's text, and its images as user parts.
-fn tool_result(content: Option<&Content>, at: &str) -> Result<(String, Vec<Value>), Invalid> {
+fn tool_result(
+    content: Option<&Content>,
+    at: &str,
+    untranslated: &mut Option<Untranslatable>,
+) -> Result<(String, Vec<Value>), Invalid> {
     let blocks = match content {
         None => return Ok((String::new(), Vec::new())),
         Some(Content::Text(text)) => return Ok((text.clone(), Vec::new())),
@@ -372,19 +525,23 @@ fn tool_result(content: Option<&Content>, at: &str) -> Result<(String, Vec<Value
     };
     let (mut text, mut images) = (Vec::new(), Vec::new());
     for (k, block) in blocks.iter().enumerate() {
+        let at = format!("{at}.content[{k}]");
         match block {
             Block::Text { text: t } => text.push(t.as_str()),
             Block::Image { source } => {
-                images.push(image_part(source, &format!("{at}.content[{k}].source"))?);
+                images.extend(image_part(source, &format!("{at}.source"), untranslated)?);
             }
-            Block::Document { .. }
-            | Block::ToolUse { .. }
+            Block::Document { source, title } => {
+                images.extend(document_part(source, title.as_deref(), &at, untranslated)?);
+            }
+            Block::Other { kind } => other_block(kind, &at, untranslated)?,
+            Block::ToolUse { .. }
             | Block::ToolResult { .. }
             | Block::Thinking {}
             | Block::RedactedThinking {} => {
                 return Err(Invalid::field(
-                    format!("{at}.content[{k}].type"),
-                    "a tool result holds text and image blocks",
+                    format!("{at}.type"),
+                    "a tool result holds text, image, document and search result blocks",
                 ))
             }
         }
@@ -392,16 +549,21 @@ fn tool_result(content: Option<&Content>, at: &str) -> Result<(String, Vec<Value
     Ok((text.join("\n"), images))
 }
 
-fn assistant_turn(blocks: &[Block]) -> Value {
+fn assistant_turn(
+    blocks: &[Block],
+    at: &str,
+    untranslated: &mut Option<Untranslatable>,
+) -> Result<Value, Invalid> {
     let mut text = String::new();
     let mut calls = Vec::new();
-    for block in blocks {
+    for (j, block) in blocks.iter().enumerate() {
         match block {
             Block::Text { text: t } => text.push_str(t),
             Block::ToolUse { id, name, input } => calls.push(json!({
                 "id": id, "type": "function",
                 "function": {"name": name, "arguments": input.to_string()},
             })),
+            Block::Other { kind } => other_block(kind, &format!("{at}[{j}]"), untranslated)?,
             // Earlier thinking cannot be given back to a chat target.
             Block::Thinking {}
             | Block::RedactedThinking {}
@@ -414,7 +576,7 @@ fn assistant_turn(blocks: &[Block]) -> Value {
     if !calls.is_empty() {
         message["tool_calls"] = Value::Array(calls);
     }
-    message
+    Ok(message)
 }
 
 /// The custom tools as chat tools, and what leaving out a server tool (only
@@ -425,10 +587,7 @@ fn chat_tools(tools: &[Tool]) -> Result<(Vec<Value>, Option<Untranslatable>), In
     for (i, tool) in tools.iter().enumerate() {
         if let Some(kind) = tool.kind.as_deref().filter(|k| *k != "custom") {
             server.get_or_insert_with(|| {
-                Untranslatable {
-                    param: format!("tools[{i}].type"),
-                    why: format!("server tool `{kind}` (tools[{i}].type) runs only on a target that speaks Anthropic Messages"),
-                }
+                only_anthropic(format!("tools[{i}].type"), &format!("server tool `{kind}`"))
             });
             continue;
         }

@@ -144,6 +144,9 @@ enum ToolChoice {
         kind: String,
         name: String,
     },
+    /// A built-in tool's, `allowed_tools`, `mcp`: only a Responses target
+    /// honours it ([`hosted_choice`]).
+    Other(Map<String, Value>),
 }
 
 #[derive(Deserialize)]
@@ -209,7 +212,9 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
     }
     messages.extend(conversation.iter().cloned());
     let chat = chat_request(&request, model.as_deref(), messages)?;
-    let untranslatable = built_in_tool(request.tools.as_deref()).or(untranslated);
+    let untranslatable = built_in_tool(request.tools.as_deref())
+        .or(hosted_choice(request.tool_choice.as_ref())?)
+        .or(untranslated);
     let echo = Echo::of(&request);
     // A target of the client's own protocol gets the conversation whole: a
     // response switchyard keeps is no id that target knows.
@@ -314,6 +319,30 @@ fn built_in_tool(tools: Option<&[Tool]>) -> Option<Untranslatable> {
         format!("tools[{i}].type"),
         &format!("built-in tool `{}`", tool.kind),
     ))
+}
+
+/// A `tool_choice` naming what is not a function (a built-in tool,
+/// `allowed_tools`, an MCP server's tool): only a Responses target honours it.
+///
+/// # Errors
+/// A function's choice without a `name`, or a choice without a `type`.
+fn hosted_choice(choice: Option<&ToolChoice>) -> Result<Option<Untranslatable>, Invalid> {
+    let kind = match choice {
+        None | Some(ToolChoice::Mode(_)) => return Ok(None),
+        Some(ToolChoice::Function { kind, .. }) if kind == "function" => return Ok(None),
+        Some(ToolChoice::Function { kind, .. }) => kind.as_str(),
+        Some(ToolChoice::Other(choice)) => match choice.get("type").and_then(Value::as_str) {
+            Some("function") => {
+                return Err(Invalid::field("tool_choice.name", "missing field `name`"))
+            }
+            Some(kind) => kind,
+            None => return Err(Invalid::field("tool_choice.type", "missing field `type`")),
+        },
+    };
+    Ok(Some(only_responses(
+        "tool_choice.type".into(),
+        &format!("a `tool_choice` of type `{kind}`"),
+    )))
 }
 
 /// What chat cannot carry, at `param`: only a Responses target can serve it.
@@ -543,6 +572,9 @@ fn chat_tool_choice(choice: &ToolChoice) -> Result<Value, Invalid> {
         ToolChoice::Function { kind, name } if kind == "function" => {
             Ok(json!({"type": "function", "function": {"name": name}}))
         }
+        // Never sent: the request is a Responses target's alone (`hosted_choice`).
+        ToolChoice::Other(_) => Ok(json!("auto")),
+        ToolChoice::Function { kind, .. } if kind != "function" => Ok(json!("auto")),
         ToolChoice::Mode(_) | ToolChoice::Function { .. } => Err(Invalid::field(
             "tool_choice",
             "`auto`, `none`, `required` or {\"type\": \"function\", \"name\": ...}",
@@ -605,6 +637,7 @@ impl Echo {
             None => json!("auto"),
             Some(ToolChoice::Mode(m)) => json!(m),
             Some(ToolChoice::Function { kind, name }) => json!({"type": kind, "name": name}),
+            Some(ToolChoice::Other(choice)) => Value::Object(choice.clone()),
         };
         let mut echo = Map::new();
         echo.insert("instructions".into(), json!(request.instructions));
