@@ -364,6 +364,16 @@ async fn malformed_messages_requests_are_anthropic_400s_naming_the_field_with_no
             "messages[0].content[0]",
         ),
         (
+            json!({"model": "gpt-4o", "max_tokens": 8, "messages": [user],
+                   "tools": [{"input_schema": {"type": "object"}}]}),
+            "tools[0].name",
+        ),
+        (
+            json!({"model": "gpt-4o", "max_tokens": 8, "messages": [user],
+                   "tools": [{"type": "mcp_toolset", "mcp_server_name": "wiki"}]}),
+            "tools[0].type",
+        ),
+        (
             json!({"model": "gpt-4o", "max_tokens": 8,
                    "messages": [{"role": "user", "content": [{"type": "image",
                        "source": {"type": "base64", "media_type": "image/png"}}]}]}),

@@ -202,7 +202,9 @@ enum Source {
 struct Tool {
     #[serde(rename = "type", default)]
     kind: Option<String>,
-    name: String,
+    /// Every custom tool has one; some server tools (an MCP toolset) do not.
+    #[serde(default)]
+    name: Option<String>,
     #[serde(default)]
     description: Option<String>,
     #[serde(default)]
@@ -591,14 +593,14 @@ fn chat_tools(tools: &[Tool]) -> Result<(Vec<Value>, Option<Untranslatable>), In
             });
             continue;
         }
-        if tool.name.is_empty() {
+        let Some(name) = tool.name.as_deref().filter(|n| !n.is_empty()) else {
             return Err(Invalid::field(
                 format!("tools[{i}].name"),
                 "a tool needs a name",
             ));
-        }
+        };
         let mut function = json!({
-            "name": tool.name,
+            "name": name,
             "parameters": tool.input_schema.clone().unwrap_or_else(|| json!({"type": "object"})),
         });
         if let Some(d) = &tool.description {
