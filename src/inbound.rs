@@ -97,12 +97,13 @@ fn model_text(raw: Option<&serde_json::value::RawValue>) -> Result<Option<String
 }
 
 /// The chat request a front door's request becomes (typed: the compiler
-/// checks its shape, and no `Value` tree is built for its top level).
+/// checks its shape, and no `Value` tree is built for its top level). It is
+/// written out only when something reads it ([`native::Translation`]).
 #[derive(Debug, Default, Serialize)]
-struct ChatBody<'a> {
+struct ChatBody {
     #[serde(skip_serializing_if = "Option::is_none")]
-    model: Option<&'a str>,
-    messages: Vec<serde_json::Value>,
+    model: Option<String>,
+    messages: ChatMessages,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u64>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -114,7 +115,7 @@ struct ChatBody<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     top_p: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    stop: Option<&'a [String]>,
+    stop: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tools: Option<Vec<serde_json::Value>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -124,17 +125,77 @@ struct ChatBody<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     response_format: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    reasoning_effort: Option<&'a str>,
+    reasoning_effort: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    user: Option<&'a str>,
+    user: Option<String>,
 }
 
-impl ChatBody<'_> {
+impl ChatBody {
     /// Its JSON text.
     fn to_bytes(&self) -> Bytes {
         // Writing these types cannot fail: string keys, and numbers as serde
         // read them from JSON (never a NaN).
         Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    /// What routing reads of it: what [`crate::request::ChatRequest`]
+    /// would read of its JSON text, without writing it.
+    fn facts(&self) -> native::Facts<'static> {
+        let (prompt_tokens, images) =
+            crate::request::estimate_values(self.messages.iter(), self.tools.as_deref());
+        let json_mode = self
+            .response_format
+            .as_ref()
+            .is_some_and(|f| matches!(f["type"].as_str(), Some("json_object" | "json_schema")));
+        native::Facts {
+            model: self.model.clone().map(Into::into),
+            stream: self.stream,
+            include_usage: self
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage),
+            max_tokens: self.max_tokens,
+            tools: self.tools.as_ref().is_some_and(|t| !t.is_empty()),
+            json_mode,
+            images,
+            prompt_tokens,
+        }
+    }
+
+    /// Its facts, and the translation that writes it when first read.
+    fn deferred(self) -> (native::Facts<'static>, native::Translation) {
+        (
+            self.facts(),
+            native::Translation::deferred(move || self.to_bytes()),
+        )
+    }
+}
+
+/// A chat request's messages: a leading one of its own (a system message),
+/// then turns it may share with what keeps the conversation.
+#[derive(Debug, Default)]
+struct ChatMessages {
+    head: Option<serde_json::Value>,
+    turns: std::sync::Arc<Vec<serde_json::Value>>,
+}
+
+impl ChatMessages {
+    /// `turns`, alone.
+    fn of(turns: Vec<serde_json::Value>) -> Self {
+        Self {
+            head: None,
+            turns: std::sync::Arc::new(turns),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &serde_json::Value> {
+        self.head.iter().chain(self.turns.iter())
+    }
+}
+
+impl Serialize for ChatMessages {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
     }
 }
 
@@ -146,8 +207,10 @@ struct StreamOptions {
 /// A request translated for the engine, and what rendering its answer needs.
 #[derive(Debug)]
 pub struct Translated {
-    /// The Chat Completions body the engine runs.
-    pub chat: Bytes,
+    /// The Chat Completions request the engine runs, written when read.
+    pub chat: native::Translation,
+    /// What routing reads of it.
+    pub facts: native::Facts<'static>,
     /// The body a target of the client's own protocol gets, when it is not
     /// the client's as sent.
     pub native: Option<Bytes>,
@@ -501,6 +564,64 @@ mod tests {
         assert!(e.message.contains("expected u64"), "{}", e.message);
         let e = Invalid::parse::<Probe>(b"[1]").unwrap_err();
         assert_eq!(e.param, "body");
+    }
+
+    /// Requests of both front doors, in the shapes their translations take.
+    const MESSAGES: [&str; 4] = [
+        r#"{"model":"claude-x","max_tokens":64,"messages":[{"role":"user","content":"hello there"}]}"#,
+        r#"{"model":"claude-x","max_tokens":9,"stream":true,"system":[{"type":"text","text":"Be brief."}],
+            "messages":[{"role":"user","content":[{"type":"text","text":"what is this?"},
+            {"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}}]},
+            {"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"look","input":{"q":"x"}}]},
+            {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"a cat"}]}],
+            "tools":[{"name":"look","description":"Looks.","input_schema":{"type":"object","properties":{"q":{"type":"string"}}}}]}"#,
+        r#"{"max_tokens":1,"messages":[{"role":"user","content":"no model"}],"tools":[]}"#,
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"news?"}],
+            "tools":[{"type":"web_search_20250305","name":"web_search"}]}"#,
+    ];
+    const RESPONSES: [&str; 3] = [
+        r#"{"model":"gpt-x","input":"hello there"}"#,
+        r#"{"model":"gpt-x","stream":true,"instructions":"Be brief.","max_output_tokens":40,
+            "input":[{"role":"user","content":[{"type":"input_text","text":"what is this?"},
+            {"type":"input_image","image_url":"https://example.com/a.png"}]},
+            {"type":"function_call","call_id":"c1","name":"look","arguments":"{\"q\":\"x\"}"},
+            {"type":"function_call_output","call_id":"c1","output":"a cat"}],
+            "tools":[{"type":"function","name":"look","parameters":{"type":"object"}}],
+            "text":{"format":{"type":"json_object"}}}"#,
+        r#"{"input":"no model","text":{"format":{"type":"text"}}}"#,
+    ];
+
+    #[test]
+    fn the_facts_read_are_what_the_written_translation_reads() {
+        let store = ResponseStore::default();
+        let translations = MESSAGES
+            .iter()
+            .map(|body| messages::translate(body.as_bytes()).unwrap())
+            .chain(
+                RESPONSES
+                    .iter()
+                    .map(|body| responses::translate(body.as_bytes(), &store).unwrap()),
+            );
+        for t in translations {
+            let view = crate::request::ChatRequest::parse(t.chat.bytes()).unwrap();
+            let read = view.facts();
+            let estimate = (t.facts.prompt_tokens, read.prompt_tokens);
+            assert_eq!(
+                native::Facts {
+                    prompt_tokens: 0,
+                    ..t.facts.reborrow()
+                },
+                native::Facts {
+                    prompt_tokens: 0,
+                    ..read
+                },
+                "{:?}",
+                t.chat.bytes()
+            );
+            // The same rule on values instead of text: within a tenth.
+            let (facts, text) = (estimate.0 as f64, estimate.1 as f64);
+            assert!((facts - text).abs() <= text / 10.0, "{estimate:?}");
+        }
     }
 
     #[test]

@@ -59,9 +59,10 @@ pub fn messages_text_delta(data: &str) -> Option<(u64, &str)> {
     crate::sse::scan::is_plain(text).then_some((index, text))
 }
 
-/// The client's own body, as the server hands it to the engine beside its
-/// chat translation.
-#[derive(Debug, Clone)]
+/// The client's own body, as the server hands it to the engine: what its
+/// front door read of it, and its chat translation, written only when
+/// something reads it.
+#[derive(Debug)]
 pub struct Body {
     /// What the client speaks.
     pub protocol: Protocol,
@@ -72,6 +73,77 @@ pub struct Body {
     pub untranslatable: Option<Untranslatable>,
     /// Where its `model` is, as the front door's reading found it.
     pub model_at: ModelAt,
+    /// What routing reads of it.
+    pub facts: Facts<'static>,
+    /// Its chat translation.
+    pub chat: Translation,
+}
+
+/// What the engine reads of a request before a target is chosen, as the
+/// front door read it from the client's body (a chat request's own view
+/// says the same of itself, `ChatRequest::facts`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Facts<'a> {
+    /// The model (or task) asked for.
+    pub model: Option<std::borrow::Cow<'a, str>>,
+    /// It asks for a stream.
+    pub stream: bool,
+    /// A stream's usage is asked for (`stream_options.include_usage`).
+    pub include_usage: bool,
+    /// The most output tokens it asks for.
+    pub max_tokens: Option<u64>,
+    /// It offers tools.
+    pub tools: bool,
+    /// It asks for a JSON answer.
+    pub json_mode: bool,
+    /// It holds an image.
+    pub images: bool,
+    /// Estimated prompt tokens (`crate::tokens`).
+    pub prompt_tokens: u64,
+}
+
+impl Facts<'_> {
+    /// The same facts, borrowing the model.
+    #[must_use]
+    pub fn reborrow(&self) -> Facts<'_> {
+        Facts {
+            model: self.model.as_deref().map(std::borrow::Cow::Borrowed),
+            ..*self
+        }
+    }
+}
+
+/// A request's chat translation: the canonical request, written as a Chat
+/// Completions body when first asked for (a target of another protocol is
+/// tried, or the contract, the cache or continuation reads it), else never.
+pub struct Translation {
+    written: std::sync::OnceLock<Bytes>,
+    write: Box<dyn Fn() -> Bytes + Send + Sync>,
+}
+
+impl Translation {
+    /// A translation `write` writes when it is first read.
+    #[must_use]
+    pub fn deferred(write: impl Fn() -> Bytes + Send + Sync + 'static) -> Self {
+        Self {
+            written: std::sync::OnceLock::new(),
+            write: Box::new(write),
+        }
+    }
+
+    /// The Chat Completions body, written now if it was not yet.
+    #[must_use]
+    pub fn bytes(&self) -> &Bytes {
+        self.written.get_or_init(|| (self.write)())
+    }
+}
+
+impl std::fmt::Debug for Translation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Translation")
+            .field("written", &self.written.get().is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Where a body's top-level `model` value lies, as the reader that parsed

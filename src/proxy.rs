@@ -46,7 +46,7 @@ use crate::body::Body;
 use crate::classify::{Action, AttemptOutcome, Decision};
 use crate::error::GatewayError;
 use crate::native::{self, Protocol};
-use crate::request::{ChatRequest, EmbeddingsRequest};
+use crate::request::{ChatRequest, EmbeddingsRequest, Prompt};
 use crate::routing::{self, Admission, Admitted, Holdbacks, Needs, Payload};
 use crate::schema::{Contract, Mode as ValidateMode, Violation};
 use crate::snapshot::{KeySet, Snapshot, Target, Task};
@@ -86,20 +86,24 @@ pub struct Exchange<'a> {
     pub render: Option<Box<dyn native::StreamRender>>,
 }
 
-/// Handles one `POST /v1/chat/completions`.
+/// Handles one `POST /v1/chat/completions` (and the other front doors'
+/// requests, whose chat translation is read only when something needs it).
 pub async fn chat_completions(mut x: Exchange<'_>) -> Response<Body> {
     let render = x.render.take();
-    let mut request = match ChatRequest::parse(&x.body) {
-        Ok(r) => r,
-        Err(e) => return rejected(&x, &e.into()),
+    let request = match &x.native {
+        Some(native) => Prompt::native(native),
+        None => match ChatRequest::parse(&x.body) {
+            Ok(r) => Prompt::chat(r, &x.body),
+            Err(e) => return rejected(&x, &e.into()),
+        },
     };
-    request.native = x.native.as_ref().map(native::Body::request);
-    let task = match route(&x, request.model.as_deref()) {
+    let facts = &request.facts;
+    let task = match route(&x, facts.model.as_deref()) {
         Ok(task) => task,
         Err(e) => return rejected(&x, &e),
     };
     x.trace
-        .routed("chat", &task.name, request.model.as_deref(), request.stream);
+        .routed("chat", &task.name, facts.model.as_deref(), facts.stream);
     if let Some(space) = &task.embedding {
         let why = format!(
             "task `{}` serves embeddings ({space}): send them to /v1/embeddings",
@@ -107,20 +111,33 @@ pub async fn chat_completions(mut x: Exchange<'_>) -> Response<Body> {
         );
         return refused(&x, &task, &GatewayError::bad_request(why));
     }
+    // Only a request with tools or a JSON format has a contract to read.
     let contract = match task.validate_tool_calls {
         ValidateMode::Never => None,
-        ValidateMode::Degraded | ValidateMode::Always => {
-            Contract::from_request(&request, &task.tool_schemas).map(Arc::new)
+        ValidateMode::Degraded | ValidateMode::Always if facts.tools || facts.json_mode => {
+            let read = request.read(|view| Contract::from_request(view, &task.tool_schemas));
+            let Some(contract) = read else {
+                return refused(&x, &task, &untranslated());
+            };
+            contract.map(Arc::new)
         }
+        ValidateMode::Degraded | ValidateMode::Always => None,
     };
     let shape = Shape {
         payload: Payload::Chat(&request),
-        stream: request.stream,
-        include_usage: request.include_usage,
+        stream: facts.stream,
+        include_usage: facts.include_usage,
         contract,
         render,
     };
-    serve(&x, &task, Needs::of(&request), shape).await
+    serve(&x, &task, Needs::of(facts), shape).await
+}
+
+/// A front door's translation that does not read as a chat request: never
+/// made (each front door writes a request the chat parser reads), but not a
+/// panic if it were.
+fn untranslated() -> GatewayError {
+    GatewayError::bad_request("the request has no chat translation switchyard can read")
 }
 
 /// Handles one `POST /v1/embeddings`: the same tasks, chains, health and
@@ -183,13 +200,7 @@ async fn serve(
         return resp;
     }
     let mut render = shape.render;
-    let mut cached = cached::Cached::of(
-        task,
-        &x.body,
-        x.headers,
-        &shape.payload,
-        needs.prompt_tokens,
-    );
+    let mut cached = cached::Cached::of(task, x.headers, &shape.payload, needs.prompt_tokens);
     let reply = cached::Reply {
         stream: shape.stream,
         include_usage: shape.include_usage,
@@ -207,7 +218,10 @@ async fn serve(
     let mut walk = Walk {
         snapshot,
         shared: snapshot,
-        body: &x.body,
+        prompt: match shape.payload {
+            Payload::Chat(prompt) => Some(prompt),
+            Payload::Embeddings(_) => None,
+        },
         tried: Vec::new(),
         task,
         op: shape.payload.operation(),
@@ -224,7 +238,7 @@ async fn serve(
         render,
         fill: cached.as_ref().and_then(cached::Cached::fill),
         native: match shape.payload {
-            Payload::Chat(request) => request.native.map(|n| n.protocol),
+            Payload::Chat(prompt) => prompt.native.map(|n| n.protocol),
             Payload::Embeddings(_) => None,
         },
         account: Account {
@@ -347,8 +361,8 @@ struct Walk<'a> {
     snapshot: &'a Snapshot,
     /// The same snapshot, to hand to a stream that outlives this walk.
     shared: &'a Arc<Snapshot>,
-    /// The client's request bytes (a continued stream sends them again).
-    body: &'a Bytes,
+    /// The chat request (a continued stream sends it again, a repair quotes it).
+    prompt: Option<&'a Prompt<'a>>,
     /// Targets called so far, in order.
     tried: Vec<Arc<Target>>,
     task: &'a Arc<Task>,
@@ -666,7 +680,13 @@ impl Walk<'_> {
                 telemetry::attempt_served(span, StatusCode::OK.as_u16());
                 let repaired = commit.repaired;
                 let origin = Origin {
-                    body: self.body.clone(),
+                    // Written for a task that continues streams only.
+                    body: match self.prompt {
+                        Some(prompt) if self.task.stream_recovery.continues => {
+                            prompt.bytes().clone()
+                        }
+                        Some(_) | None => Bytes::new(),
+                    },
                     request_id: self.request_id.clone(),
                     client_headers: upstream::forwardable(self.client_headers),
                     arrival: self.arrival,

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::native::ModelAt;
+use crate::native::{self, Facts, ModelAt};
 use crate::tokens;
 
 mod embeddings;
@@ -144,9 +144,6 @@ pub struct ChatRequest<'a> {
     pub images: bool,
     /// Estimated prompt tokens ([`crate::tokens`]).
     pub prompt_tokens: u64,
-    /// The client's own body, when it spoke another protocol a target may
-    /// speak too (this view is then its chat translation).
-    pub native: Option<crate::native::Request<'a>>,
 }
 
 impl<'a> ChatRequest<'a> {
@@ -188,7 +185,6 @@ impl<'a> ChatRequest<'a> {
             response_format: wire.response_format,
             max_tokens: max_completion_tokens.or(max_tokens),
             prompt_tokens: 0,
-            native: None,
         };
         request.prompt_tokens = request.estimate_prompt_tokens();
         request.tool_choice_has_tools()?;
@@ -219,6 +215,21 @@ impl<'a> ChatRequest<'a> {
     #[must_use]
     pub fn body(&self) -> &'a [u8] {
         self.body
+    }
+
+    /// What routing reads of it.
+    #[must_use]
+    pub fn facts(&self) -> Facts<'_> {
+        Facts {
+            model: self.model.as_deref().map(Cow::Borrowed),
+            stream: self.stream,
+            include_usage: self.include_usage,
+            max_tokens: self.max_tokens,
+            tools: self.offers_tools(),
+            json_mode: self.json_mode,
+            images: self.images,
+            prompt_tokens: self.prompt_tokens,
+        }
     }
 
     /// The body with `model` set to `model`: the client's bytes with only that
@@ -262,6 +273,131 @@ impl<'a> ChatRequest<'a> {
             total += tokens::estimate_text(defs.get());
         }
         total
+    }
+}
+
+/// A chat request as the walk reads it: routing's facts at once, and the
+/// typed view of its chat body when something reads that. A chat client's
+/// view is read at once; a request in another protocol has its chat
+/// translation written only when a target of another protocol is tried, or
+/// the contract, the cache, a repair or continuation reads it.
+#[derive(Debug)]
+pub struct Prompt<'a> {
+    /// What routing reads.
+    pub facts: Facts<'a>,
+    /// The client's own body, when it spoke another protocol.
+    pub native: Option<native::Request<'a>>,
+    /// Where its chat body comes from.
+    source: Source<'a>,
+}
+
+/// The prompt estimate and whether an image is in it, for chat `messages`
+/// and `tools` not yet written out (a front door's translation): the rule
+/// of [`ChatRequest`]'s estimate, a value's JSON punctuation counted per
+/// field instead of read from its text.
+#[must_use]
+pub fn estimate_values<'v>(
+    messages: impl IntoIterator<Item = &'v serde_json::Value>,
+    tools: Option<&[serde_json::Value]>,
+) -> (u64, bool) {
+    use serde_json::Value;
+    let mut total = tokens::REPLY_PRIMING;
+    let mut images = false;
+    for m in messages {
+        total += tokens::PER_MESSAGE;
+        match &m["content"] {
+            Value::String(text) => total += tokens::estimate_text(text),
+            Value::Array(parts) => {
+                for part in parts {
+                    let kind = part["type"].as_str().unwrap_or_default();
+                    if IMAGE_PARTS.contains(&kind) {
+                        images = true;
+                        total += tokens::PER_IMAGE;
+                    } else {
+                        total += part["text"].as_str().map_or(0, tokens::estimate_text);
+                    }
+                }
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) | Value::Object(_) => {}
+        }
+        for field in ["tool_calls", "name"] {
+            total += m.get(field).map_or(0, value_tokens);
+        }
+    }
+    total += tools.map_or(0, |defs| defs.iter().map(value_tokens).sum());
+    (total, images)
+}
+
+/// Estimated tokens of a JSON value as written: its strings and numbers,
+/// and about two tokens of punctuation per field or element.
+fn value_tokens(value: &serde_json::Value) -> u64 {
+    use serde_json::Value;
+    match value {
+        Value::String(text) => 1 + tokens::estimate_text(text),
+        Value::Null | Value::Bool(_) | Value::Number(_) => 1,
+        Value::Array(items) => 1 + items.iter().map(|v| 1 + value_tokens(v)).sum::<u64>(),
+        Value::Object(fields) => {
+            let each = |(k, v): (&String, &Value)| 2 + tokens::estimate_text(k) + value_tokens(v);
+            1 + fields.iter().map(each).sum::<u64>()
+        }
+    }
+}
+
+/// Where a [`Prompt`]'s chat body comes from.
+#[derive(Debug)]
+enum Source<'a> {
+    /// The chat client's own, and its view.
+    Chat(&'a Bytes, ChatRequest<'a>),
+    /// Another protocol's request's translation.
+    Native(&'a native::Translation),
+}
+
+impl<'a> Prompt<'a> {
+    /// A chat request, `view` read already from `body`.
+    #[must_use]
+    pub fn chat(view: ChatRequest<'a>, body: &'a Bytes) -> Self {
+        Self {
+            facts: Facts {
+                model: view.model.clone(),
+                ..view.facts()
+            },
+            native: None,
+            source: Source::Chat(body, view),
+        }
+    }
+
+    /// A request in another protocol, `body`, its chat translation unwritten.
+    #[must_use]
+    pub fn native(body: &'a native::Body) -> Self {
+        Self {
+            facts: body.facts.reborrow(),
+            native: Some(body.request()),
+            source: Source::Native(&body.chat),
+        }
+    }
+
+    /// The chat body: the client's, or its translation (written now if it
+    /// was not yet).
+    #[must_use]
+    pub fn bytes(&self) -> &'a Bytes {
+        match &self.source {
+            Source::Chat(body, _) => body,
+            Source::Native(translation) => translation.bytes(),
+        }
+    }
+
+    /// `read` on the typed view of the chat body: a chat client's, or its
+    /// translation written and read now (read again on each call: only a
+    /// target of another protocol, the contract and continuation ask, rarely
+    /// more than once a request). `None` if the translation does not read as
+    /// a chat request, which no front door writes.
+    pub fn read<R>(&self, read: impl FnOnce(&ChatRequest<'_>) -> R) -> Option<R> {
+        match &self.source {
+            Source::Chat(_, view) => Some(read(view)),
+            Source::Native(translation) => ChatRequest::parse(translation.bytes())
+                .ok()
+                .map(|view| read(&view)),
+        }
     }
 }
 

@@ -33,8 +33,9 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::health::{Permit, State, Unavailable};
+use crate::native::{self, Facts};
 use crate::ratelimit::Spender;
-use crate::request::{ChatRequest, EmbeddingsRequest};
+use crate::request::{EmbeddingsRequest, Prompt};
 use crate::snapshot::{Capability, KeySet, NoKey, Snapshot, Strategy, Target, Task};
 use crate::upstream::{Operation, TargetModel, Unsupported};
 
@@ -58,15 +59,15 @@ pub struct Needs {
 }
 
 impl Needs {
-    /// What `request` needs.
+    /// What a request with `facts` needs.
     #[must_use]
-    pub fn of(request: &ChatRequest<'_>) -> Self {
+    pub fn of(facts: &Facts<'_>) -> Self {
         Needs {
-            tools: request.offers_tools(),
-            json_mode: request.json_mode,
-            vision: request.images,
-            prompt_tokens: request.prompt_tokens,
-            max_tokens: request.max_tokens,
+            tools: facts.tools,
+            json_mode: facts.json_mode,
+            vision: facts.images,
+            prompt_tokens: facts.prompt_tokens,
+            max_tokens: facts.max_tokens,
         }
     }
 
@@ -554,7 +555,7 @@ impl Holdbacks {
 #[derive(Debug, Clone, Copy)]
 pub enum Payload<'a> {
     /// A chat completion.
-    Chat(&'a ChatRequest<'a>),
+    Chat(&'a Prompt<'a>),
     /// Embeddings.
     Embeddings(&'a EmbeddingsRequest<'a>),
 }
@@ -888,25 +889,26 @@ impl<'a> Admission<'a> {
         };
         let endpoint = &target.provider.endpoint;
         let encoded = match self.request {
-            Payload::Chat(request) => {
-                let native = request
-                    .native
-                    .filter(|n| endpoint.native_protocol() == Some(n.protocol));
-                // What only the client's protocol can say: its targets alone serve it.
-                let untranslatable = request
-                    .native
-                    .filter(|_| native.is_none())
-                    .and_then(|n| n.untranslatable);
-                match untranslatable {
-                    Some(u) => {
-                        self.unsupported_param = Some(u.param.clone());
-                        Err(Unsupported(u.why.clone()))
-                    }
-                    None => endpoint
-                        .adapter_for(native.is_some())
-                        .encode(request, model),
+            Payload::Chat(request) => match request.native {
+                // The client's own protocol: its body as sent, `model` rewritten.
+                Some(native) if endpoint.native_protocol() == Some(native.protocol) => {
+                    crate::request::object_with_model_at(native.body, native.model_at, model.model)
+                        .ok_or_else(|| Unsupported("the body is not a JSON object".into()))
                 }
-            }
+                // What only the client's protocol can say: its targets alone serve it.
+                Some(native::Request {
+                    untranslatable: Some(u),
+                    ..
+                }) => {
+                    self.unsupported_param = Some(u.param.clone());
+                    Err(Unsupported(u.why.clone()))
+                }
+                Some(_) | None => request
+                    .read(|view| endpoint.adapter_for(false).encode(view, model))
+                    .unwrap_or_else(|| {
+                        Err(Unsupported("its chat translation did not read".into()))
+                    }),
+            },
             Payload::Embeddings(request) => {
                 endpoint.adapter.encode_embeddings(request, &target.model)
             }
@@ -977,6 +979,7 @@ mod tests {
 
     use super::*;
     use crate::config::parse;
+    use crate::request::ChatRequest;
     use crate::snapshot::{compile::compile, CompileOptions, LiveState, Snapshot};
 
     fn snapshot(tasks: &str) -> Snapshot {
@@ -1156,11 +1159,11 @@ mod tests {
             "response_format": {"type": "json_schema", "json_schema": {}},
             "max_completion_tokens": 77
         }"#;
-        let n = Needs::of(&ChatRequest::parse(body).unwrap());
+        let n = Needs::of(&ChatRequest::parse(body).unwrap().facts());
         assert!(n.tools && n.json_mode && n.vision);
         assert_eq!(n.max_tokens, Some(77));
         let empty =
             ChatRequest::parse(br#"{"tools": [], "messages": [{"role": "user"}]}"#).unwrap();
-        assert!(!Needs::of(&empty).tools);
+        assert!(!Needs::of(&empty.facts()).tools);
     }
 }

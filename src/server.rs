@@ -646,7 +646,7 @@ async fn proxied(
     let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
         return rejected(&GatewayError::Overloaded, &request_id);
     };
-    let (bytes, mut translation) = match translated(app, api, bytes).await {
+    let (bytes, native, mut translation) = match translated(app, api, bytes).await {
         Ok(translated) => translated,
         Err(refusal) => {
             snapshot.unrouted.increment(400, 1);
@@ -661,7 +661,7 @@ async fn proxied(
         headers: &parts.headers,
         peer,
         body: bytes,
-        native: translation.as_ref().map(|t| t.native.clone()),
+        native,
         render: translation
             .as_mut()
             .filter(|t| t.stream)
@@ -699,21 +699,20 @@ async fn proxied(
 struct Translation {
     /// How its answer goes back.
     render: inbound::Render,
-    /// The client's own body.
-    native: native::Body,
     /// It asked for a stream.
     stream: bool,
 }
 
-/// The body the engine runs, and for a Messages or Responses request
-/// translated into chat (or refused with its 400, in its protocol) its
+/// The body as sent, and for a Messages or Responses request read by its
+/// front door (or refused with its 400, in its protocol) its own body for
+/// the engine (with its chat translation, written when read) and its
 /// [`Translation`]; chat and embeddings as they came.
 #[allow(clippy::result_large_err)] // the refusal is the response itself
 async fn translated(
     app: &App,
     api: Api,
     bytes: Bytes,
-) -> Result<(Bytes, Option<Translation>), Response<Body>> {
+) -> Result<(Bytes, Option<native::Body>, Option<Translation>), Response<Body>> {
     let refused = |bytes: Bytes| {
         let mut resp = json_bytes(StatusCode::BAD_REQUEST, bytes);
         resp.headers_mut()
@@ -721,7 +720,7 @@ async fn translated(
         resp
     };
     let t = match api {
-        Api::Chat | Api::Embeddings => return Ok((bytes, None)),
+        Api::Chat | Api::Embeddings => return Ok((bytes, None, None)),
         Api::Messages => inbound::messages::translate(&bytes)
             .map_err(|e| refused(inbound::messages::invalid(&e)))?,
         Api::Responses => {
@@ -739,16 +738,17 @@ async fn translated(
     };
     let native = native::Body {
         protocol: api.protocol(),
-        bytes: t.native.unwrap_or(bytes),
+        bytes: t.native.unwrap_or_else(|| bytes.clone()),
         untranslatable: t.untranslatable,
         model_at: t.model_at,
+        facts: t.facts,
+        chat: t.chat,
     };
     let translation = Translation {
         render: t.render,
-        native,
         stream: t.stream,
     };
-    Ok((t.chat, Some(translation)))
+    Ok((bytes, Some(native), Some(translation)))
 }
 
 /// switchyard's own error in the client's protocol.
@@ -981,11 +981,11 @@ fn explain(
     let (chat, untranslatable) = match asked.protocol {
         Protocol::Chat => (Bytes::copy_from_slice(asked.body), None),
         Protocol::Messages => match inbound::messages::translate(asked.body) {
-            Ok(t) => (t.chat, t.untranslatable),
+            Ok(t) => (t.chat.bytes().clone(), t.untranslatable),
             Err(e) => return json_bytes(StatusCode::BAD_REQUEST, inbound::messages::invalid(&e)),
         },
         Protocol::Responses => match inbound::responses::translate(asked.body, store) {
-            Ok(t) => (t.chat, t.untranslatable),
+            Ok(t) => (t.chat.bytes().clone(), t.untranslatable),
             Err(e) => return json_bytes(StatusCode::BAD_REQUEST, inbound::responses::invalid(&e)),
         },
     };
@@ -1011,7 +1011,7 @@ fn explain(
             request_id,
         );
     };
-    let needs = crate::routing::Needs::of(&request);
+    let needs = crate::routing::Needs::of(&request.facts());
     let plan = crate::routing::plan(task, &needs, Instant::now());
     let mut v = plan.to_json(task, &needs);
     if let (Some(why), Some(candidates)) = (untranslatable, v["candidates"].as_array_mut()) {

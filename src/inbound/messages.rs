@@ -271,9 +271,15 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
         &request.messages,
         &mut untranslatable,
     )?;
-    if messages.is_empty() && untranslatable.is_some() {
+    if messages.is_empty() {
+        if untranslatable.is_none() {
+            return Err(Invalid::field(
+                "messages",
+                "the messages say nothing a model reads (only thinking blocks)",
+            ));
+        }
         // All it says is Anthropic's alone: no chat target gets this body,
-        // but the engine reads it (a chat request has a message).
+        // but the engine may read it (a chat request has a message).
         messages.push(json!({"role": "user", "content": ""}));
     }
     // A choice among server tools alone is the Anthropic target's to make.
@@ -282,9 +288,10 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
         .as_ref()
         .filter(|_| tools.is_some())
         .map(chat_tool_choice);
+    let model_at = crate::request::model_at(body, request.model);
     let chat = ChatBody {
-        model: model.as_deref(),
-        messages,
+        model: model.clone(),
+        messages: super::ChatMessages::of(messages),
         max_tokens: Some(request.max_tokens),
         stream,
         stream_options: stream.then_some(StreamOptions {
@@ -292,19 +299,21 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
         }),
         temperature: request.temperature,
         top_p: request.top_p,
-        stop: request.stop_sequences.as_deref().filter(|s| !s.is_empty()),
+        stop: request.stop_sequences.filter(|s| !s.is_empty()),
         tools,
         parallel_tool_calls: choice
             .as_ref()
             .and_then(|(_, parallel)| (!parallel).then_some(false)),
         tool_choice: choice.map(|(choice, _)| choice),
-        user: request.metadata.as_ref().and_then(|m| m.user_id.as_deref()),
+        user: request.metadata.and_then(|m| m.user_id),
         ..ChatBody::default()
     };
+    let (facts, chat) = chat.deferred();
     Ok(Translated {
-        chat: chat.to_bytes(),
+        chat,
+        facts,
         native: None,
-        model_at: crate::request::model_at(body, request.model),
+        model_at,
         stream,
         render: Render::Messages(Reply {
             model: model.unwrap_or_default(),
@@ -1121,7 +1130,7 @@ mod tests {
     }
 
     fn chat_of(body: &str) -> Value {
-        serde_json::from_slice(&translate(body.as_bytes()).unwrap().chat).unwrap()
+        serde_json::from_slice(translate(body.as_bytes()).unwrap().chat.bytes()).unwrap()
     }
 
     #[test]
@@ -1185,7 +1194,7 @@ mod tests {
         assert_eq!(why.param, "tools[0].type");
         assert!(why.why.contains("web_search_20250305"), "{why:?}");
         // Chat targets are skipped for it; the chat body has no tool to choose.
-        let chat: Value = serde_json::from_slice(&t.chat).unwrap();
+        let chat: Value = serde_json::from_slice(t.chat.bytes()).unwrap();
         assert!(
             chat.get("tools").is_none() && chat.get("tool_choice").is_none(),
             "{chat}"

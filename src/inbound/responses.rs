@@ -206,12 +206,13 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
     if conversation.is_empty() {
         return Err(Invalid::field("input", "an input is required"));
     }
-    let mut messages = Vec::with_capacity(conversation.len() + 1);
-    if let Some(instructions) = &request.instructions {
-        messages.push(json!({"role": "system", "content": instructions}));
-    }
-    messages.extend(conversation.iter().cloned());
-    let chat = chat_request(&request, model.as_deref(), messages)?;
+    let conversation = std::sync::Arc::new(conversation);
+    let messages = super::ChatMessages {
+        head: (request.instructions.as_ref())
+            .map(|instructions| json!({"role": "system", "content": instructions})),
+        turns: std::sync::Arc::clone(&conversation),
+    };
+    let chat = chat_request(&request, model.clone(), messages)?;
     let untranslatable = built_in_tool(request.tools.as_deref())
         .or(hosted_choice(request.tool_choice.as_ref())?)
         .or(untranslated);
@@ -226,8 +227,10 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
         Some(_) => crate::native::ModelAt::Unread,
         None => crate::request::model_at(body, request.model),
     };
+    let (facts, chat) = chat.deferred();
     Ok(Translated {
-        chat: chat.to_bytes(),
+        chat,
+        facts,
         native,
         model_at,
         stream: request.stream.unwrap_or(false),
@@ -351,11 +354,11 @@ fn only_responses(param: String, what: &str) -> Untranslatable {
     Untranslatable { param, why }
 }
 
-fn chat_request<'a>(
-    request: &'a Request<'_>,
-    model: Option<&'a str>,
-    messages: Vec<Value>,
-) -> Result<ChatBody<'a>, Invalid> {
+fn chat_request(
+    request: &Request<'_>,
+    model: Option<String>,
+    messages: super::ChatMessages,
+) -> Result<ChatBody, Invalid> {
     let stream = request.stream == Some(true);
     let tools = request
         .tools
@@ -386,8 +389,8 @@ fn chat_request<'a>(
             .as_ref()
             .and_then(|t| t.format.as_ref())
             .and_then(response_format),
-        reasoning_effort: request.reasoning.as_ref().and_then(|r| r.effort.as_deref()),
-        user: request.user.as_deref(),
+        reasoning_effort: request.reasoning.as_ref().and_then(|r| r.effort.clone()),
+        user: request.user.clone(),
         ..ChatBody::default()
     })
 }
@@ -684,8 +687,9 @@ pub struct Reply {
     model: String,
     /// Where the response is kept, unless `store: false`.
     store: Option<ResponseStore>,
-    /// The conversation so far (the previous response's, then this input).
-    conversation: Vec<Value>,
+    /// The conversation so far (the previous response's, then this input),
+    /// shared with the chat translation.
+    conversation: std::sync::Arc<Vec<Value>>,
     echo: Echo,
 }
 
@@ -1497,7 +1501,7 @@ mod tests {
         let Render::Responses(reply) = t.render else {
             unreachable!()
         };
-        (serde_json::from_slice(&t.chat).unwrap(), reply)
+        (serde_json::from_slice(t.chat.bytes()).unwrap(), reply)
     }
 
     #[test]
@@ -1569,7 +1573,7 @@ mod tests {
             .expect("a built-in tool cannot be translated");
         assert_eq!(why.param, "tools[1].type");
         assert!(why.why.contains("`web_search` (tools[1].type)"), "{why:?}");
-        let chat: Value = serde_json::from_slice(&t.chat).unwrap();
+        let chat: Value = serde_json::from_slice(t.chat.bytes()).unwrap();
         assert_eq!(chat["tools"].as_array().map(Vec::len), Some(1), "{chat}");
     }
 
@@ -1591,7 +1595,7 @@ mod tests {
             let why = t.untranslatable.expect("a chat target cannot read it");
             assert_eq!(why.param, "input[0].content[1]");
             assert!(why.why.contains(said), "{why:?}");
-            let chat: Value = serde_json::from_slice(&t.chat).unwrap();
+            let chat: Value = serde_json::from_slice(t.chat.bytes()).unwrap();
             assert_eq!(
                 chat["messages"][0]["content"],
                 json!([{"type":"text","text":"hi"}]),

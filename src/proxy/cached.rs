@@ -49,7 +49,6 @@ impl Cached {
     /// cache: keyed by the client's own body (its protocol's).
     pub(super) fn of(
         task: &Task,
-        body: &[u8],
         headers: &http::HeaderMap,
         payload: &Payload<'_>,
         prompt_tokens: u64,
@@ -58,15 +57,21 @@ impl Cached {
         let Payload::Chat(request) = payload else {
             return None;
         };
-        let chat = body;
         let (protocol, body) = request
             .native
-            .map_or((Protocol::Chat, body), |n| (n.protocol, n.body));
+            .map_or((Protocol::Chat, &request.bytes()[..]), |n| {
+                (n.protocol, n.body)
+            });
         let forwarded = crate::upstream::forwardable(headers);
         let ask = cache.ask(protocol, body, headers, &forwarded);
+        // Only a semantic cache reads the chat translation (its prompt).
+        let prompt = match cache.policy.semantic {
+            Some(_) => cache.prompt(&ask, protocol, body, request.bytes()),
+            None => None,
+        };
         Some(Self {
             cache: Arc::clone(cache),
-            prompt: cache.prompt(&ask, protocol, body, chat),
+            prompt,
             ask,
             prompt_tokens,
             near: None,

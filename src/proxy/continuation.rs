@@ -36,7 +36,7 @@ use super::attempt::{self, Attempt, Call, Commit, Failed};
 use crate::classify::{AttemptOutcome, Interruption};
 use crate::health::Permit;
 use crate::metrics as m;
-use crate::request::ChatRequest;
+use crate::request::{ChatRequest, Prompt};
 use crate::routing::{self, Admission, Needs, Payload};
 use crate::snapshot::{KeySet, Snapshot, Target, Task};
 use crate::sse::{self, Event};
@@ -265,8 +265,8 @@ impl Recovery {
     pub async fn resume(&mut self, broken: &Arc<Target>) -> Result<Resumed, ()> {
         self.used += 1;
         let body = self.origin.body.clone();
-        let request = ChatRequest::parse(&body).map_err(|_| ())?;
-        let needs = Needs::of(&request);
+        let request = Prompt::chat(ChatRequest::parse(&body).map_err(|_| ())?, &body);
+        let needs = Needs::of(&request.facts);
         let task = Arc::clone(&self.task);
         let snapshot = Arc::clone(&self.snapshot);
         let mut plan = routing::plan(&task, &needs, Instant::now());

@@ -75,7 +75,7 @@ impl Walk<'_> {
         if !wanted || Instant::now() >= self.deadline {
             return None;
         }
-        let body = reask_body(self.body, target, broken)?;
+        let body = reask_body(self.prompt?.bytes(), target, broken)?;
         let permit = admission
             .readmit(target)
             .filter(|_| admission.recheck(target, broken.key))?;

@@ -87,13 +87,6 @@ impl Adapter for Anthropic {
         request: &ChatRequest<'_>,
         target: TargetModel<'_>,
     ) -> Result<Bytes, Unsupported> {
-        let native = request
-            .native
-            .filter(|n| n.protocol == Protocol::Messages)
-            .and_then(|n| crate::request::object_with_model_at(n.body, n.model_at, target.model));
-        if let Some(body) = native {
-            return Ok(body);
-        }
         let object = request
             .to_object()
             .map_err(|e| Unsupported(e.to_string()))?;

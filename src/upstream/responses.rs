@@ -46,14 +46,14 @@ impl Adapter for Responses {
 
     fn encode(
         &self,
-        request: &ChatRequest<'_>,
-        target: TargetModel<'_>,
+        _request: &ChatRequest<'_>,
+        _target: TargetModel<'_>,
     ) -> Result<Bytes, Unsupported> {
-        request
-            .native
-            .filter(|n| n.protocol == Protocol::Responses)
-            .and_then(|n| crate::request::object_with_model_at(n.body, n.model_at, target.model))
-            .ok_or_else(|| Unsupported("only a Responses request goes to /responses".into()))
+        // A Responses request goes as sent (`routing::Admission`), never
+        // through a translation.
+        Err(Unsupported(
+            "only a Responses request goes to /responses".into(),
+        ))
     }
 
     fn encode_embeddings(
