@@ -11,6 +11,7 @@
 //! drops the relay beneath, as on the chat path).
 
 pub mod count;
+mod lenient;
 pub mod messages;
 pub mod responses;
 mod store;
@@ -385,14 +386,22 @@ impl Finish {
     }
 }
 
+// What the renderers read of a chat answer. The engine accepted it already
+// (`classify`): a field that only describes it reads as absent when it is
+// of an odd type (`lenient`), rather than leave the client an empty answer.
+
 /// A chat completion, as far as the renderers read it.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct Completion {
+    #[serde(deserialize_with = "lenient::text_or_empty")]
     id: String,
+    #[serde(deserialize_with = "lenient::text_or_empty")]
     model: String,
+    #[serde(deserialize_with = "lenient::count")]
     created: Option<u64>,
     choices: Vec<Choice>,
+    #[serde(deserialize_with = "usage")]
     usage: Option<Usage>,
 }
 
@@ -400,22 +409,29 @@ struct Completion {
 #[serde(default)]
 struct Choice {
     message: AnswerMessage,
+    #[serde(deserialize_with = "lenient::text")]
     finish_reason: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct AnswerMessage {
+    #[serde(deserialize_with = "lenient::content")]
     content: Option<String>,
     /// The reasoning text some servers add (DeepSeek, vLLM, sglang).
+    #[serde(deserialize_with = "lenient::text")]
     reasoning_content: Option<String>,
+    #[serde(deserialize_with = "lenient::text")]
     refusal: Option<String>,
+    #[serde(deserialize_with = "lenient::list")]
     tool_calls: Vec<ToolCall>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct ToolCall {
+    /// Empty when the server gave none: the renderer makes one.
+    #[serde(deserialize_with = "lenient::text_or_empty")]
     id: String,
     function: Function,
 }
@@ -423,15 +439,28 @@ struct ToolCall {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct Function {
+    #[serde(deserialize_with = "lenient::text_or_empty")]
     name: String,
+    #[serde(deserialize_with = "arguments_or_empty")]
     arguments: String,
+}
+
+fn arguments_or_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    lenient::arguments(d).map(Option::unwrap_or_default)
+}
+
+/// `usage`, `None` when it is not an object of counts.
+fn usage<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Usage>, D::Error> {
+    Ok(Usage::deserialize(serde_json::Value::deserialize(d)?).ok())
 }
 
 /// Token counts, as chat reports them.
 #[derive(Debug, Default, Clone, Copy, Deserialize)]
 #[serde(default)]
 struct Usage {
+    #[serde(deserialize_with = "lenient::count_or_zero")]
     prompt_tokens: u64,
+    #[serde(deserialize_with = "lenient::count_or_zero")]
     completion_tokens: u64,
     prompt_tokens_details: Option<PromptDetails>,
     completion_tokens_details: Option<CompletionDetails>,
@@ -454,12 +483,14 @@ impl Usage {
 #[derive(Debug, Default, Clone, Copy, Deserialize)]
 #[serde(default)]
 struct PromptDetails {
+    #[serde(deserialize_with = "lenient::count")]
     cached_tokens: Option<u64>,
 }
 
 #[derive(Debug, Default, Clone, Copy, Deserialize)]
 #[serde(default)]
 struct CompletionDetails {
+    #[serde(deserialize_with = "lenient::count")]
     reasoning_tokens: Option<u64>,
 }
 
@@ -467,9 +498,13 @@ struct CompletionDetails {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct Chunk {
+    #[serde(deserialize_with = "lenient::text_or_empty")]
     id: String,
+    #[serde(deserialize_with = "lenient::text_or_empty")]
     model: String,
+    #[serde(deserialize_with = "lenient::null_as_empty")]
     choices: Vec<ChunkChoice>,
+    #[serde(deserialize_with = "usage")]
     usage: Option<Usage>,
 }
 
@@ -478,15 +513,20 @@ struct Chunk {
 struct ChunkChoice {
     index: u32,
     delta: Delta,
+    #[serde(deserialize_with = "lenient::text")]
     finish_reason: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct Delta {
+    #[serde(deserialize_with = "lenient::content")]
     content: Option<String>,
+    #[serde(deserialize_with = "lenient::text")]
     reasoning_content: Option<String>,
+    #[serde(deserialize_with = "lenient::text")]
     refusal: Option<String>,
+    #[serde(deserialize_with = "lenient::list")]
     tool_calls: Vec<ToolCallDelta>,
 }
 
@@ -494,6 +534,7 @@ struct Delta {
 #[serde(default)]
 struct ToolCallDelta {
     index: u32,
+    #[serde(deserialize_with = "lenient::text")]
     id: Option<String>,
     function: FunctionDelta,
 }
@@ -501,7 +542,9 @@ struct ToolCallDelta {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct FunctionDelta {
+    #[serde(deserialize_with = "lenient::text")]
     name: Option<String>,
+    #[serde(deserialize_with = "lenient::arguments")]
     arguments: Option<String>,
 }
 

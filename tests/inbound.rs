@@ -1236,3 +1236,201 @@ async fn a_responses_stream_broken_mid_text_is_finished_by_a_chat_target_in_the_
     );
     assert_eq!(b.calls(), 1);
 }
+
+/// A chat stream of `chunks` (each a `data:` JSON), then `[DONE]`.
+fn chat_stream(chunks: &[Value]) -> Reply {
+    let mut pieces: Vec<String> = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+    pieces.push("data: [DONE]\n\n".into());
+    Reply::Stream {
+        pieces,
+        delay: std::time::Duration::ZERO,
+        cut: false,
+    }
+}
+
+fn delta_chunk(delta: Value, finish: Option<&str>) -> Value {
+    json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+}
+
+/// The content blocks a Messages stream makes: each block's start, with its
+/// deltas folded in (text joined, tool input parsed).
+fn messages_blocks(body: &str) -> Vec<Value> {
+    let mut blocks: Vec<Value> = Vec::new();
+    let mut partial: Vec<String> = Vec::new();
+    for (name, data) in named_events(body) {
+        match name.as_str() {
+            "content_block_start" => {
+                blocks.push(data["content_block"].clone());
+                partial.push(String::new());
+            }
+            "content_block_delta" => {
+                let i = data["index"].as_u64().unwrap() as usize;
+                let d = &data["delta"];
+                match d["type"].as_str().unwrap() {
+                    "text_delta" => {
+                        let text = blocks[i]["text"].as_str().unwrap().to_owned();
+                        blocks[i]["text"] = json!(text + d["text"].as_str().unwrap());
+                    }
+                    "input_json_delta" => partial[i].push_str(d["partial_json"].as_str().unwrap()),
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    for (block, json) in blocks.iter_mut().zip(partial) {
+        if !json.is_empty() {
+            block["input"] = serde_json::from_str(&json).unwrap_or_else(|_| panic!("{json}"));
+        }
+    }
+    blocks
+}
+
+#[tokio::test]
+async fn an_answer_with_odd_metadata_is_rendered_whole_in_every_protocol() {
+    let odd = json!({"id": null, "object": "chat.completion", "created": "1", "model": null,
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant",
+            "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}],
+            "tool_calls": [{"id": null, "type": "function",
+                            "function": {"name": "get_w", "arguments": {"city": "Rome"}}}]}}],
+        "usage": {"prompt_tokens": null, "completion_tokens": 7.0, "total_tokens": "9"}});
+    let a = Fake::always(fake::json(200, &odd.to_string())).await;
+    let gw = tool_gateway(vec![hop("a", &a.url())], "").await;
+    let ans = messages(&gw, hello_messages(false)).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let v = ans.json();
+    assert_eq!(v["content"][0]["text"], "Hello there", "{v}");
+    let call = &v["content"][1];
+    assert_eq!(call["name"], "get_w", "{v}");
+    assert_eq!(call["input"], json!({"city": "Rome"}), "{v}");
+    assert!(
+        call["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("toolu_")),
+        "{v}"
+    );
+    assert_eq!(v["stop_reason"], "tool_use", "{v}");
+    assert_eq!(v["usage"]["output_tokens"], 7, "{v}");
+    let ans = responses(
+        &gw,
+        json!({"model": "gpt-4o", "input": "hello", "store": false}),
+    )
+    .await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let v = ans.json();
+    assert_eq!(v["output"][0]["content"][0]["text"], "Hello there", "{v}");
+    assert_eq!(v["output"][1]["name"], "get_w", "{v}");
+    assert!(
+        v["output"][1]["call_id"]
+            .as_str()
+            .is_some_and(|id| !id.is_empty()),
+        "{v}"
+    );
+    // The same oddities on every chunk of a stream.
+    let odd = |delta: Value, finish: Option<&str>| {
+        let mut c = delta_chunk(delta, finish);
+        c["id"] = Value::Null;
+        c["model"] = Value::Null;
+        c["usage"] = json!({"prompt_tokens": null, "completion_tokens": 2.0});
+        c
+    };
+    let a = Fake::always(chat_stream(&[
+        odd(json!({"role": "assistant", "content": "Hel"}), None),
+        odd(json!({"content": "lo"}), None),
+        odd(json!({}), Some("stop")),
+    ]))
+    .await;
+    let gw = tool_gateway(vec![hop("a", &a.url())], "").await;
+    let body = messages(&gw, hello_messages(true)).await.text();
+    assert_eq!(messages_text(&body), "Hello", "{body}");
+}
+
+#[tokio::test]
+async fn parallel_tool_calls_interleaved_or_named_late_reach_a_messages_client_whole() {
+    let call = |index: u32, id: Option<&str>, name: Option<&str>, args: &str| {
+        let mut c = json!({"index": index, "function": {"arguments": args}});
+        if let Some(id) = id {
+            c["id"] = json!(id);
+            c["type"] = json!("function");
+        }
+        if let Some(name) = name {
+            c["function"]["name"] = json!(name);
+        }
+        delta_chunk(json!({"tool_calls": [c]}), None)
+    };
+    let interleaved = [
+        call(0, Some("call_A"), Some("get_w"), ""),
+        call(1, Some("call_B"), Some("get_w"), ""),
+        call(0, None, None, "{\"ci"),
+        call(1, None, None, "{\"city\""),
+        call(0, None, None, "ty\": \"Par"),
+        call(1, None, None, ": \"Rome\"}"),
+        call(0, None, None, "is\"}"),
+        delta_chunk(json!({}), Some("tool_calls")),
+    ];
+    // The id and the name in a later fragment than the first; `stop` as the finish.
+    let late = [
+        call(0, None, None, ""),
+        call(0, Some("call_late"), Some("get_w"), "{\"city\": \"Oslo\"}"),
+        delta_chunk(json!({}), Some("stop")),
+    ];
+    for (chunks, want) in [
+        (
+            &interleaved[..],
+            vec![("call_A", "Paris"), ("call_B", "Rome")],
+        ),
+        (&late[..], vec![("call_late", "Oslo")]),
+    ] {
+        let a = Fake::always(chat_stream(chunks)).await;
+        let gw = tool_gateway(vec![hop("a", &a.url())], "").await;
+        let body = messages(&gw, hello_messages(true)).await.text();
+        let blocks = messages_blocks(&body);
+        let calls: Vec<(&str, &str)> = blocks
+            .iter()
+            .map(|b| {
+                (
+                    b["id"].as_str().unwrap(),
+                    b["input"]["city"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(calls, want, "{body}");
+        assert!(blocks.iter().all(|b| b["name"] == "get_w"), "{body}");
+        let (_, delta) = named_events(&body)
+            .into_iter()
+            .find(|(n, _)| n == "message_delta")
+            .unwrap();
+        assert_eq!(delta["delta"]["stop_reason"], "tool_use", "{body}");
+        // A Responses client gets each call whole, named, too.
+        let body = post_raw(
+            gw.addr,
+            "/v1/responses",
+            json!({"model": "gpt-4o", "input": "x", "stream": true, "store": false}).to_string(),
+            &[],
+        )
+        .await
+        .text();
+        let done: Vec<(String, String)> = named_events(&body)
+            .into_iter()
+            .filter(|(n, d)| {
+                n == "response.output_item.done" && d["item"]["type"] == "function_call"
+            })
+            .map(|(_, d)| {
+                let item = &d["item"];
+                let args: Value =
+                    serde_json::from_str(item["arguments"].as_str().unwrap()).unwrap();
+                assert_eq!(item["name"], "get_w", "{body}");
+                (
+                    item["call_id"].as_str().unwrap().to_owned(),
+                    args["city"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(i, c)| ((*i).to_owned(), (*c).to_owned()))
+            .collect();
+        assert_eq!(done, want, "{body}");
+    }
+}

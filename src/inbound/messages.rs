@@ -647,8 +647,11 @@ pub struct Reply {
     model: String,
 }
 
-fn stop_reason(finish: Option<Finish>) -> Value {
+/// Anthropic's `stop_reason` for a chat finish; an answer with a tool call
+/// stops for it whatever its server called the finish (some say `stop`).
+fn stop_reason(finish: Option<Finish>, called: bool) -> Value {
     match finish {
+        Some(Finish::Stop) | None if called => json!("tool_use"),
         Some(Finish::Stop) | None => json!("end_turn"),
         Some(Finish::Length) => json!("max_tokens"),
         Some(Finish::ToolCalls) => json!("tool_use"),
@@ -694,11 +697,12 @@ impl Reply {
             }
             for call in &message.tool_calls {
                 content.push(json!({
-                    "type": "tool_use", "id": call.id, "name": call.function.name,
+                    "type": "tool_use", "id": tool_use_id(&call.id), "name": call.function.name,
                     "input": tool_input(&call.function.arguments),
                 }));
             }
         }
+        let called = choice.is_some_and(|c| !c.message.tool_calls.is_empty());
         let finish = Finish::of(choice.and_then(|c| c.finish_reason.as_deref()));
         Bytes::from(
             json!({
@@ -707,7 +711,7 @@ impl Reply {
                 "role": "assistant",
                 "model": self.model_of(&completion.model),
                 "content": content,
-                "stop_reason": stop_reason(finish),
+                "stop_reason": stop_reason(finish, called),
                 "stop_sequence": null,
                 "usage": usage_of(completion.usage.as_ref()),
             })
@@ -731,13 +735,24 @@ impl Reply {
             started: false,
             open: None,
             blocks: 0,
-            tools: Vec::new(),
+            live: None,
+            held: Vec::new(),
+            called: false,
             finish: None,
             usage: None,
             ended: false,
             native_index: None,
             delta_sent: false,
         }
+    }
+}
+
+/// A call's id, made when its server gave none (a `tool_result` must name it).
+fn tool_use_id(id: &str) -> Cow<'_, str> {
+    if id.is_empty() {
+        Cow::Owned(fresh_id("toolu_"))
+    } else {
+        Cow::Borrowed(id)
     }
 }
 
@@ -769,8 +784,14 @@ pub struct StreamReply {
     open: Option<Open>,
     /// Blocks started so far (the next block's index).
     blocks: u64,
-    /// Chat tool-call indexes seen, in order.
-    tools: Vec<u32>,
+    /// The tool call streamed as it comes (its chat index), in the open block.
+    live: Option<u32>,
+    /// The other calls, kept whole until the answer ends: chat may
+    /// interleave calls' fragments, and a Messages block once closed takes
+    /// no more.
+    held: Vec<HeldCall>,
+    /// A tool call went out.
+    called: bool,
     finish: Option<Finish>,
     usage: Option<Usage>,
     ended: bool,
@@ -778,6 +799,16 @@ pub struct StreamReply {
     native_index: Option<u64>,
     /// The upstream's own `message_delta` went out.
     delta_sent: bool,
+}
+
+/// A tool call kept until its block can go out whole.
+#[derive(Debug)]
+struct HeldCall {
+    /// Its chat index.
+    index: u32,
+    id: Option<String>,
+    name: Option<String>,
+    arguments: String,
 }
 
 /// What the stream state needs of an upstream Messages event.
@@ -957,27 +988,81 @@ impl StreamReply {
             self.delta(json!({"type": "text_delta", "text": t}), out);
         }
         for call in &delta.tool_calls {
-            if !self.tools.contains(&call.index) {
-                self.tools.push(call.index);
-                let start = json!({
-                    "type": "tool_use", "id": call.id.clone().unwrap_or_else(|| fresh_id("toolu_")),
-                    "name": call.function.name.clone().unwrap_or_default(), "input": {},
-                });
-                self.open(Open::Tool(call.index), start, out);
-            } else if self.open != Some(Open::Tool(call.index)) {
-                // Chat interleaves calls' fragments; a Messages block, once
-                // closed, takes no more.
-                continue;
-            }
-            if let Some(args) = call.function.arguments.as_deref().filter(|a| !a.is_empty()) {
+            self.tool_fragment(call, out);
+        }
+        if let Some(finish) = Finish::of(choice.finish_reason.as_deref()) {
+            self.finish = Some(finish);
+        }
+    }
+
+    /// One fragment of a chat tool call: the live call's arguments go out as
+    /// they come; any other call is kept, and the first one kept goes live
+    /// once its name is known and no block of another call is open.
+    fn tool_fragment(&mut self, call: &super::ToolCallDelta, out: &mut BytesMut) {
+        let args = call.function.arguments.as_deref().unwrap_or_default();
+        if self.live == Some(call.index) && self.open == Some(Open::Tool(call.index)) {
+            if !args.is_empty() {
                 self.delta(
                     json!({"type": "input_json_delta", "partial_json": args}),
                     out,
                 );
             }
+            return;
         }
-        if let Some(finish) = Finish::of(choice.finish_reason.as_deref()) {
-            self.finish = Some(finish);
+        let held = match self.held.iter().position(|h| h.index == call.index) {
+            Some(at) => &mut self.held[at],
+            None => {
+                self.held.push(HeldCall {
+                    index: call.index,
+                    id: None,
+                    name: None,
+                    arguments: String::new(),
+                });
+                let last = self.held.len() - 1;
+                &mut self.held[last]
+            }
+        };
+        // An id or a name may come in a later fragment than the first.
+        if held.id.is_none() {
+            held.id.clone_from(&call.id);
+        }
+        if held.name.is_none() {
+            held.name = call.function.name.clone().filter(|n| !n.is_empty());
+        }
+        held.arguments.push_str(args);
+        let ready = self.live.is_none() && self.held.first().is_some_and(|h| h.name.is_some());
+        if ready {
+            let first = self.held.remove(0);
+            self.live = Some(first.index);
+            self.send_call(first, false, out);
+        }
+    }
+
+    /// A call's block: opened, with what it has of its arguments; closed too
+    /// when `whole`.
+    fn send_call(&mut self, call: HeldCall, whole: bool, out: &mut BytesMut) {
+        let id = call
+            .id
+            .filter(|id| !id.is_empty())
+            .unwrap_or_else(|| fresh_id("toolu_"));
+        let start = json!({"type": "tool_use", "id": id,
+            "name": call.name.unwrap_or_default(), "input": {}});
+        self.open(Open::Tool(call.index), start, out);
+        self.called = true;
+        if !call.arguments.is_empty() {
+            let delta = json!({"type": "input_json_delta", "partial_json": call.arguments});
+            self.delta(delta, out);
+        }
+        if whole {
+            self.close(out);
+        }
+    }
+
+    /// The calls kept back, each as a whole block, after the open one.
+    fn send_held(&mut self, out: &mut BytesMut) {
+        self.close(out);
+        for call in std::mem::take(&mut self.held) {
+            self.send_call(call, true, out);
         }
     }
 
@@ -986,7 +1071,7 @@ impl StreamReply {
             return;
         }
         self.ended = true;
-        self.close(out);
+        self.send_held(out);
         if self.delta_sent {
             write_event(out, "message_stop", &json!({"type": "message_stop"}));
             return;
@@ -999,7 +1084,7 @@ impl StreamReply {
             out,
             "message_delta",
             &json!({"type": "message_delta",
-                "delta": {"stop_reason": stop_reason(self.finish), "stop_sequence": null},
+                "delta": {"stop_reason": stop_reason(self.finish, self.called), "stop_sequence": null},
                 "usage": usage}),
         );
         write_event(out, "message_stop", &json!({"type": "message_stop"}));

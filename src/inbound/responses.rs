@@ -911,14 +911,20 @@ impl Reply {
             let mut calls = Vec::new();
             for call in &message.tool_calls {
                 let f = &call.function;
+                // A `function_call_output` must name the call: one is made
+                // when its server gave none.
+                let call_id = match call.id.as_str() {
+                    "" => fresh_id("call_"),
+                    id => id.to_owned(),
+                };
                 output.push(call_item(
                     &fresh_id("fc_"),
-                    &call.id,
+                    &call_id,
                     &f.name,
                     &f.arguments,
                     "completed",
                 ));
-                calls.push(json!({"id": call.id, "type": "function", "function": {"name": f.name, "arguments": f.arguments}}));
+                calls.push(json!({"id": call_id, "type": "function", "function": {"name": f.name, "arguments": f.arguments}}));
             }
             if !calls.is_empty() {
                 assistant["tool_calls"] = Value::Array(calls);
@@ -1296,7 +1302,8 @@ impl StreamReply {
                 chat_index: call.index,
                 id: fresh_id("fc_"),
                 output_index: self.output.len(),
-                call_id: call.id.clone().unwrap_or_else(|| fresh_id("call_")),
+                // Made at the end if no fragment names it.
+                call_id: call.id.clone().unwrap_or_default(),
                 name: call.function.name.clone().unwrap_or_default(),
                 arguments: String::new(),
             };
@@ -1310,10 +1317,18 @@ impl StreamReply {
                 json!({"output_index": index, "item": added}),
             );
         }
-        let Some(fragment) = call.function.arguments.as_deref().filter(|a| !a.is_empty()) else {
+        let Some(item) = self.calls.iter_mut().find(|c| c.chat_index == call.index) else {
             return;
         };
-        let Some(item) = self.calls.iter_mut().find(|c| c.chat_index == call.index) else {
+        // An id or a name may come in a later fragment than the first: the
+        // item's `done` carries them.
+        if item.name.is_empty() {
+            item.name = call.function.name.clone().unwrap_or_default();
+        }
+        if let (true, Some(id)) = (item.call_id.is_empty(), call.id.as_ref()) {
+            item.call_id.clone_from(id);
+        }
+        let Some(fragment) = call.function.arguments.as_deref().filter(|a| !a.is_empty()) else {
             return;
         };
         item.arguments.push_str(fragment);
@@ -1331,7 +1346,10 @@ impl StreamReply {
         }
         self.ended = true;
         self.close_text(out);
-        for item in std::mem::take(&mut self.calls) {
+        for mut item in std::mem::take(&mut self.calls) {
+            if item.call_id.is_empty() {
+                item.call_id = fresh_id("call_");
+            }
             self.emit(out, "response.function_call_arguments.done", json!({"item_id": item.id, "output_index": item.output_index, "name": item.name, "arguments": item.arguments}));
             let done = call_item(
                 &item.id,
