@@ -54,6 +54,11 @@ impl Invalid {
     fn parse<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, Self> {
         // The path is tracked only to name what failed: a well-formed body
         // (nearly every one) is read once, without it.
+        // serde would read an array into the struct field by field (and
+        // name the struct in its error).
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(Self::field("body", "the body must be a JSON object"));
+        }
         if let Ok(parsed) = serde_json::from_slice(body) {
             return Ok(parsed);
         }

@@ -383,6 +383,16 @@ async fn malformed_messages_requests_are_anthropic_400s_naming_the_field_with_no
             json!({"model": "gpt-4o", "max_tokens": "many", "messages": [user]}),
             "max_tokens",
         ),
+        (
+            json!({"model": "gpt-4o", "max_tokens": 0, "messages": [user]}),
+            "max_tokens",
+        ),
+        (
+            json!({"model": "gpt-4o", "max_tokens": 8, "messages": [user,
+                   {"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]}),
+            "messages[1].content[0]",
+        ),
+        (json!([{"role": "user"}]), "JSON object"),
     ];
     for (body, field) in cases {
         let ans = messages(&gw, body.clone()).await;
@@ -420,6 +430,23 @@ async fn malformed_responses_requests_are_400s_naming_the_param_with_no_upstream
             "previous_response_id",
             Some("previous_response_not_found"),
         ),
+        (
+            json!({"model": "gpt-4o", "input": [{"role": "user",
+                   "content": [{"type": "input_text"}]}]}),
+            "input[0].content[0].text",
+            None,
+        ),
+        (
+            json!({"model": "gpt-4o", "input": "x", "tool_choice": "sometimes"}),
+            "tool_choice",
+            None,
+        ),
+        (
+            json!({"model": "gpt-4o", "input": [{"type": "bogus"}]}),
+            "input[0].type",
+            None,
+        ),
+        (json!(["model", "gpt-4o"]), "body", None),
     ];
     for (body, param, code) in cases {
         let ans = responses(&gw, body.clone()).await;
@@ -1433,4 +1460,30 @@ async fn parallel_tool_calls_interleaved_or_named_late_reach_a_messages_client_w
             .collect();
         assert_eq!(done, want, "{body}");
     }
+}
+
+#[tokio::test]
+async fn a_thinking_block_without_a_signature_never_reaches_an_anthropic_target() {
+    let keys = tempfile::tempdir().unwrap();
+    let a = Fake::always(fake::json(200, ANTHROPIC_TEXT)).await;
+    let gw = gateway(&routes(&[anthropic_hop("a", &a.url(), &keys)], "", "")).await;
+    let signed = json!({"type": "thinking", "thinking": "mine", "signature": "EqQBCgIYAhIM"});
+    let turn = |thinking: Value| json!({"role": "assistant", "content": [thinking, {"type": "text", "text": "Hi."}]});
+    // A turn another provider served (its reasoning rendered unsigned), then Claude's own.
+    let body = json!({"model": "gpt-4o", "max_tokens": 64, "messages": [
+        {"role": "user", "content": "hello"},
+        turn(json!({"type": "thinking", "thinking": "theirs", "signature": ""})),
+        {"role": "user", "content": "and?"},
+        turn(signed.clone()),
+        {"role": "user", "content": "so?"}]});
+    let ans = messages(&gw, body).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let sent = &a.seen()[0].body["messages"];
+    assert_eq!(
+        sent[1]["content"],
+        json!([{"type": "text", "text": "Hi."}]),
+        "{sent}"
+    );
+    assert_eq!(sent[3]["content"][0], signed, "{sent}");
+    assert_eq!(a.seen()[0].body["model"], "upstream-a", "the model rewritten too");
 }

@@ -128,7 +128,10 @@ enum Block {
         is_error: bool,
     },
     // Their text and signatures cannot go to a chat target.
-    Thinking {},
+    Thinking {
+        #[serde(default)]
+        signature: Signature,
+    },
     RedactedThinking {},
     /// A block of another type (a server tool's call or result, a search
     /// result), or one of the types above that did not read as it.
@@ -137,6 +140,59 @@ enum Block {
         #[serde(rename = "type")]
         kind: String,
     },
+}
+
+/// Whether a thinking block is signed (its signature is not kept).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Signature(bool);
+
+impl<'de> Deserialize<'de> for Signature {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Signed;
+        impl serde::de::Visitor<'_> for Signed {
+            type Value = Signature;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a signature")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Signature, E> {
+                Ok(Signature(!v.is_empty()))
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<Signature, E> {
+                Ok(Signature(false))
+            }
+        }
+        d.deserialize_any(Signed)
+    }
+}
+
+/// Whether an assistant turn holds a thinking block without a signature.
+fn unsigned_thinking(messages: &[Message]) -> bool {
+    messages.iter().any(|m| match &m.content {
+        Content::Blocks(blocks) => blocks.iter().any(|b| {
+            matches!(
+                b,
+                Block::Thinking {
+                    signature: Signature(false)
+                }
+            )
+        }),
+        Content::Text(_) => false,
+    })
+}
+
+/// `body` with every thinking block without a signature taken out.
+fn without_unsigned_thinking(body: &[u8]) -> Option<Bytes> {
+    let mut request: Value = serde_json::from_slice(body).ok()?;
+    let messages = request.get_mut("messages")?.as_array_mut()?;
+    for message in messages {
+        if let Some(blocks) = message.get_mut("content").and_then(Value::as_array_mut) {
+            blocks.retain(|b| {
+                let signed = b["signature"].as_str().is_some_and(|s| !s.is_empty());
+                b["type"] != "thinking" || signed
+            });
+        }
+    }
+    Some(Bytes::from(request.to_string()))
 }
 
 /// The block types [`Block`] reads: one of them read as [`Block::Other`]
@@ -244,6 +300,12 @@ struct Metadata {
 pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
     let request: Request<'_> = Invalid::parse(body)?;
     let model = model_text(request.model)?;
+    if request.max_tokens == 0 {
+        return Err(Invalid::field(
+            "max_tokens",
+            "`max_tokens` must be at least 1",
+        ));
+    }
     if request.messages.is_empty() {
         return Err(Invalid::field(
             "messages",
@@ -288,7 +350,16 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
         .as_ref()
         .filter(|_| tools.is_some())
         .map(chat_tool_choice);
-    let model_at = crate::request::model_at(body, request.model);
+    // A thinking block with no signature (another provider's reasoning,
+    // rendered by switchyard) is one Anthropic refuses: its targets get the
+    // body without it.
+    let native = unsigned_thinking(&request.messages)
+        .then(|| without_unsigned_thinking(body))
+        .flatten();
+    let model_at = match native {
+        Some(_) => crate::native::ModelAt::Unread,
+        None => crate::request::model_at(body, request.model),
+    };
     let chat = ChatBody {
         model: model.clone(),
         messages: super::ChatMessages::of(messages),
@@ -312,7 +383,7 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
     Ok(Translated {
         chat,
         facts,
-        native: None,
+        native,
         model_at,
         stream,
         render: Render::Messages(Reply {
@@ -413,7 +484,7 @@ fn user_turn(
             | Block::Image { .. }
             | Block::Document { .. }
             | Block::ToolUse { .. }
-            | Block::Thinking {}
+            | Block::Thinking { .. }
             | Block::RedactedThinking {}
             | Block::Other { .. }) => parts.extend(user_part(other, &at, untranslated)?),
         }
@@ -437,7 +508,7 @@ fn user_part(
         Block::Document { source, title } => {
             document_part(source, title.as_deref(), at, untranslated)?
         }
-        Block::Thinking {} | Block::RedactedThinking {} | Block::ToolResult { .. } => None,
+        Block::Thinking { .. } | Block::RedactedThinking {} | Block::ToolResult { .. } => None,
         Block::ToolUse { .. } => {
             return Err(Invalid::field(
                 format!("{at}.type"),
@@ -548,7 +619,7 @@ fn tool_result(
             Block::Other { kind } => other_block(kind, &at, untranslated)?,
             Block::ToolUse { .. }
             | Block::ToolResult { .. }
-            | Block::Thinking {}
+            | Block::Thinking { .. }
             | Block::RedactedThinking {} => {
                 return Err(Invalid::field(
                     format!("{at}.type"),
@@ -575,12 +646,17 @@ fn assistant_turn(
                 "function": {"name": name, "arguments": input.to_string()},
             })),
             Block::Other { kind } => other_block(kind, &format!("{at}[{j}]"), untranslated)?,
+            Block::ToolResult { .. } => {
+                return Err(Invalid::field(
+                    format!("{at}[{j}].type"),
+                    "`tool_result` blocks belong in a user turn",
+                ))
+            }
             // Earlier thinking cannot be given back to a chat target.
-            Block::Thinking {}
+            Block::Thinking { .. }
             | Block::RedactedThinking {}
             | Block::Image { .. }
-            | Block::Document { .. }
-            | Block::ToolResult { .. } => {}
+            | Block::Document { .. } => {}
         }
     }
     let mut message = json!({"role": "assistant", "content": text});

@@ -203,14 +203,21 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
         Some(Input::Items(items)) => untranslated = input_items(items, &mut conversation)?,
         None => {}
     }
-    if conversation.is_empty() {
+    if conversation.is_empty() && untranslated.is_none() {
         return Err(Invalid::field("input", "an input is required"));
     }
     let conversation = std::sync::Arc::new(conversation);
+    let turns = if conversation.is_empty() {
+        // All it says is a Responses target's alone: no chat target gets
+        // this body, but the engine may read it (a chat request has a message).
+        std::sync::Arc::new(vec![json!({"role": "user", "content": ""})])
+    } else {
+        std::sync::Arc::clone(&conversation)
+    };
     let messages = super::ChatMessages {
         head: (request.instructions.as_ref())
             .map(|instructions| json!({"role": "system", "content": instructions})),
-        turns: std::sync::Arc::clone(&conversation),
+        turns,
     };
     let chat = chat_request(&request, model.clone(), messages)?;
     let untranslatable = built_in_tool(request.tools.as_deref())
@@ -331,7 +338,18 @@ fn built_in_tool(tools: Option<&[Tool]>) -> Option<Untranslatable> {
 /// A function's choice without a `name`, or a choice without a `type`.
 fn hosted_choice(choice: Option<&ToolChoice>) -> Result<Option<Untranslatable>, Invalid> {
     let kind = match choice {
-        None | Some(ToolChoice::Mode(_)) => return Ok(None),
+        None => return Ok(None),
+        Some(ToolChoice::Mode(mode)) if matches!(mode.as_str(), "auto" | "none" | "required") => {
+            return Ok(None)
+        }
+        Some(ToolChoice::Mode(mode)) => {
+            return Err(Invalid::field(
+                "tool_choice",
+                format!(
+                    "unknown `tool_choice` `{mode}`: `auto`, `none`, `required` or a tool to call"
+                ),
+            ))
+        }
         Some(ToolChoice::Function { kind, .. }) if kind == "function" => return Ok(None),
         Some(ToolChoice::Function { kind, .. }) => kind.as_str(),
         Some(ToolChoice::Other(choice)) => match choice.get("type").and_then(Value::as_str) {
@@ -480,6 +498,13 @@ fn message_item(
             ))
         }
         Some(ItemContent::Text(text)) => json!(text),
+        Some(ItemContent::Parts(parts)) if textless(parts).is_some() => {
+            let j = textless(parts).unwrap_or_default();
+            return Err(Invalid::field(
+                format!("{at}.content[{j}].text"),
+                "missing field `text`",
+            ));
+        }
         // An assistant turn's content is its text.
         Some(ItemContent::Parts(parts)) if role == "assistant" => json!(parts_text(parts)),
         Some(ItemContent::Parts(parts)) => {
@@ -496,6 +521,13 @@ fn message_item(
         }
     };
     Ok(json!({"role": role, "content": content}))
+}
+
+/// The first text part without its `text`, if any.
+fn textless(parts: &[Part]) -> Option<usize> {
+    parts.iter().position(|p| {
+        matches!(p.kind.as_str(), "input_text" | "output_text" | "text") && p.text.is_none()
+    })
 }
 
 fn parts_text(parts: &[Part]) -> String {
