@@ -1485,5 +1485,69 @@ async fn a_thinking_block_without_a_signature_never_reaches_an_anthropic_target(
         "{sent}"
     );
     assert_eq!(sent[3]["content"][0], signed, "{sent}");
-    assert_eq!(a.seen()[0].body["model"], "upstream-a", "the model rewritten too");
+    assert_eq!(
+        a.seen()[0].body["model"],
+        "upstream-a",
+        "the model rewritten too"
+    );
+}
+
+#[tokio::test]
+async fn a_chat_targets_reasoning_streams_to_a_responses_client_as_a_reasoning_item() {
+    let a = Fake::always(chat_stream(&[
+        delta_chunk(
+            json!({"role": "assistant", "reasoning_content": "Think"}),
+            None,
+        ),
+        delta_chunk(json!({"reasoning_content": "ing."}), None),
+        delta_chunk(json!({"content": "Hi"}), None),
+        delta_chunk(json!({}), Some("stop")),
+    ]))
+    .await;
+    let gw = gateway(&routes(&[hop("a", &a.url())], "", "")).await;
+    let body = json!({"model": "gpt-4o", "input": "x", "stream": true, "store": false});
+    let body = post_raw(gw.addr, "/v1/responses", body.to_string(), &[])
+        .await
+        .text();
+    let events = named_events(&body);
+    let deltas: String = events
+        .iter()
+        .filter(|(n, _)| n == "response.reasoning_summary_text.delta")
+        .map(|(_, d)| d["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, "Thinking.", "{body}");
+    let (_, done) = events
+        .iter()
+        .find(|(n, _)| n == "response.completed")
+        .unwrap();
+    let output = &done["response"]["output"];
+    assert_eq!(output[0]["type"], "reasoning", "{body}");
+    assert_eq!(output[0]["summary"][0]["text"], "Thinking.", "{body}");
+    assert_eq!(output[1]["content"][0]["text"], "Hi", "{body}");
+    // Every event's sequence number is the next one.
+    let numbers: Vec<u64> = events
+        .iter()
+        .map(|(_, d)| d["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert!(numbers.windows(2).all(|w| w[1] == w[0] + 1), "{numbers:?}");
+}
+
+#[tokio::test]
+async fn a_responses_stream_that_fails_keeps_what_went_out_in_its_failed_response() {
+    let a = Fake::always(fake::stream_cut_after(
+        "model-a",
+        &["The", " quick", " brown"],
+        2,
+    ))
+    .await;
+    let gw = gateway(&routes(&[hop("a", &a.url())], "", "")).await;
+    let body = json!({"model": "gpt-4o", "input": "x", "stream": true, "store": false});
+    let body = post_raw(gw.addr, "/v1/responses", body.to_string(), &[])
+        .await
+        .text();
+    let (name, failed) = named_events(&body).pop().unwrap();
+    assert_eq!(name, "response.failed", "{body}");
+    let item = &failed["response"]["output"][0];
+    assert_eq!(item["status"], "incomplete", "{body}");
+    assert_eq!(item["content"][0]["text"], "The quick", "{body}");
 }

@@ -982,6 +982,7 @@ impl Reply {
             sequence: 0,
             model: String::new(),
             started: false,
+            reasoning: None,
             text: None,
             calls: Vec::new(),
             output: Vec::new(),
@@ -1018,6 +1019,8 @@ pub struct StreamReply {
     sequence: u64,
     model: String,
     started: bool,
+    /// The open reasoning item (a chat target's `reasoning_content`).
+    reasoning: Option<TextItem>,
     text: Option<TextItem>,
     calls: Vec<CallItem>,
     /// The finished output items, by output index.
@@ -1250,10 +1253,67 @@ impl StreamReply {
         self.emit(out, "response.in_progress", json!({"response": response}));
     }
 
+    /// Reasoning text, in a reasoning item's summary (as the answer has it).
+    fn reasoning_delta(&mut self, delta: &str, out: &mut BytesMut) {
+        if self.reasoning.is_none() {
+            self.close_text(out);
+            let item = TextItem {
+                id: fresh_id("rs_"),
+                output_index: self.output.len(),
+                text: String::new(),
+            };
+            self.output.push(None);
+            let (id, index) = (item.id.clone(), item.output_index);
+            self.reasoning = Some(item);
+            let added = json!({"type": "reasoning", "id": id, "summary": []});
+            self.emit(
+                out,
+                "response.output_item.added",
+                json!({"output_index": index, "item": added}),
+            );
+            self.emit(out, "response.reasoning_summary_part.added", json!({"item_id": id,
+                "output_index": index, "summary_index": 0, "part": {"type": "summary_text", "text": ""}}));
+        }
+        let Some(item) = &mut self.reasoning else {
+            return;
+        };
+        item.text.push_str(delta);
+        let (id, index) = (item.id.clone(), item.output_index);
+        self.emit(
+            out,
+            "response.reasoning_summary_text.delta",
+            json!({"item_id": id,
+            "output_index": index, "summary_index": 0, "delta": delta}),
+        );
+    }
+
+    fn close_reasoning(&mut self, out: &mut BytesMut) {
+        let Some(item) = self.reasoning.take() else {
+            return;
+        };
+        let (id, index, text) = (item.id.as_str(), item.output_index, item.text.as_str());
+        self.emit(
+            out,
+            "response.reasoning_summary_text.done",
+            json!({"item_id": id,
+            "output_index": index, "summary_index": 0, "text": text}),
+        );
+        self.emit(out, "response.reasoning_summary_part.done", json!({"item_id": id,
+            "output_index": index, "summary_index": 0, "part": {"type": "summary_text", "text": text}}));
+        let done = reasoning_item(id, text);
+        self.emit(
+            out,
+            "response.output_item.done",
+            json!({"output_index": index, "item": done}),
+        );
+        self.output[index] = Some(done);
+    }
+
     fn open_text(&mut self, out: &mut BytesMut) -> usize {
         if let Some(item) = &self.text {
             return item.output_index;
         }
+        self.close_reasoning(out);
         let item = TextItem {
             id: fresh_id("msg_"),
             output_index: self.output.len(),
@@ -1310,6 +1370,9 @@ impl StreamReply {
             return;
         };
         let delta = &choice.delta;
+        if let Some(r) = delta.reasoning_content.as_deref().filter(|r| !r.is_empty()) {
+            self.reasoning_delta(r, out);
+        }
         let text = delta.content.as_deref().or(delta.refusal.as_deref());
         if let Some(t) = text.filter(|t| !t.is_empty()) {
             let index = self.open_text(out);
@@ -1329,6 +1392,7 @@ impl StreamReply {
 
     fn call_delta(&mut self, call: &super::ToolCallDelta, out: &mut BytesMut) {
         if !self.calls.iter().any(|c| c.chat_index == call.index) {
+            self.close_reasoning(out);
             self.close_text(out);
             let item = CallItem {
                 chat_index: call.index,
@@ -1377,6 +1441,7 @@ impl StreamReply {
             return;
         }
         self.ended = true;
+        self.close_reasoning(out);
         self.close_text(out);
         for mut item in std::mem::take(&mut self.calls) {
             if item.call_id.is_empty() {
@@ -1427,7 +1492,20 @@ impl StreamReply {
             json!({"code": code, "message": error.message, "param": null}),
         );
         if self.started {
-            let output: Vec<Value> = self.output.iter().flatten().cloned().collect();
+            // What went out before the error, the open items as incomplete.
+            let mut output = self.output.clone();
+            if let Some(r) = &self.reasoning {
+                output[r.output_index] = Some(reasoning_item(&r.id, &r.text));
+            }
+            if let Some(text) = &self.text {
+                output[text.output_index] =
+                    Some(message_item_out(&text.id, &text.text, "incomplete"));
+            }
+            for c in &self.calls {
+                let item = call_item(&c.id, &c.call_id, &c.name, &c.arguments, "incomplete");
+                output[c.output_index] = Some(item);
+            }
+            let output: Vec<Value> = output.into_iter().flatten().collect();
             let mut response = self.reply.object(
                 &self.model,
                 Status::Failed,
