@@ -59,6 +59,65 @@ pub fn messages_text_delta(data: &str) -> Option<(u64, &str)> {
     crate::sse::scan::is_plain(text).then_some((index, text))
 }
 
+/// A Responses `response.output_text.delta` exactly as OpenAI writes it
+/// (compact, its keys in its order, `logprobs` and `obfuscation` optional):
+/// the event of every token, read by comparison by its translator and the
+/// client's renderer alike (as [`messages_text_delta`]). `None` for anything
+/// else, which their full readings take (they agree with this one where it
+/// answers).
+#[must_use]
+pub fn responses_text_delta(data: &str) -> Option<ResponsesTextDelta<'_>> {
+    let rest = data.strip_prefix(r#"{"type":"response.output_text.delta","sequence_number":"#)?;
+    let (sequence_number, rest) = json_u64(rest)?;
+    let (item_id, rest) = plain_string(rest.strip_prefix(r#","item_id":""#)?)?;
+    let (output_index, rest) = json_u64(rest.strip_prefix(r#","output_index":"#)?)?;
+    let (_, rest) = json_u64(rest.strip_prefix(r#","content_index":"#)?)?;
+    let (delta, rest) = plain_string(rest.strip_prefix(r#","delta":""#)?)?;
+    let rest = rest.strip_prefix(r#","logprobs":[]"#).unwrap_or(rest);
+    let rest = match rest.strip_prefix(r#","obfuscation":""#) {
+        Some(pad) => plain_string(pad)?.1,
+        None => rest,
+    };
+    (rest == "}").then_some(ResponsesTextDelta {
+        sequence_number,
+        item_id,
+        output_index,
+        delta,
+    })
+}
+
+/// What [`responses_text_delta`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponsesTextDelta<'a> {
+    pub sequence_number: u64,
+    pub item_id: &'a str,
+    pub output_index: u64,
+    pub delta: &'a str,
+}
+
+/// A JSON number that is a `u64` as JSON writes it (no sign, no leading
+/// zero, no fraction), and what follows it.
+fn json_u64(text: &str) -> Option<(u64, &str)> {
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, rest) = text.split_at(digits);
+    if number.is_empty() || (number.len() > 1 && number.starts_with('0')) {
+        return None;
+    }
+    if rest.starts_with(['.', 'e', 'E']) {
+        return None;
+    }
+    Some((number.parse().ok()?, rest))
+}
+
+/// The text of a JSON string whose opening quote is read already, when it
+/// has no escape (nor a control character), and what follows its closing quote.
+fn plain_string(text: &str) -> Option<(&str, &str)> {
+    let end = text.find(['"', '\\'])?;
+    let (string, rest) = text.split_at(end);
+    let rest = rest.strip_prefix('"')?;
+    crate::sse::scan::is_plain(string).then_some((string, rest))
+}
+
 /// The client's own body, as the server hands it to the engine: what its
 /// front door read of it, and its chat translation, written only when
 /// something reads it.
@@ -223,7 +282,7 @@ pub fn render_events(render: &mut dyn StreamRender, raw: &[u8], out: &mut BytesM
 
 #[cfg(test)]
 mod tests {
-    use super::messages_text_delta;
+    use super::{messages_text_delta, responses_text_delta};
 
     #[test]
     fn a_text_delta_as_anthropic_writes_it_is_read_by_comparison() {
@@ -264,6 +323,71 @@ mod tests {
             r#"{"type":"content_block_delta","index":99999999999999999999,"delta":{"type":"text_delta","text":"x"}}"#,
         ] {
             assert_eq!(messages_text_delta(data), None, "{data}");
+        }
+    }
+
+    #[test]
+    fn a_text_delta_as_openai_writes_it_is_read_by_comparison_as_serde_reads_it() {
+        #[derive(serde::Deserialize)]
+        struct Wire {
+            #[serde(rename = "type")]
+            kind: String,
+            sequence_number: u64,
+            item_id: String,
+            output_index: u64,
+            delta: String,
+        }
+        let event = |seq: &str, delta: &str, tail: &str| {
+            format!(
+                r#"{{"type":"response.output_text.delta","sequence_number":{seq},"item_id":"msg_1","output_index":0,"content_index":0,"delta":"{delta}"{tail}}}"#
+            )
+        };
+        let read = [
+            event("4", "Hello", ""),
+            event("0", "", r#","logprobs":[]"#),
+            event("17", "café ☕", r#","logprobs":[],"obfuscation":"Xy3kQ""#),
+            event("9", "x", r#","obfuscation":"p""#),
+        ];
+        for data in &read {
+            let fast = responses_text_delta(data).unwrap_or_else(|| panic!("{data}"));
+            let wire: Wire = serde_json::from_str(data).unwrap();
+            assert_eq!(wire.kind, "response.output_text.delta");
+            let by_serde = (
+                wire.sequence_number,
+                wire.item_id.as_str(),
+                wire.output_index,
+                wire.delta.as_str(),
+            );
+            assert_eq!(
+                (
+                    fast.sequence_number,
+                    fast.item_id,
+                    fast.output_index,
+                    fast.delta
+                ),
+                by_serde
+            );
+        }
+        // What the full readings take: an escape, a control character, a
+        // number JSON does not write, more keys, another order or spacing.
+        let left = [
+            event("4", r"a\nb", ""),
+            event("4", r#"a\"b"#, ""),
+            event("4", r"a\tb", ""),
+            event("4", "tab\there", ""),
+            event("04", "x", ""),
+            event("4.0", "x", ""),
+            event("-4", "x", ""),
+            event("99999999999999999999", "x", ""),
+            event("4", "x", r#","logprobs":[{"token":"x"}]"#),
+            event("4", "x", r#","obfuscation":"a\u0041""#),
+            event("4", "x", r#","extra":1"#),
+            event("4", "x", " "),
+            r#"{"sequence_number":4,"type":"response.output_text.delta","item_id":"m","output_index":0,"content_index":0,"delta":"x"}"#.to_owned(),
+            r#"{"type": "response.output_text.delta","sequence_number":4,"item_id":"m","output_index":0,"content_index":0,"delta":"x"}"#.to_owned(),
+        ];
+        for data in &left {
+            assert_eq!(responses_text_delta(data), None, "{data}");
         }
     }
 }

@@ -1065,6 +1065,17 @@ impl<'a> EventHead<'a> {
     /// An event's head, read by a scan (the event of every token), else by
     /// serde when the scan leaves it (an escape, a type it does not take).
     fn read(data: &'a str) -> Option<Self> {
+        if let Some(d) = crate::native::responses_text_delta(data) {
+            return Some(Self {
+                kind: Cow::Borrowed("response.output_text.delta"),
+                sequence_number: Some(d.sequence_number),
+                output_index: Some(usize::try_from(d.output_index).ok()?),
+                item_id: Some(Cow::Borrowed(d.item_id)),
+                delta: Some(Cow::Borrowed(d.delta)),
+                item: None,
+                response: None,
+            });
+        }
         if let Some(head) = Self::scan(data) {
             return Some(head);
         }

@@ -446,6 +446,10 @@ fn unread(data: &str) -> bool {
 /// as serde would read it (its delta, if any); `None` for any other event,
 /// or one the scan leaves to serde.
 fn text_delta(data: &str) -> Option<Option<&str>> {
+    // As OpenAI writes it, it is read by comparison.
+    if let Some(read) = crate::native::responses_text_delta(data) {
+        return Some(Some(read.delta));
+    }
     // Its type read plain is in its text (the scan reads no escaped one): a
     // search spares every other event a scan before serde reads it.
     if !data.contains("\"response.output_text.delta\"") {
