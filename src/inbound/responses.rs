@@ -1156,15 +1156,22 @@ impl StreamReply {
         match head.kind.as_ref() {
             "response.created" => {
                 self.started = true;
-                let response = head
+                #[derive(Deserialize)]
+                struct Created<'a> {
+                    #[serde(borrow)]
+                    id: Option<Cow<'a, str>>,
+                    #[serde(borrow)]
+                    model: Option<Cow<'a, str>>,
+                }
+                let created = head
                     .response
-                    .and_then(|r| serde_json::from_str::<Value>(r).ok());
-                if let Some(response) = response {
-                    if let Some(id) = response["id"].as_str() {
-                        id.clone_into(&mut self.reply.id);
+                    .and_then(|r| serde_json::from_str::<Created<'_>>(r).ok());
+                if let Some(Created { id, model }) = created {
+                    if let Some(id) = id {
+                        id.as_ref().clone_into(&mut self.reply.id);
                     }
-                    if let Some(model) = response["model"].as_str() {
-                        model.clone_into(&mut self.model);
+                    if let Some(model) = model {
+                        model.as_ref().clone_into(&mut self.model);
                     }
                 }
             }
