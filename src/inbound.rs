@@ -454,6 +454,12 @@ fn arguments_or_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, 
     lenient::arguments(d).map(Option::unwrap_or_default)
 }
 
+/// A tool call delta's `index` (some servers write it as a string).
+fn tool_index<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let index = lenient::count(d)?.unwrap_or(0);
+    Ok(u32::try_from(index).unwrap_or(u32::MAX))
+}
+
 /// `usage`, `None` when it is not an object of counts.
 fn usage<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Usage>, D::Error> {
     Ok(Usage::deserialize(serde_json::Value::deserialize(d)?).ok())
@@ -538,6 +544,7 @@ struct Delta {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct ToolCallDelta {
+    #[serde(deserialize_with = "tool_index")]
     index: u32,
     #[serde(deserialize_with = "lenient::text")]
     id: Option<String>,
