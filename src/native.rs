@@ -98,24 +98,27 @@ pub struct ResponsesTextDelta<'a> {
 /// A JSON number that is a `u64` as JSON writes it (no sign, no leading
 /// zero, no fraction), and what follows it.
 fn json_u64(text: &str) -> Option<(u64, &str)> {
-    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
-    let (number, rest) = text.split_at(digits);
-    if number.is_empty() || (number.len() > 1 && number.starts_with('0')) {
+    let bytes = text.as_bytes();
+    let digits = bytes.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || (digits > 1 && bytes[0] == b'0') {
         return None;
     }
-    if rest.starts_with(['.', 'e', 'E']) {
+    if matches!(bytes.get(digits), Some(b'.' | b'e' | b'E')) {
         return None;
     }
-    Some((number.parse().ok()?, rest))
+    let mut n: u64 = 0;
+    for &b in &bytes[..digits] {
+        n = n.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    Some((n, &text[digits..]))
 }
 
 /// The text of a JSON string whose opening quote is read already, when it
 /// has no escape (nor a control character), and what follows its closing quote.
 fn plain_string(text: &str) -> Option<(&str, &str)> {
-    let end = text.find(['"', '\\'])?;
-    let (string, rest) = text.split_at(end);
-    let rest = rest.strip_prefix('"')?;
-    crate::sse::scan::is_plain(string).then_some((string, rest))
+    let end = crate::sse::scan::plain_len(text);
+    let rest = text[end..].strip_prefix('"')?;
+    Some((&text[..end], rest))
 }
 
 /// The client's own body, as the server hands it to the engine: what its

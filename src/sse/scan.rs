@@ -65,6 +65,14 @@ pub fn is_plain(text: &str) -> bool {
     plain_run(text.as_bytes(), 0) == text.len()
 }
 
+/// The length of `text`'s first run without a quote, a backslash or a
+/// control character: a JSON string's text up to where it ends or needs
+/// reading as JSON.
+#[must_use]
+pub fn plain_len(text: &str) -> usize {
+    plain_run(text.as_bytes(), 0)
+}
+
 /// A field [`fields`] read, as serde reads an `Option<&str>`: absent or
 /// `null` is `Some(None)`; a string without an escape is its text; anything
 /// else (an escape, another type) is `None`, for serde to judge.
