@@ -1551,3 +1551,22 @@ async fn a_responses_stream_that_fails_keeps_what_went_out_in_its_failed_respons
     assert_eq!(item["status"], "incomplete", "{body}");
     assert_eq!(item["content"][0]["text"], "The quick", "{body}");
 }
+
+#[tokio::test]
+async fn a_native_responses_stream_that_fails_lists_its_finished_items_as_sent() {
+    // Cut after the second text delta: the reasoning item is done already.
+    let a = Fake::always(anthropic_stream(RESPONSES_STREAM, Some(8))).await;
+    let gw = gateway(&routes(&[responses_hop("a", &a.url())], "", "")).await;
+    let body = json!({"model": "gpt-4o", "input": "How should I retry?", "stream": true});
+    let body = responses(&gw, body).await.text();
+    let (name, failed) = named_events(&body).pop().unwrap();
+    assert_eq!(name, "response.failed", "{body}");
+    let sent = named_events(RESPONSES_STREAM)
+        .into_iter()
+        .find(|(n, _)| n == "response.output_item.done")
+        .unwrap()
+        .1;
+    let output = &failed["response"]["output"];
+    assert_eq!(output[0], sent["item"], "{body}");
+    assert_eq!(output[1]["status"], "incomplete", "{body}");
+}

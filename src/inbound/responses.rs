@@ -1001,6 +1001,26 @@ struct TextItem {
     text: String,
 }
 
+/// A finished output item.
+#[derive(Debug, Clone)]
+enum Output {
+    /// Written by the renderer.
+    Made(Value),
+    /// A Responses target's own JSON text, as it sent it (read already as
+    /// JSON): read again only if the stream fails and its `response.failed`
+    /// lists it.
+    Native(Box<str>),
+}
+
+impl Output {
+    fn value(&self) -> Value {
+        match self {
+            Output::Made(item) => item.clone(),
+            Output::Native(raw) => serde_json::from_str(raw).unwrap_or(Value::Null),
+        }
+    }
+}
+
 /// A function call being streamed.
 #[derive(Debug)]
 struct CallItem {
@@ -1024,7 +1044,7 @@ pub struct StreamReply {
     text: Option<TextItem>,
     calls: Vec<CallItem>,
     /// The finished output items, by output index.
-    output: Vec<Option<Value>>,
+    output: Vec<Option<Output>>,
     finish: Option<Finish>,
     usage: Option<Usage>,
     ended: bool,
@@ -1197,17 +1217,23 @@ impl StreamReply {
                 }
             }
             "response.output_item.done" => {
-                let done = head
-                    .item
-                    .and_then(|i| serde_json::from_str::<Value>(i).ok());
-                if let (Some(done), Some(index)) = (done, head.output_index) {
-                    let id = done["id"].as_str().unwrap_or_default();
+                #[derive(Deserialize)]
+                struct Done<'a> {
+                    #[serde(borrow, default)]
+                    id: Option<Cow<'a, str>>,
+                }
+                let done = head.item.and_then(|i| {
+                    let id = serde_json::from_str::<Done<'_>>(i).ok()?.id;
+                    Some((id, Box::<str>::from(i)))
+                });
+                if let (Some((id, done)), Some(index)) = (done, head.output_index) {
+                    let id = id.as_deref().unwrap_or_default();
                     if self.text.as_ref().is_some_and(|t| t.id == id) {
                         self.text = None;
                     }
                     self.calls.retain(|c| c.id != id);
                     if let Some(slot) = self.output.get_mut(index) {
-                        *slot = Some(done);
+                        *slot = Some(Output::Native(done));
                     }
                 }
             }
@@ -1324,7 +1350,7 @@ impl StreamReply {
             "response.output_item.done",
             json!({"output_index": index, "item": done}),
         );
-        self.output[index] = Some(done);
+        self.output[index] = Some(Output::Made(done));
     }
 
     fn open_text(&mut self, out: &mut BytesMut) -> usize {
@@ -1373,7 +1399,7 @@ impl StreamReply {
             "response.output_item.done",
             json!({"output_index": index, "item": done}),
         );
-        self.output[index] = Some(done);
+        self.output[index] = Some(Output::Made(done));
     }
 
     pub(super) fn chunk(&mut self, chunk: &Chunk, out: &mut BytesMut) {
@@ -1478,9 +1504,9 @@ impl StreamReply {
                 "response.output_item.done",
                 json!({"output_index": item.output_index, "item": done}),
             );
-            self.output[item.output_index] = Some(done);
+            self.output[item.output_index] = Some(Output::Made(done));
         }
-        let output: Vec<Value> = self.output.iter().flatten().cloned().collect();
+        let output: Vec<Value> = self.output.iter().flatten().map(Output::value).collect();
         let assistant = assistant_of(&output);
         let status = Status::of(self.finish);
         let response =
@@ -1511,7 +1537,11 @@ impl StreamReply {
         );
         if self.started {
             // What went out before the error, the open items as incomplete.
-            let mut output = self.output.clone();
+            let mut output: Vec<Option<Value>> = self
+                .output
+                .iter()
+                .map(|o| o.as_ref().map(Output::value))
+                .collect();
             if let Some(r) = &self.reasoning {
                 output[r.output_index] = Some(reasoning_item(&r.id, &r.text));
             }
