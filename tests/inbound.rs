@@ -1570,3 +1570,15 @@ async fn a_native_responses_stream_that_fails_lists_its_finished_items_as_sent()
     assert_eq!(output[0], sent["item"], "{body}");
     assert_eq!(output[1]["status"], "incomplete", "{body}");
 }
+
+#[tokio::test]
+async fn a_responses_targets_absurd_output_index_is_relayed_not_believed() {
+    let sse = RESPONSES_STREAM.replace("\"output_index\":1", "\"output_index\":99999999999");
+    assert_ne!(sse, RESPONSES_STREAM);
+    let a = Fake::always(anthropic_stream(&sse, None)).await;
+    let gw = gateway(&routes(&[responses_hop("a", &a.url())], "", "")).await;
+    let body = json!({"model": "gpt-4o", "input": "How should I retry?", "stream": true});
+    let ans = responses(&gw, body).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.text(), sse, "byte for byte");
+}

@@ -1001,6 +1001,10 @@ struct TextItem {
     text: String,
 }
 
+/// How far past the output items seen so far an upstream's `output_index`
+/// may point.
+const MAX_ITEMS_AHEAD: usize = 64;
+
 /// A finished output item.
 #[derive(Debug, Clone)]
 enum Output {
@@ -1251,6 +1255,11 @@ impl StreamReply {
     /// An output item the upstream opened: its place in the output, and the
     /// message or call that a continuation's deltas would go on in.
     fn native_item(&mut self, item: ItemHead, index: usize) {
+        // The upstream's index sizes the list: one far past the items so far
+        // is not believed (it is relayed, not kept).
+        if index > self.output.len().saturating_add(MAX_ITEMS_AHEAD) {
+            return;
+        }
         if self.output.len() <= index {
             self.output.resize(index + 1, None);
         }
