@@ -622,7 +622,7 @@ mod tests {
     }
 
     /// Requests of both front doors, in the shapes their translations take.
-    const MESSAGES: [&str; 4] = [
+    const MESSAGES: [&str; 5] = [
         r#"{"model":"claude-x","max_tokens":64,"messages":[{"role":"user","content":"hello there"}]}"#,
         r#"{"model":"claude-x","max_tokens":9,"stream":true,"system":[{"type":"text","text":"Be brief."}],
             "messages":[{"role":"user","content":[{"type":"text","text":"what is this?"},
@@ -633,6 +633,12 @@ mod tests {
         r#"{"max_tokens":1,"messages":[{"role":"user","content":"no model"}],"tools":[]}"#,
         r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"news?"}],
             "tools":[{"type":"web_search_20250305","name":"web_search"}]}"#,
+        r#"{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"write it"},
+            {"role":"assistant","content":[{"type":"tool_use","id":"w1","name":"write",
+            "input":{"path":"a.rs","code":"fn main() {\n    println!(\"say \\\"hi\\\"\");\n}\n"}}]},
+            {"role":"user","content":[{"type":"tool_result","tool_use_id":"w1","content":"ok"}]}],
+            "tools":[{"name":"write","description":"Writes a file.\nLine two: \"quoted\".",
+            "input_schema":{"type":"object","properties":{"code":{"type":"string"}}}}]}"#,
     ];
     const RESPONSES: [&str; 3] = [
         r#"{"model":"gpt-x","input":"hello there"}"#,
@@ -673,9 +679,8 @@ mod tests {
                 "{:?}",
                 t.chat.bytes()
             );
-            // The same rule on values instead of text: within a tenth.
-            let (facts, text) = (estimate.0 as f64, estimate.1 as f64);
-            assert!((facts - text).abs() <= text / 10.0, "{estimate:?}");
+            // The same estimate: routing decides alike at every door.
+            assert_eq!(estimate.0, estimate.1, "{:?}", t.chat.bytes());
         }
     }
 

@@ -292,9 +292,11 @@ pub struct Prompt<'a> {
 }
 
 /// The prompt estimate and whether an image is in it, for chat `messages`
-/// and `tools` not yet written out (a front door's translation): the rule
-/// of [`ChatRequest`]'s estimate, a value's JSON punctuation counted per
-/// field instead of read from its text.
+/// and `tools` not yet written out (a front door's translation): what
+/// [`ChatRequest`]'s estimate reads of their JSON text once written. Text
+/// and parts are read from the values as that reading reads them; tool
+/// calls and tool definitions, which it estimates as JSON text, are written
+/// for it (only a request that has them pays).
 #[must_use]
 pub fn estimate_values<'v>(
     messages: impl IntoIterator<Item = &'v serde_json::Value>,
@@ -320,27 +322,22 @@ pub fn estimate_values<'v>(
             }
             Value::Null | Value::Bool(_) | Value::Number(_) | Value::Object(_) => {}
         }
-        for field in ["tool_calls", "name"] {
-            total += m.get(field).map_or(0, value_tokens);
+        if let Some(calls) = m.get("tool_calls") {
+            total += json_tokens(calls);
+        }
+        if let Some(name) = m.get("name").and_then(Value::as_str) {
+            total += tokens::estimate_text(name);
         }
     }
-    total += tools.map_or(0, |defs| defs.iter().map(value_tokens).sum());
+    total += tools.map_or(0, json_tokens);
     (total, images)
 }
 
-/// Estimated tokens of a JSON value as written: its strings and numbers,
-/// and about two tokens of punctuation per field or element.
-fn value_tokens(value: &serde_json::Value) -> u64 {
-    use serde_json::Value;
-    match value {
-        Value::String(text) => 1 + tokens::estimate_text(text),
-        Value::Null | Value::Bool(_) | Value::Number(_) => 1,
-        Value::Array(items) => 1 + items.iter().map(|v| 1 + value_tokens(v)).sum::<u64>(),
-        Value::Object(fields) => {
-            let each = |(k, v): (&String, &Value)| 2 + tokens::estimate_text(k) + value_tokens(v);
-            1 + fields.iter().map(each).sum::<u64>()
-        }
-    }
+/// Estimated tokens of `value` written as compact JSON, as a chat body
+/// writes it.
+fn json_tokens<T: serde::Serialize + ?Sized>(value: &T) -> u64 {
+    // Writing JSON values into a String cannot fail.
+    tokens::estimate_text(&serde_json::to_string(value).unwrap_or_default())
 }
 
 /// Where a [`Prompt`]'s chat body comes from.
