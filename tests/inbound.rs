@@ -1582,3 +1582,53 @@ async fn a_responses_targets_absurd_output_index_is_relayed_not_believed() {
     assert_eq!(ans.status, 200, "{}", ans.text());
     assert_eq!(ans.text(), sse, "byte for byte");
 }
+
+#[tokio::test]
+async fn a_reask_of_a_responses_provider_goes_to_its_chat_api() {
+    let call = |args: &str| {
+        json!({"id": "resp_1", "object": "response", "created_at": 1, "status": "completed",
+            "model": "m", "output": [{"type": "function_call", "id": "fc_1", "call_id": "call_1",
+            "name": "get_weather", "arguments": args, "status": "completed"}],
+            "usage": {"input_tokens": 5, "output_tokens": 5, "total_tokens": 10}})
+    };
+    let fixed = json!({"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant",
+            "content": null, "tool_calls": [{"id": "call_2", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}]}}]});
+    let a = Fake::start(move |_, seen| {
+        if seen.uri.ends_with("/responses") {
+            fake::json(200, &call(r#"{"town":"Oslo"}"#).to_string())
+        } else {
+            fake::json(200, &fixed.to_string())
+        }
+    })
+    .await;
+    let gw = tool_gateway(
+        vec![responses_hop("a", &a.url())],
+        "validate_tool_calls: always\ncontract: { repair: [reask] }",
+    )
+    .await;
+    let tools = json!([{"type": "function", "name": "get_weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": false}}]);
+    let ans = responses(
+        &gw,
+        json!({"model": "gpt-4o", "input": "weather in Oslo?", "tools": tools}),
+    )
+    .await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-repaired"), "reask");
+    let seen = a.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(
+        seen[1].uri.ends_with("/chat/completions"),
+        "{}",
+        seen[1].uri
+    );
+    assert!(seen[1].body["messages"].is_array(), "{}", seen[1].body);
+    assert_eq!(
+        ans.json()["output"][0]["arguments"],
+        "{\"city\":\"Oslo\"}",
+        "{}",
+        ans.text()
+    );
+}

@@ -84,7 +84,10 @@ impl Walk<'_> {
             self.account
                 .trace
                 .attempt(&attempt::span_info(target, self.tally.attempts, self.op));
-        let call = self.call(target, broken.key);
+        let mut call = self.call(target, broken.key);
+        // The re-ask is a chat request encoded for the target's chat API: a
+        // provider's second API (Responses) is not where it goes.
+        call.native &= target.provider.endpoint.native.is_none();
         let outcome = attempt::run(&call, body, permit)
             .instrument(span.clone())
             .await;
@@ -185,6 +188,8 @@ impl Walk<'_> {
                 self.op,
             ));
             let mut call = self.call(&repairer, admitted.key);
+            // switchyard's own chat request, whatever the client speaks.
+            call.native = false;
             call.contract = Some(Arc::clone(&contract));
             call.stream = false;
             let outcome = attempt::run(&call, admitted.body, admitted.permit)
