@@ -1632,3 +1632,43 @@ async fn a_reask_of_a_responses_provider_goes_to_its_chat_api() {
         ans.text()
     );
 }
+
+#[tokio::test]
+async fn an_image_in_a_responses_call_output_reaches_a_chat_target_and_needs_vision() {
+    let a = Fake::always(fake::completion("model-a", "from a")).await;
+    let b = Fake::always(fake::completion("model-b", "from b")).await;
+    let gw = gateway(&routes(
+        &[
+            hop("a", &a.url()).target("capabilities: [tools]"),
+            hop("b", &b.url()).target("capabilities: [tools, vision]"),
+        ],
+        "",
+        "",
+    ))
+    .await;
+    let image = "data:image/png;base64,iVBORw0KGgo=";
+    let input = json!([
+        {"role": "user", "content": "what is on screen?"},
+        {"type": "function_call", "call_id": "c1", "name": "shot", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [
+            {"type": "input_text", "text": "here"},
+            {"type": "input_image", "image_url": image}]}]);
+    let tools = json!([{"type": "function", "name": "shot", "parameters": {"type": "object"}}]);
+    let body = json!({"model": "gpt-4o", "input": input, "tools": tools, "store": false});
+    let ans = responses(&gw, body).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(
+        ans.header("x-switchyard-target"),
+        "b",
+        "the image needs vision"
+    );
+    assert_eq!(a.calls(), 0);
+    let messages = &b.seen()[0].body["messages"];
+    assert_eq!(messages[2]["role"], "tool", "{messages}");
+    assert_eq!(messages[2]["content"], "here", "{messages}");
+    assert_eq!(messages[3]["role"], "user", "{messages}");
+    assert_eq!(
+        messages[3]["content"][0]["image_url"]["url"], image,
+        "{messages}"
+    );
+}

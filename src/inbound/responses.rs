@@ -420,8 +420,14 @@ fn chat_request(
 /// of the client's protocol, if one is there.
 fn input_items(items: &[Item], out: &mut Vec<Value>) -> Result<Option<Untranslatable>, Invalid> {
     let mut untranslated = None;
+    // The images (and files) of a run of call outputs: chat's tool messages
+    // carry text, so they follow the run as one user message.
+    let mut media = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let at = format!("input[{i}]");
+        if item.kind.as_deref() != Some("function_call_output") && !media.is_empty() {
+            out.push(json!({"role": "user", "content": std::mem::take(&mut media)}));
+        }
         match item.kind.as_deref() {
             None | Some("message") => out.push(message_item(item, &at, &mut untranslated)?),
             Some("function_call") => {
@@ -446,7 +452,10 @@ fn input_items(items: &[Item], out: &mut Vec<Value>) -> Result<Option<Untranslat
             Some("function_call_output") => {
                 let output = match &item.output {
                     Some(ItemContent::Text(text)) => text.clone(),
-                    Some(ItemContent::Parts(parts)) => parts_text(parts),
+                    Some(ItemContent::Parts(parts)) => {
+                        output_media(parts, &at, &mut media, &mut untranslated);
+                        parts_text(parts)
+                    }
                     None => {
                         return Err(Invalid::field(
                             format!("{at}.output"),
@@ -468,7 +477,31 @@ fn input_items(items: &[Item], out: &mut Vec<Value>) -> Result<Option<Untranslat
             }
         }
     }
+    if !media.is_empty() {
+        out.push(json!({"role": "user", "content": media}));
+    }
     Ok(untranslated)
+}
+
+/// A call output's parts other than text, as chat content parts, into
+/// `media`; one chat cannot read is named in `untranslated`.
+fn output_media(
+    parts: &[Part],
+    at: &str,
+    media: &mut Vec<Value>,
+    untranslated: &mut Option<Untranslatable>,
+) {
+    for (j, part) in parts.iter().enumerate() {
+        if matches!(part.kind.as_str(), "input_text" | "output_text" | "text") {
+            continue;
+        }
+        match chat_part(part, &format!("{at}.output[{j}]")) {
+            Ok(part) => media.push(part),
+            Err(why) => {
+                untranslated.get_or_insert(why);
+            }
+        }
+    }
 }
 
 fn required<'a>(value: Option<&'a String>, at: &str, field: &str) -> Result<&'a String, Invalid> {
