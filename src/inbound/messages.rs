@@ -215,14 +215,26 @@ fn other_block(
     at: &str,
     untranslated: &mut Option<Untranslatable>,
 ) -> Result<(), Invalid> {
-    if BLOCK_TYPES.contains(&kind) {
+    unread_type(kind, &BLOCK_TYPES, "block", at, untranslated)
+}
+
+/// A `what` (block, source) of type `kind` that did not read as one of
+/// `known`: malformed if its type is one of them, else Anthropic's alone.
+fn unread_type(
+    kind: &str,
+    known: &[&str],
+    what: &str,
+    at: &str,
+    untranslated: &mut Option<Untranslatable>,
+) -> Result<(), Invalid> {
+    if known.contains(&kind) {
         return Err(Invalid::field(
             at,
-            format!("a `{kind}` block is missing a field or has one of the wrong type"),
+            format!("a `{kind}` {what} is missing a field or has one of the wrong type"),
         ));
     }
     untranslated.get_or_insert_with(|| {
-        only_anthropic(format!("{at}.type"), &format!("content block `{kind}`"))
+        only_anthropic(format!("{at}.type"), &format!("a {what} of type `{kind}`"))
     });
     Ok(())
 }
@@ -532,16 +544,7 @@ fn other_source(
     at: &str,
     untranslated: &mut Option<Untranslatable>,
 ) -> Result<(), Invalid> {
-    if SOURCE_TYPES.contains(&kind) {
-        return Err(Invalid::field(
-            at,
-            format!("a `{kind}` source is missing a field or has one of the wrong type"),
-        ));
-    }
-    untranslated.get_or_insert_with(|| {
-        only_anthropic(format!("{at}.type"), &format!("a source of type `{kind}`"))
-    });
-    Ok(())
+    unread_type(kind, &SOURCE_TYPES, "source", at, untranslated)
 }
 
 fn image_part(

@@ -1339,16 +1339,21 @@ impl StreamReply {
         self.emit(out, "response.in_progress", json!({"response": response}));
     }
 
+    /// A new item, its id made with `prefix`, at the end of the output.
+    fn next_item(&mut self, prefix: &str) -> TextItem {
+        self.output.push(None);
+        TextItem {
+            id: fresh_id(prefix),
+            output_index: self.output.len() - 1,
+            text: String::new(),
+        }
+    }
+
     /// Reasoning text, in a reasoning item's summary (as the answer has it).
     fn reasoning_delta(&mut self, delta: &str, out: &mut BytesMut) {
         if self.reasoning.is_none() {
             self.close_text(out);
-            let item = TextItem {
-                id: fresh_id("rs_"),
-                output_index: self.output.len(),
-                text: String::new(),
-            };
-            self.output.push(None);
+            let item = self.next_item("rs_");
             let (id, index) = (item.id.clone(), item.output_index);
             self.reasoning = Some(item);
             let added = json!({"type": "reasoning", "id": id, "summary": []});
@@ -1400,12 +1405,7 @@ impl StreamReply {
             return item.output_index;
         }
         self.close_reasoning(out);
-        let item = TextItem {
-            id: fresh_id("msg_"),
-            output_index: self.output.len(),
-            text: String::new(),
-        };
-        self.output.push(None);
+        let item = self.next_item("msg_");
         let added = json!({"type": "message", "id": item.id, "status": "in_progress", "role": "assistant", "content": []});
         let (id, index) = (item.id.clone(), item.output_index);
         self.text = Some(item);
