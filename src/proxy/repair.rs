@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::attempt::{self, Attempt, Violated};
+use super::attempt::{self, Attempt, Call, Violated};
 use super::Walk;
 use crate::body::Body;
 use crate::request::ChatRequest;
@@ -63,6 +63,17 @@ impl Walk<'_> {
             .await
     }
 
+    /// The call of a repair: switchyard's own chat request, encoded for the
+    /// target's chat API whatever the client speaks (a provider's second
+    /// API, Responses, is not where it goes), and its answer rendered from
+    /// the repair, never passed on as the target sent it.
+    fn repair_call<'c>(&'c self, target: &'c Arc<Target>, key: Option<usize>) -> Call<'c> {
+        Call {
+            native: false,
+            ..self.call(target, key)
+        }
+    }
+
     /// Re-asks `target` once, when the task says so and the deadline and the
     /// buckets allow; the answer if it keeps the contract.
     async fn reask(
@@ -84,10 +95,7 @@ impl Walk<'_> {
             self.account
                 .trace
                 .attempt(&attempt::span_info(target, self.tally.attempts, self.op));
-        let mut call = self.call(target, broken.key);
-        // The re-ask is a chat request encoded for the target's chat API: a
-        // provider's second API (Responses) is not where it goes.
-        call.native &= target.provider.endpoint.native.is_none();
+        let call = self.repair_call(target, broken.key);
         let outcome = attempt::run(&call, body, permit)
             .instrument(span.clone())
             .await;
@@ -187,9 +195,7 @@ impl Walk<'_> {
                 self.tally.attempts,
                 self.op,
             ));
-            let mut call = self.call(&repairer, admitted.key);
-            // switchyard's own chat request, whatever the client speaks.
-            call.native = false;
+            let mut call = self.repair_call(&repairer, admitted.key);
             call.contract = Some(Arc::clone(&contract));
             call.stream = false;
             let outcome = attempt::run(&call, admitted.body, admitted.permit)
