@@ -188,7 +188,7 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
     let mut conversation = match &request.previous_response_id {
         Some(id) => store
             .get(id)
-            .map(|s| s.conversation.clone())
+            .map(|stored| conversation_of(&stored))
             .ok_or_else(|| Invalid {
                 param: "previous_response_id".into(),
                 message: format!("Previous response with id '{id}' not found (switchyard keeps responses for {} s).", super::store::TTL.as_secs()),
@@ -790,24 +790,44 @@ fn usage_of(usage: Option<&Usage>) -> Value {
     })
 }
 
-/// The assistant turn a response's output items make, as a chat message.
-fn assistant_of(output: &[Value]) -> Value {
-    let text: String = output
-        .iter()
-        .filter(|i| i["type"] == "message")
-        .flat_map(|i| i["content"].as_array().into_iter().flatten())
-        .filter_map(|p| p["text"].as_str().or(p["refusal"].as_str()))
-        .collect();
-    let calls: Vec<Value> = output
-        .iter()
-        .filter(|i| i["type"] == "function_call")
-        .map(|i| chat_call(&i["call_id"], &i["name"], &i["arguments"]))
-        .collect();
-    assistant_turn(text, calls)
+/// The conversation a stored response continues: the turns before it, then
+/// the assistant turn its output makes.
+fn conversation_of(stored: &Stored) -> Vec<Value> {
+    #[derive(Deserialize)]
+    struct Made<'a> {
+        #[serde(borrow, default)]
+        output: Vec<&'a RawValue>,
+    }
+    if let Some(whole) = &stored.conversation {
+        return whole.clone();
+    }
+    let output = serde_json::from_str::<Made<'_>>(stored.response.get())
+        .map(|made| made.output)
+        .unwrap_or_default();
+    let mut conversation = Vec::with_capacity(stored.earlier.len() + 1);
+    conversation.extend(stored.earlier.iter().cloned());
+    conversation.push(assistant_of_made(&output));
+    conversation
 }
 
-/// [`assistant_of`] the output items of a target's own response, each read
-/// into borrowed structs (an item that does not read is left out).
+/// A response object's `id`: found by a scan of its text, read by serde
+/// where the scan steps aside (an escape in it).
+fn response_id(response: &str) -> Option<Cow<'_, str>> {
+    #[derive(Deserialize)]
+    struct Made<'a> {
+        #[serde(borrow)]
+        id: Option<Cow<'a, str>>,
+    }
+    if let Some([id]) = scan::fields(response, ["id"]) {
+        if let Some(Some(id)) = scan::plain_str(id) {
+            return Some(Cow::Borrowed(id));
+        }
+    }
+    serde_json::from_str::<Made<'_>>(response).ok()?.id
+}
+
+/// The assistant turn the output items of a response make (each read into
+/// borrowed structs; an item that does not read is left out).
 fn assistant_of_made(output: &[&RawValue]) -> Value {
     #[derive(Deserialize)]
     struct Item<'a> {
@@ -912,11 +932,11 @@ impl Reply {
     }
 
     /// Keeps the finished response and its conversation, unless `store: false`.
-    fn keep(&self, response: &str, assistant: &Value) {
+    fn keep(&self, response: &str) {
         let Some(store) = &self.store else {
             return;
         };
-        let json = Stored::json(response, &self.conversation, assistant);
+        let json = Stored::json(response, &self.conversation);
         store.put(self.id.clone(), json);
     }
 
@@ -933,24 +953,13 @@ impl Reply {
     }
 
     /// Keeps a response a Responses target made (its JSON text), under its
-    /// own id. Only its id and output are read: the rest is kept as it came.
+    /// own id. Only its id is read: the rest is kept as it came.
     fn keep_native(&mut self, response: &str) {
-        #[derive(Deserialize)]
-        struct Made<'a> {
-            #[serde(borrow)]
-            id: Option<Cow<'a, str>>,
-            #[serde(borrow, default)]
-            output: Vec<&'a RawValue>,
-        }
-        let Ok(Made {
-            id: Some(id),
-            output,
-        }) = serde_json::from_str::<Made<'_>>(response)
-        else {
+        let Some(id) = response_id(response) else {
             return;
         };
         id.as_ref().clone_into(&mut self.id);
-        self.keep(response, &assistant_of_made(&output));
+        self.keep(response);
     }
 
     /// A chat completion as a `response` object (kept in the store).
@@ -959,7 +968,6 @@ impl Reply {
         let completion: Completion = serde_json::from_slice(bytes).unwrap_or_default();
         let choice = completion.choices.first();
         let mut output = Vec::new();
-        let mut assistant = json!({"role": "assistant", "content": null});
         if let Some(message) = choice.map(|c| &c.message) {
             if let Some(r) = message
                 .reasoning_content
@@ -971,28 +979,22 @@ impl Reply {
             let text = message.content.as_deref().or(message.refusal.as_deref());
             if let Some(text) = text.filter(|t| !t.is_empty()) {
                 output.push(message_item_out(&fresh_id("msg_"), text, "completed"));
-                assistant["content"] = json!(text);
             }
-            let mut calls = Vec::new();
             for call in &message.tool_calls {
                 let f = &call.function;
                 // A `function_call_output` must name the call: one is made
                 // when its server gave none.
                 let call_id = match call.id.as_str() {
-                    "" => fresh_id("call_"),
-                    id => id.to_owned(),
+                    "" => &fresh_id("call_"),
+                    id => id,
                 };
                 output.push(call_item(
                     &fresh_id("fc_"),
-                    &call_id,
+                    call_id,
                     &f.name,
                     &f.arguments,
                     "completed",
                 ));
-                calls.push(json!({"id": call_id, "type": "function", "function": {"name": f.name, "arguments": f.arguments}}));
-            }
-            if !calls.is_empty() {
-                assistant["tool_calls"] = Value::Array(calls);
             }
         }
         let status = Status::of(Finish::of(choice.and_then(|c| c.finish_reason.as_deref())));
@@ -1003,7 +1005,7 @@ impl Reply {
             usage_of(completion.usage.as_ref()),
         );
         let response = response.to_string();
-        self.keep(&response, &assistant);
+        self.keep(&response);
         Bytes::from(response)
     }
 
@@ -1549,12 +1551,11 @@ impl StreamReply {
             self.output[item.output_index] = Some(Output::Made(done));
         }
         let output: Vec<Value> = self.output.iter().flatten().map(Output::value).collect();
-        let assistant = assistant_of(&output);
         let status = Status::of(self.finish);
         let response =
             self.reply
                 .object(&self.model, status, output, usage_of(self.usage.as_ref()));
-        self.reply.keep(&response.to_string(), &assistant);
+        self.reply.keep(&response.to_string());
         let kind = match status {
             Status::Incomplete(_) => "response.incomplete",
             Status::InProgress | Status::Completed | Status::Failed => "response.completed",
@@ -1636,18 +1637,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_target_responses_assistant_turn_reads_as_its_value_tree_does() {
-        let outputs = [
-            r#"[{"type":"message","id":"m","content":[{"type":"output_text","text":"Hello","annotations":[]},{"type":"output_text","text":" there"}]}]"#,
-            r#"[{"type":"reasoning","summary":[]},{"type":"message","content":[{"type":"refusal","refusal":"no"}]}]"#,
-            r#"[{"type":"function_call","call_id":"c1","name":"f","arguments":"{\"a\":1}"},{"type":"function_call","call_id":"c2","name":"g"}]"#,
-            r#"[{"type":"message","content":[{"text":"caf\u00e9"},{"text":5,"refusal":"r"}]},{"type":"web_search_call","id":"ws"}]"#,
-            r#"[]"#,
+    fn a_responses_output_reads_as_the_assistant_turn_it_made() {
+        let cases = [
+            (
+                r#"[{"type":"message","id":"m","content":[{"type":"output_text","text":"Hello","annotations":[]},{"type":"output_text","text":" there"}]}]"#,
+                json!({"role": "assistant", "content": "Hello there"}),
+            ),
+            (
+                r#"[{"type":"reasoning","summary":[]},{"type":"message","content":[{"type":"refusal","refusal":"no"}]}]"#,
+                json!({"role": "assistant", "content": "no"}),
+            ),
+            (
+                r#"[{"type":"function_call","call_id":"c1","name":"f","arguments":"{\"a\":1}"},{"type":"function_call","call_id":"c2","name":"g"}]"#,
+                json!({"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "g", "arguments": null}},
+                ]}),
+            ),
+            (
+                r#"[{"type":"message","content":[{"text":"caf\u00e9"},{"text":5,"refusal":"r"}]},{"type":"web_search_call","id":"ws"}]"#,
+                json!({"role": "assistant", "content": "cafér"}),
+            ),
+            (r#"[]"#, json!({"role": "assistant", "content": null})),
         ];
-        for output in outputs {
-            let tree: Vec<Value> = serde_json::from_str(output).unwrap();
+        for (output, turn) in cases {
             let raw: Vec<&RawValue> = serde_json::from_str(output).unwrap();
-            assert_eq!(assistant_of_made(&raw), assistant_of(&tree), "{output}");
+            assert_eq!(assistant_of_made(&raw), turn, "{output}");
+        }
+    }
+
+    #[test]
+    fn a_response_id_is_found_by_the_scan_and_by_serde_past_an_escape() {
+        let cases = [
+            (r#"{"id":"resp_1","output":[]}"#, Some("resp_1")),
+            (
+                "{\n  \"object\": \"response\",\n  \"id\": \"resp_2\"\n}",
+                Some("resp_2"),
+            ),
+            (r#"{"id":"resp_\u0033"}"#, Some("resp_3")),
+            (r#"{"output":[]}"#, None),
+            (r#"{"id":null}"#, None),
+            (r#"{"id":"resp_1""#, None),
+            (r#"{"id":"a","id":"b"}"#, None),
+        ];
+        for (response, id) in cases {
+            assert_eq!(response_id(response).as_deref(), id, "{response}");
         }
     }
 

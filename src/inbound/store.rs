@@ -30,24 +30,30 @@ const ENTRY_OVERHEAD: usize = 256;
 #[derive(Debug, Deserialize)]
 pub struct Stored {
     /// The response object, as the client got it (its JSON text: it is only
-    /// ever sent back).
+    /// ever sent back, and its output is the conversation's last turn).
     pub response: Box<RawValue>,
-    /// The conversation up to and including this response's output, as chat
-    /// messages (without `instructions`, which a continuation does not inherit).
-    pub conversation: Vec<Value>,
+    /// The conversation before this response's output, as chat messages
+    /// (without `instructions`, which a continuation does not inherit).
+    #[serde(default)]
+    pub earlier: Vec<Value>,
+    /// The whole conversation, the response's output included, as a replica
+    /// of an older version wrote it (entries live [`TTL`]).
+    #[serde(default)]
+    pub conversation: Option<Vec<Value>>,
 }
 
 impl Stored {
     /// A stored response's JSON: `response` (JSON text, written as it is)
-    /// and the conversation that `earlier` and `last` make, written without
-    /// a copy of either.
+    /// and the conversation before it, written without a copy of either.
+    /// The response's own turn is read from its output when a continuation
+    /// asks for it: most stored responses are never continued.
     #[must_use]
-    pub fn json(response: &str, earlier: &[Value], last: &Value) -> Bytes {
+    pub fn json(response: &str, earlier: &[Value]) -> Bytes {
         let mut out = Vec::with_capacity(response.len() + 64);
         out.extend_from_slice(b"{\"response\":");
         out.extend_from_slice(response.as_bytes());
-        out.extend_from_slice(b",\"conversation\":[");
-        for (i, message) in earlier.iter().chain(std::iter::once(last)).enumerate() {
+        out.extend_from_slice(b",\"earlier\":[");
+        for (i, message) in earlier.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
             }
@@ -195,26 +201,19 @@ mod tests {
     fn the_store_keeps_deletes_and_stays_within_its_bytes() {
         let store = ResponseStore::new(10_000, TTL);
         let user = json!({"role": "user", "content": "hi"});
-        let assistant = json!({"role": "assistant", "content": "hello"});
         store.put(
             "resp_1".into(),
-            Stored::json(r#"{"id": "resp_1"}"#, &[user], &assistant),
+            Stored::json(r#"{"id": "resp_1"}"#, &[user]),
         );
         let stored = store.get("resp_1").unwrap();
         assert_eq!(stored.response.get(), r#"{"id": "resp_1"}"#);
-        assert_eq!(
-            stored.conversation,
-            [json!({"role": "user", "content": "hi"}), assistant]
-        );
+        assert_eq!(stored.earlier, [json!({"role": "user", "content": "hi"})]);
         assert!(store.delete("resp_1"));
         assert!(store.get("resp_1").is_none() && !store.delete("resp_1"));
         for i in 0..1000 {
             let big = "x".repeat(100);
             let response = json!({ "t": big }).to_string();
-            store.put(
-                format!("resp_{i}"),
-                Stored::json(&response, &[], &json!({})),
-            );
+            store.put(format!("resp_{i}"), Stored::json(&response, &[]));
         }
         store.local.run_pending_tasks();
         assert!(
