@@ -1459,6 +1459,32 @@ async fn parallel_tool_calls_interleaved_or_named_late_reach_a_messages_client_w
             .map(|(i, c)| ((*i).to_owned(), (*c).to_owned()))
             .collect();
         assert_eq!(done, want, "{body}");
+        // An item's identity in `added` is the one in `done` (the openai SDK
+        // raises otherwise), and items are added in their output order.
+        let identity = |kind: &str| -> Vec<(Value, Value, Value, Value)> {
+            named_events(&body)
+                .into_iter()
+                .filter(|(n, d)| n == kind && d["item"]["type"] == "function_call")
+                .map(|(_, d)| {
+                    let item = &d["item"];
+                    let at = d["output_index"].clone();
+                    (
+                        at,
+                        item["id"].clone(),
+                        item["call_id"].clone(),
+                        item["name"].clone(),
+                    )
+                })
+                .collect()
+        };
+        let added = identity("response.output_item.added");
+        assert_eq!(added, identity("response.output_item.done"), "{body}");
+        let order: Vec<u64> = named_events(&body)
+            .into_iter()
+            .filter(|(n, _)| n == "response.output_item.added")
+            .map(|(_, d)| d["output_index"].as_u64().unwrap())
+            .collect();
+        assert!(order.windows(2).all(|w| w[0] + 1 == w[1]), "{body}");
     }
 }
 

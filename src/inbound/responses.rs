@@ -1065,6 +1065,9 @@ impl Output {
 struct CallItem {
     chat_index: u32,
     id: String,
+    /// Whether its `output_item.added` went out: from then on its identity
+    /// (`call_id`, `name`) is fixed, as a client checks `done` against it.
+    announced: bool,
     output_index: usize,
     call_id: String,
     name: String,
@@ -1311,6 +1314,7 @@ impl StreamReply {
                 self.calls.push(CallItem {
                     chat_index,
                     id: item.id,
+                    announced: true,
                     output_index: index,
                     call_id: item.call_id.unwrap_or_default(),
                     name: item.name.unwrap_or_default(),
@@ -1478,50 +1482,82 @@ impl StreamReply {
         }
     }
 
+    /// A chat tool call's fragment. The call's item is announced once its
+    /// name is known (a server may send the name, or the id, in a later
+    /// fragment than the first); the arguments that came before go out then.
     fn call_delta(&mut self, call: &super::ToolCallDelta, out: &mut BytesMut) {
-        if !self.calls.iter().any(|c| c.chat_index == call.index) {
-            self.close_reasoning(out);
-            self.close_text(out);
-            let item = CallItem {
-                chat_index: call.index,
-                id: fresh_id("fc_"),
-                output_index: self.output.len(),
-                // Made at the end if no fragment names it.
-                call_id: call.id.clone().unwrap_or_default(),
-                name: call.function.name.clone().unwrap_or_default(),
-                arguments: String::new(),
-            };
-            self.output.push(None);
-            let added = call_item(&item.id, &item.call_id, &item.name, "", "in_progress");
-            let index = item.output_index;
-            self.calls.push(item);
-            self.emit(
-                out,
-                "response.output_item.added",
-                json!({"output_index": index, "item": added}),
-            );
+        let at = match self.calls.iter().position(|c| c.chat_index == call.index) {
+            Some(at) => at,
+            None => {
+                self.calls.push(CallItem {
+                    chat_index: call.index,
+                    id: fresh_id("fc_"),
+                    announced: false,
+                    output_index: 0,
+                    call_id: String::new(),
+                    name: String::new(),
+                    arguments: String::new(),
+                });
+                self.calls.len() - 1
+            }
+        };
+        let item = &mut self.calls[at];
+        if !item.announced {
+            if item.name.is_empty() {
+                item.name = call.function.name.clone().unwrap_or_default();
+            }
+            if let (true, Some(id)) = (item.call_id.is_empty(), call.id.as_ref()) {
+                item.call_id.clone_from(id);
+            }
         }
-        let Some(item) = self.calls.iter_mut().find(|c| c.chat_index == call.index) else {
+        let fragment = call.function.arguments.as_deref().filter(|a| !a.is_empty());
+        if let Some(fragment) = fragment {
+            item.arguments.push_str(fragment);
+        }
+        match (item.announced, fragment) {
+            (false, _) if item.name.is_empty() => {}
+            (false, _) => self.announce_call(at, out),
+            (true, Some(fragment)) => {
+                let (id, index) = (item.id.clone(), item.output_index);
+                self.emit(
+                    out,
+                    "response.function_call_arguments.delta",
+                    json!({"item_id": id, "output_index": index, "delta": fragment}),
+                );
+            }
+            (true, None) => {}
+        }
+    }
+
+    /// The `output_item.added` of the call at `at` (its `call_id` made if no
+    /// fragment named it), then the arguments it holds as one delta.
+    fn announce_call(&mut self, at: usize, out: &mut BytesMut) {
+        self.close_reasoning(out);
+        self.close_text(out);
+        let output_index = self.output.len();
+        self.output.push(None);
+        let Some(item) = self.calls.get_mut(at) else {
             return;
         };
-        // An id or a name may come in a later fragment than the first: the
-        // item's `done` carries them.
-        if item.name.is_empty() {
-            item.name = call.function.name.clone().unwrap_or_default();
+        item.announced = true;
+        item.output_index = output_index;
+        if item.call_id.is_empty() {
+            item.call_id = fresh_id("call_");
         }
-        if let (true, Some(id)) = (item.call_id.is_empty(), call.id.as_ref()) {
-            item.call_id.clone_from(id);
-        }
-        let Some(fragment) = call.function.arguments.as_deref().filter(|a| !a.is_empty()) else {
-            return;
-        };
-        item.arguments.push_str(fragment);
-        let (id, index) = (item.id.clone(), item.output_index);
+        let added = call_item(&item.id, &item.call_id, &item.name, "", "in_progress");
+        let (id, arguments) = (item.id.clone(), item.arguments.clone());
         self.emit(
             out,
-            "response.function_call_arguments.delta",
-            json!({"item_id": id, "output_index": index, "delta": fragment}),
+            "response.output_item.added",
+            json!({"output_index": output_index, "item": added}),
         );
+        if !arguments.is_empty() {
+            self.emit(
+                out,
+                "response.function_call_arguments.delta",
+                json!({"item_id": id, "output_index": output_index, "delta": arguments}),
+            );
+        }
     }
 
     pub(super) fn done(&mut self, out: &mut BytesMut) {
@@ -1531,10 +1567,12 @@ impl StreamReply {
         self.ended = true;
         self.close_reasoning(out);
         self.close_text(out);
-        for mut item in std::mem::take(&mut self.calls) {
-            if item.call_id.is_empty() {
-                item.call_id = fresh_id("call_");
+        for at in 0..self.calls.len() {
+            if !self.calls[at].announced {
+                self.announce_call(at, out);
             }
+        }
+        for item in std::mem::take(&mut self.calls) {
             self.emit(out, "response.function_call_arguments.done", json!({"item_id": item.id, "output_index": item.output_index, "name": item.name, "arguments": item.arguments}));
             let done = call_item(
                 &item.id,
@@ -1592,7 +1630,7 @@ impl StreamReply {
                 output[text.output_index] =
                     Some(message_item_out(&text.id, &text.text, "incomplete"));
             }
-            for c in &self.calls {
+            for c in self.calls.iter().filter(|c| c.announced) {
                 let item = call_item(&c.id, &c.call_id, &c.name, &c.arguments, "incomplete");
                 output[c.output_index] = Some(item);
             }
