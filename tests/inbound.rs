@@ -1516,6 +1516,20 @@ async fn a_thinking_block_without_a_signature_never_reaches_an_anthropic_target(
         "upstream-a",
         "the model rewritten too"
     );
+    // A turn of unsigned reasoning alone is left out whole: Anthropic
+    // refuses an empty turn.
+    let body = json!({"model": "gpt-4o", "max_tokens": 64, "messages": [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "theirs", "signature": ""}]},
+        {"role": "user", "content": "more"}]});
+    let ans = messages(&gw, body).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let sent = &a.seen()[1].body["messages"];
+    assert_eq!(
+        sent,
+        &json!([{"role": "user", "content": "hello"}, {"role": "user", "content": "more"}]),
+        "{sent}"
+    );
 }
 
 #[tokio::test]

@@ -184,14 +184,20 @@ fn unsigned_thinking(messages: &[Message]) -> bool {
 fn without_unsigned_thinking(body: &[u8]) -> Option<Bytes> {
     let mut request: Value = serde_json::from_slice(body).ok()?;
     let messages = request.get_mut("messages")?.as_array_mut()?;
-    for message in messages {
-        if let Some(blocks) = message.get_mut("content").and_then(Value::as_array_mut) {
-            blocks.retain(|b| {
-                let signed = b["signature"].as_str().is_some_and(|s| !s.is_empty());
-                b["type"] != "thinking" || signed
-            });
-        }
-    }
+    // A turn that held only such blocks goes too: Anthropic refuses an
+    // empty one, and joins the turns around it (consecutive turns of one
+    // role are one turn to it).
+    messages.retain_mut(|message| {
+        let Some(blocks) = message.get_mut("content").and_then(Value::as_array_mut) else {
+            return true;
+        };
+        let before = blocks.len();
+        blocks.retain(|b| {
+            let signed = b["signature"].as_str().is_some_and(|s| !s.is_empty());
+            b["type"] != "thinking" || signed
+        });
+        blocks.len() == before || !blocks.is_empty()
+    });
     Some(Bytes::from(request.to_string()))
 }
 
@@ -733,7 +739,10 @@ fn stop_reason(finish: Option<Finish>, called: bool) -> Value {
         Some(Finish::Stop) | None if called => json!("tool_use"),
         Some(Finish::Stop) | None => json!("end_turn"),
         Some(Finish::Length) => json!("max_tokens"),
-        Some(Finish::ToolCalls) => json!("tool_use"),
+        // A client that trusts `tool_use` looks for the call: without one
+        // the turn simply ended.
+        Some(Finish::ToolCalls) if called => json!("tool_use"),
+        Some(Finish::ToolCalls) => json!("end_turn"),
         Some(Finish::ContentFilter) => json!("refusal"),
     }
 }
@@ -835,12 +844,15 @@ fn tool_use_id(id: &str) -> Cow<'_, str> {
     }
 }
 
-/// Tool arguments as the `input` object; text that is not JSON is kept as a string.
+/// Tool arguments as the `input` object. Anthropic's `input` is always an
+/// object (a client sends the block back as it got it): arguments that are
+/// not a JSON object are `{}`, as a streamed call's are once the SDK reads
+/// them whole. A task that must not lose them declares a tool-call contract.
 fn tool_input(arguments: &str) -> Value {
-    if arguments.trim().is_empty() {
-        return json!({});
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(input @ Value::Object(_)) => input,
+        Ok(_) | Err(_) => json!({}),
     }
-    serde_json::from_str(arguments).unwrap_or_else(|_| json!(arguments))
 }
 
 /// The block being streamed.
@@ -1232,6 +1244,24 @@ fn envelope(kind: &str, message: &str) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tool_input_is_always_an_object_and_tool_use_needs_a_call() {
+        assert_eq!(tool_input(r#"{"a": [1]}"#), json!({"a": [1]}));
+        for not_an_object in ["", "  ", r#"{"a": tru"#, "[1]", r#""s""#, "null", "7"] {
+            assert_eq!(tool_input(not_an_object), json!({}), "{not_an_object}");
+        }
+        assert_eq!(
+            stop_reason(Some(Finish::ToolCalls), true),
+            json!("tool_use")
+        );
+        assert_eq!(stop_reason(Some(Finish::Stop), true), json!("tool_use"));
+        assert_eq!(stop_reason(None, true), json!("tool_use"));
+        assert_eq!(
+            stop_reason(Some(Finish::ToolCalls), false),
+            json!("end_turn")
+        );
+    }
 
     #[test]
     fn the_models_place_is_read_with_the_body_and_the_rewrite_uses_it() {
