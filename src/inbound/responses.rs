@@ -65,6 +65,13 @@ struct Request<'a> {
     previous_response_id: Option<String>,
     #[serde(default)]
     user: Option<String>,
+    /// State only the provider's own Responses API keeps ([`provider_state`]).
+    #[serde(borrow, default)]
+    conversation: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+    #[serde(default)]
+    background: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -220,8 +227,10 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
         turns,
     };
     let chat = chat_request(&request, model.clone(), messages)?;
+    choice_has_tools(&request)?;
     let untranslatable = built_in_tool(request.tools.as_deref())
         .or(hosted_choice(request.tool_choice.as_ref())?)
+        .or(provider_state(&request))
         .or(untranslated);
     let echo = Echo::of(&request);
     // A target of the client's own protocol gets the conversation whole: a
@@ -364,6 +373,41 @@ fn hosted_choice(choice: Option<&ToolChoice>) -> Result<Option<Untranslatable>, 
         "tool_choice.type".into(),
         &format!("a `tool_choice` of type `{kind}`"),
     )))
+}
+
+/// A `tool_choice` that demands a function call needs tools to call.
+///
+/// # Errors
+/// `required` or a named function without `tools`.
+fn choice_has_tools(request: &Request<'_>) -> Result<(), Invalid> {
+    let demands_a_call = match &request.tool_choice {
+        Some(ToolChoice::Mode(mode)) => mode == "required",
+        Some(ToolChoice::Function { kind, .. }) => kind == "function",
+        Some(ToolChoice::Other(_)) | None => false,
+    };
+    if demands_a_call && request.tools.as_ref().is_none_or(Vec::is_empty) {
+        return Err(Invalid::field(
+            "tool_choice",
+            "`tool_choice` asks for a function call but the request has no `tools`",
+        ));
+    }
+    Ok(())
+}
+
+/// What the provider's own Responses API keeps and chat has no words for:
+/// a conversation object, a stored prompt, a run in the background. A chat
+/// target would answer as if it were not there (a fresh start).
+fn provider_state(request: &Request<'_>) -> Option<Untranslatable> {
+    let field = if request.conversation.is_some() {
+        "conversation"
+    } else if request.prompt.is_some() {
+        "prompt"
+    } else if request.background == Some(true) {
+        "background"
+    } else {
+        return None;
+    };
+    Some(only_responses(field.into(), &format!("`{field}`")))
 }
 
 /// What chat cannot carry, at `param`: only a Responses target can serve it.
@@ -1865,6 +1909,47 @@ mod tests {
         assert!(why.why.contains("`web_search` (tools[1].type)"), "{why:?}");
         let chat: Value = serde_json::from_slice(t.chat.bytes()).unwrap();
         assert_eq!(chat["tools"].as_array().map(Vec::len), Some(1), "{chat}");
+    }
+
+    #[test]
+    fn state_only_the_provider_keeps_is_left_for_a_responses_target() {
+        let store = ResponseStore::default();
+        let left = |extra: &str| {
+            let body = format!(r#"{{"input":"x"{extra}}}"#);
+            let t = translate(body.as_bytes(), &store).unwrap();
+            t.untranslatable.map(|why| why.param)
+        };
+        assert_eq!(
+            left(r#","conversation":"conv_1""#).as_deref(),
+            Some("conversation")
+        );
+        assert_eq!(
+            left(r#","conversation":{"id":"conv_1"}"#).as_deref(),
+            Some("conversation")
+        );
+        assert_eq!(
+            left(r#","prompt":{"id":"pmpt_1"}"#).as_deref(),
+            Some("prompt")
+        );
+        assert_eq!(left(r#","background":true"#).as_deref(), Some("background"));
+        assert_eq!(left(r#","background":false,"conversation":null"#), None);
+        let refused = |extra: &str| {
+            let body = format!(r#"{{"input":"x"{extra}}}"#);
+            translate(body.as_bytes(), &store).err().map(|e| e.param)
+        };
+        assert_eq!(
+            refused(r#","tool_choice":"required""#).as_deref(),
+            Some("tool_choice")
+        );
+        assert_eq!(
+            refused(r#","tool_choice":{"type":"function","name":"f"},"tools":[]"#).as_deref(),
+            Some("tool_choice")
+        );
+        let tools = r#","tools":[{"type":"function","name":"f"}]"#;
+        assert_eq!(
+            refused(&format!(r#","tool_choice":"required"{tools}"#)),
+            None
+        );
     }
 
     #[test]
