@@ -854,13 +854,21 @@ fn conversation_of(stored: &Stored) -> Vec<Value> {
     conversation
 }
 
-/// A response object's `id`: found by a scan of its text, read by serde
-/// where the scan steps aside (an escape in it).
+/// A response object's `id`. The text was read whole before it gets here
+/// (as the answer's facts, or as its stream event), so where OpenAI writes
+/// the id, first, the first key answers; else a scan finds it, and serde
+/// reads one the scan steps aside from (an escape in it).
 fn response_id(response: &str) -> Option<Cow<'_, str>> {
     #[derive(Deserialize)]
     struct Made<'a> {
         #[serde(borrow)]
         id: Option<Cow<'a, str>>,
+    }
+    if let Some(rest) = response.strip_prefix(r#"{"id":""#) {
+        let id = rest.get(..scan::plain_len(rest));
+        if let Some(id) = id.filter(|id| rest.as_bytes().get(id.len()) == Some(&b'"')) {
+            return Some(Cow::Borrowed(id));
+        }
     }
     if let Some([id]) = scan::fields(response, ["id"]) {
         if let Some(Some(id)) = scan::plain_str(id) {
@@ -1759,8 +1767,8 @@ mod tests {
             (r#"{"id":"resp_\u0033"}"#, Some("resp_3")),
             (r#"{"output":[]}"#, None),
             (r#"{"id":null}"#, None),
-            (r#"{"id":"resp_1""#, None),
-            (r#"{"id":"a","id":"b"}"#, None),
+            (r#"{"object":"response","id":"resp_1""#, None),
+            (r#"{"object":"response","id":"a","id":"b"}"#, None),
         ];
         for (response, id) in cases {
             assert_eq!(response_id(response).as_deref(), id, "{response}");
