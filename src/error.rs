@@ -48,9 +48,9 @@ pub enum GatewayError {
     /// No such endpoint. 404.
     #[error("no route for {0}")]
     NotFound(String),
-    /// Wrong method for the endpoint. 405.
+    /// Wrong method for the endpoint (the methods it answers, for `Allow`). 405.
     #[error("method not allowed")]
-    MethodNotAllowed,
+    MethodNotAllowed(&'static str),
     /// The request body did not arrive whole within the time allowed. 408.
     #[error("the request body did not arrive within {} s", .0.as_secs())]
     BodyTimeout(std::time::Duration),
@@ -124,7 +124,7 @@ impl GatewayError {
             }
             GatewayError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::UnknownModel(_) | GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
-            GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            GatewayError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             GatewayError::ClientGone => CLIENT_CLOSED_REQUEST,
@@ -150,7 +150,7 @@ impl GatewayError {
             | GatewayError::Unauthorized
             | GatewayError::UnknownModel(_)
             | GatewayError::NotFound(_)
-            | GatewayError::MethodNotAllowed
+            | GatewayError::MethodNotAllowed(_)
             | GatewayError::PayloadTooLarge(_)
             | GatewayError::BodyTimeout(_)
             | GatewayError::ClientGone
@@ -180,7 +180,7 @@ impl GatewayError {
             GatewayError::BadRequest { .. }
             | GatewayError::UnknownModel(_)
             | GatewayError::NotFound(_)
-            | GatewayError::MethodNotAllowed
+            | GatewayError::MethodNotAllowed(_)
             | GatewayError::PayloadTooLarge(_)
             | GatewayError::ClientGone
             | GatewayError::UnsupportedMediaType(_)
@@ -204,7 +204,7 @@ impl GatewayError {
             GatewayError::BadRequest { .. }
             | GatewayError::UnknownModel(_)
             | GatewayError::NotFound(_)
-            | GatewayError::MethodNotAllowed
+            | GatewayError::MethodNotAllowed(_)
             | GatewayError::PayloadTooLarge(_)
             | GatewayError::BodyTimeout(_)
             | GatewayError::ClientGone
@@ -237,7 +237,7 @@ impl GatewayError {
             GatewayError::UnknownModel(_)
             | GatewayError::RateLimited(_)
             | GatewayError::NotFound(_)
-            | GatewayError::MethodNotAllowed
+            | GatewayError::MethodNotAllowed(_)
             | GatewayError::PayloadTooLarge(_)
             | GatewayError::BodyTimeout(_)
             | GatewayError::ClientGone
@@ -262,7 +262,7 @@ impl GatewayError {
             GatewayError::RateLimited(_) => "rate_limit_exceeded",
             GatewayError::UnknownModel(_) => "model_not_found",
             GatewayError::NotFound(_) => "not_found",
-            GatewayError::MethodNotAllowed => "method_not_allowed",
+            GatewayError::MethodNotAllowed(_) => "method_not_allowed",
             GatewayError::PayloadTooLarge(_) => "payload_too_large",
             GatewayError::BodyTimeout(_) => "request_timeout",
             GatewayError::ClientGone => "client_cancelled",
@@ -354,7 +354,7 @@ mod tests {
             GatewayError::UnsupportedMediaType(String::new()),
             GatewayError::UnknownModel(String::new()),
             GatewayError::NotFound(String::new()),
-            GatewayError::MethodNotAllowed,
+            GatewayError::MethodNotAllowed("POST"),
             GatewayError::BodyTimeout(d),
             GatewayError::ClientGone,
             GatewayError::PayloadTooLarge(1),
@@ -374,7 +374,7 @@ mod tests {
                 | GatewayError::UnsupportedMediaType(_)
                 | GatewayError::UnknownModel(_)
                 | GatewayError::NotFound(_)
-                | GatewayError::MethodNotAllowed
+                | GatewayError::MethodNotAllowed(_)
                 | GatewayError::BodyTimeout(_)
                 | GatewayError::ClientGone
                 | GatewayError::PayloadTooLarge(_)

@@ -415,12 +415,17 @@ async fn handle(
             return respond::plain_error(&e, &request_id);
         }
     }
+    // An Anthropic client hears a wrong path or method in its own envelope.
+    let protocol = match path.starts_with("/v1/messages") {
+        true => Protocol::Messages,
+        false => Protocol::Chat,
+    };
     let endpoint = match route(req.method(), path) {
         Some(Ok(endpoint)) if kind != Listener::Admin || endpoint.on_admin_listener() => endpoint,
         Some(Err(e)) if kind != Listener::Admin || path.starts_with("/admin/") => {
-            return respond::plain_error(&e, &request_id)
+            return plain_error_in(protocol, &e, &request_id)
         }
-        Some(_) | None => return respond::plain_error(&not_found(), &request_id),
+        Some(_) | None => return plain_error_in(protocol, &not_found(), &request_id),
     };
     match endpoint {
         Endpoint::Proxied(api) => proxied(&app, api, req, peer.ip(), request_id, arrival).await,
@@ -555,12 +560,16 @@ const GET_DELETE: Methods = Methods::GetDelete;
 /// The endpoint of `path`, or 405 when it answers another method; `None`
 /// for no such path.
 fn route(method: &Method, path: &str) -> Option<Result<Endpoint, GatewayError>> {
-    let (_, methods, endpoint) = ROUTES
-        .iter()
-        .find(|(at, _, _)| match at.strip_suffix('/') {
-            Some(_) => path.len() > at.len() && path.starts_with(at),
-            None => path == *at,
-        })?;
+    let (_, methods, endpoint) =
+        ROUTES
+            .iter()
+            .find(|(at, _, endpoint)| match at.strip_suffix('/') {
+                Some(_) => path.strip_prefix(at).is_some_and(|id| {
+                    // A model's id may hold slashes (`org/model`); a response's is one segment.
+                    !id.is_empty() && (*endpoint == Endpoint::Model || !id.contains('/'))
+                }),
+                None => path == *at,
+            })?;
     Some(allowed(method, *methods, *endpoint))
 }
 
@@ -569,15 +578,18 @@ fn allowed(
     methods: Methods,
     endpoint: Endpoint,
 ) -> Result<Endpoint, GatewayError> {
-    let ok = match methods {
-        Methods::Post => method == Method::POST,
-        Methods::Get => method == Method::GET,
-        Methods::GetDelete => method == Method::GET || method == Method::DELETE,
+    let (ok, allow) = match methods {
+        Methods::Post => (method == Method::POST, "POST"),
+        Methods::Get => (method == Method::GET, "GET"),
+        Methods::GetDelete => (
+            method == Method::GET || method == Method::DELETE,
+            "GET, DELETE",
+        ),
     };
     if ok {
         Ok(endpoint)
     } else {
-        Err(GatewayError::MethodNotAllowed)
+        Err(GatewayError::MethodNotAllowed(allow))
     }
 }
 

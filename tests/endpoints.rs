@@ -164,15 +164,61 @@ async fn unknown_path_is_404_in_openai_format() {
 async fn wrong_method_is_405_in_openai_format() {
     let a = Fake::always(fake::completion("m", "x")).await;
     let gw = gateway(&two_tasks(&a.url())).await;
-    for (method, path) in [
-        ("GET", "/v1/chat/completions"),
-        ("PUT", "/v1/chat/completions"),
-        ("POST", "/v1/models"),
-        ("POST", "/healthz"),
+    for (method, path, allow) in [
+        ("GET", "/v1/chat/completions", "POST"),
+        ("PUT", "/v1/chat/completions", "POST"),
+        ("POST", "/v1/models", "GET"),
+        ("POST", "/healthz", "GET"),
+        ("POST", "/v1/responses/resp_1", "GET, DELETE"),
     ] {
         let ans = request(&gw, method, path, Bytes::new()).await;
         assert_eq!(ans.status, 405, "{method} {path}: {}", ans.text());
         assert_eq!(openai_error(&ans), "method_not_allowed", "{method} {path}");
+        assert_eq!(ans.header("allow"), allow, "{method} {path}");
+    }
+    assert_eq!(a.calls(), 0);
+}
+
+#[tokio::test]
+async fn an_anthropic_path_answers_a_wrong_method_or_path_in_anthropics_envelope() {
+    let a = Fake::always(fake::completion("m", "x")).await;
+    let gw = gateway(&two_tasks(&a.url())).await;
+    for (method, path, status, kind) in [
+        ("GET", "/v1/messages", 405, "invalid_request_error"),
+        (
+            "GET",
+            "/v1/messages/count_tokens",
+            405,
+            "invalid_request_error",
+        ),
+        ("POST", "/v1/messages/batches", 404, "not_found_error"),
+        ("POST", "/v1/messages/", 404, "not_found_error"),
+    ] {
+        let ans = request(&gw, method, path, Bytes::new()).await;
+        assert_eq!(ans.status, status, "{method} {path}: {}", ans.text());
+        let body: serde_json::Value = serde_json::from_str(&ans.text()).unwrap();
+        assert_eq!(body["type"], "error", "{method} {path}: {body}");
+        assert_eq!(body["error"]["type"], kind, "{method} {path}: {body}");
+    }
+    assert_eq!(
+        request(&gw, "GET", "/v1/messages", Bytes::new())
+            .await
+            .header("allow"),
+        "POST"
+    );
+    // A stored response's path is one id, nothing after it.
+    for path in [
+        "/v1/responses/a/resp_1",
+        "/v1/responses/resp_1/input_items",
+        "/v1/responses/resp_1/",
+    ] {
+        let ans = request(&gw, "GET", path, Bytes::new()).await;
+        assert_eq!(ans.status, 404, "{path}: {}", ans.text());
+        assert!(
+            ans.text().contains("no route for"),
+            "{path}: {}",
+            ans.text()
+        );
     }
     assert_eq!(a.calls(), 0);
 }

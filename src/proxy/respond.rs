@@ -176,6 +176,9 @@ pub fn plain_error(e: &GatewayError, request_id: &HeaderValue) -> Response<Body>
     if let Some(wait) = e.retry_after() {
         h.insert(RETRY_AFTER, HeaderValue::from(wait));
     }
+    if let GatewayError::MethodNotAllowed(methods) = e {
+        h.insert(http::header::ALLOW, HeaderValue::from_static(methods));
+    }
     resp
 }
 
