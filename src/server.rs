@@ -812,8 +812,23 @@ async fn count_tokens(
         .headers
         .get(respond::H_TASK_TYPE)
         .and_then(|v| v.to_str().ok());
-    let counted = match snapshot.route(task_header, request.model.as_deref()) {
-        Some(task) => inbound::count::at_provider(task, &parts.headers, &bytes, request_id).await,
+    let Some(task) = snapshot.route(task_header, request.model.as_deref()) else {
+        // As `/v1/messages` answers the same body.
+        let e = match task_header.or(request.model.as_deref()) {
+            Some(asked) => GatewayError::UnknownModel(asked.chars().take(128).collect()),
+            None => GatewayError::bad_request("`model` is required (or an `x-task-type` header)"),
+        };
+        return plain_error_in(Protocol::Messages, &e, request_id);
+    };
+    let counted = match inbound::count::at_provider(task, &parts.headers, &bytes, request_id).await
+    {
+        Some(inbound::count::Said::Refused(status, body)) => {
+            let mut resp = json_bytes(status, body);
+            resp.headers_mut()
+                .insert(respond::H_REQUEST_ID, request_id.clone());
+            return resp;
+        }
+        Some(inbound::count::Said::Counted(counted)) => Some(counted),
         None => None,
     };
     let (tokens, source) = match &counted {

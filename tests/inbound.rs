@@ -542,6 +542,10 @@ async fn count_tokens_is_the_anthropic_targets_count_when_it_answers_else_the_es
     let a = Fake::start(
         |n, seen: &Seen| match (n, seen.uri.ends_with("/messages/count_tokens")) {
             (0, true) => fake::json(200, r#"{"input_tokens": 42}"#),
+            (2, true) => fake::json(
+                400,
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"messages.0: bad block (key sk-ant-inbound-test-0123456789)"}}"#,
+            ),
             _ => fake::error(500, "no count today"),
         },
     )
@@ -568,10 +572,35 @@ async fn count_tokens_is_the_anthropic_targets_count_when_it_answers_else_the_es
     assert_eq!(seen.headers["anthropic-beta"], "token-counting-2024-11-01");
     assert_eq!(seen.headers["x-api-key"], "sk-ant-inbound-test-0123456789");
     // The provider fails: switchyard's estimate, said so.
-    let estimated = post_raw(gw.addr, "/v1/messages/count_tokens", body, &[]).await;
+    let estimated = post_raw(gw.addr, "/v1/messages/count_tokens", body.clone(), &[]).await;
     assert_eq!(estimated.status, 200, "{}", estimated.text());
     assert_eq!(estimated.header("x-switchyard-token-count"), "estimate");
     assert!(estimated.json()["input_tokens"].as_u64().unwrap() > 0);
+    // The provider refuses the request itself: that is the client's answer,
+    // in Anthropic's envelope, the provider's key taken out.
+    let refused = post_raw(gw.addr, "/v1/messages/count_tokens", body.clone(), &[]).await;
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    let error = refused.json();
+    assert_eq!(error["type"], "error", "{error}");
+    assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("bad block"),
+        "{error}"
+    );
+    assert!(!refused.text().contains("0123456789"), "{error}");
+    // A task no name selects is a 404, as `/v1/messages` says it.
+    let unknown = post_raw(
+        gw.addr,
+        "/v1/messages/count_tokens",
+        body,
+        &[("x-task-type", "nope")],
+    )
+    .await;
+    assert_eq!(unknown.status, 404, "{}", unknown.text());
+    assert_eq!(unknown.json()["error"]["type"], "not_found_error");
     assert_eq!(b.calls(), 0, "a count is no chat call");
 }
 

@@ -1,7 +1,8 @@
 //! `POST /v1/messages/count_tokens` at a provider: the first target of the
-//! task whose protocol counts tokens (Anthropic) and is not DOWN is asked;
-//! any failure leaves the caller to answer from switchyard's own estimate.
-//! A count is no answer: it feeds neither health nor the buckets.
+//! task whose protocol counts tokens (Anthropic) and is not DOWN is asked.
+//! Its refusal of the request itself (400, 413) is the caller's answer;
+//! any other failure leaves the caller to answer from switchyard's own
+//! estimate. A count is no answer: it feeds neither health nor the buckets.
 
 use std::sync::atomic::AtomicU32;
 
@@ -17,6 +18,16 @@ use crate::upstream::{Operation, Outgoing};
 
 /// Largest count answer read (it is one small JSON object).
 const MAX_ANSWER: usize = 64 * 1024;
+
+/// What the provider said of a count request.
+#[derive(Debug)]
+pub enum Said {
+    /// It counted.
+    Counted(Counted),
+    /// It refused the request as malformed or too large: its status and
+    /// error body (Anthropic's envelope), for the client.
+    Refused(StatusCode, Bytes),
+}
 
 /// A provider's count of a prompt.
 #[derive(Debug)]
@@ -34,7 +45,7 @@ pub async fn at_provider(
     client: &HeaderMap,
     body: &[u8],
     request_id: &HeaderValue,
-) -> Option<Counted> {
+) -> Option<Said> {
     let target = task.chain.iter().find(|t| {
         t.provider.endpoint.urls.count_tokens.is_some() && t.health.state() != State::Down
     })?;
@@ -61,18 +72,39 @@ pub async fn at_provider(
     });
     let read = async {
         let response = sent.await.ok()?;
-        if response.status() != StatusCode::OK {
-            debug!(target = %target.name, status = %response.status(), "count_tokens refused");
+        let status = response.status();
+        // Its key, its model, its limits are the provider's business: the
+        // estimate answers. The request's own faults are the client's.
+        let refused = matches!(
+            status,
+            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE
+        );
+        if status != StatusCode::OK && !refused {
+            debug!(target = %target.name, status = %status, "count_tokens failed");
             return None;
         }
         let bytes = crate::body::read_all(response.into_body(), MAX_ANSWER)
             .await
             .ok()?;
-        serde_json::from_slice::<Value>(&bytes).ok()?["input_tokens"].as_u64()
+        if refused {
+            let bytes = crate::sanitize::redact_secrets(bytes, provider.secrets());
+            let message = serde_json::from_slice::<Value>(&bytes).ok()?["error"]["message"]
+                .as_str()
+                .map(str::to_owned)?;
+            return Some(Said::Refused(status, refused_body(status, &message)));
+        }
+        let tokens = serde_json::from_slice::<Value>(&bytes).ok()?["input_tokens"].as_u64()?;
+        Some(Said::Counted(Counted {
+            tokens,
+            target: target.name.clone(),
+        }))
     };
-    let tokens = timeout(provider.timeout, read).await.ok().flatten()?;
-    Some(Counted {
-        tokens,
-        target: target.name.clone(),
-    })
+    timeout(provider.timeout, read).await.ok().flatten()
+}
+
+/// The provider's refusal (its keys already taken out), in Anthropic's
+/// envelope.
+fn refused_body(status: StatusCode, message: &str) -> Bytes {
+    let error = serde_json::json!({"error": {"message": message}}).to_string();
+    super::messages::error(status, error.as_bytes())
 }
