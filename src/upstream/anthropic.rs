@@ -22,9 +22,9 @@ use serde_json::{json, Map, Value};
 use super::chunk::{self, now_secs, Delta, Frame, Head};
 use super::non_null;
 use super::translate::{
-    content_parts, data_url, function_tools, image_url, invalid, max_tokens, messages_with_roles,
-    part_kind, push_turn, refuse_untranslatable, stop_sequences, tool_call, unsupported, wire,
-    TranslateError, Turn,
+    content_parts, data_url, function_tools, image_url, inline_file, invalid, max_tokens,
+    messages_with_roles, part_kind, push_turn, refuse_untranslatable, stop_sequences, tool_call,
+    unsupported, wire, TranslateError, Turn,
 };
 use super::{Adapter, Malformed, TargetModel, Unsupported};
 use crate::native::Protocol;
@@ -342,6 +342,7 @@ fn user_blocks(content: Option<&Value>, at: &str) -> Result<Vec<Value>, Translat
                 }
             }
             ("image_url", _) => out.push(image_block(part, &at)?),
+            ("file", _) => out.push(document_block(part, &at)?),
             (kind, _) => return Err(unsupported(format!("{at}: `{kind}` content part"))),
         }
     }
@@ -364,6 +365,26 @@ fn image_block(part: &Value, at: &str) -> Result<Value, TranslateError> {
             "{at}: image URL scheme (only data:, http: and https:)"
         )))
     }
+}
+
+/// `{"type":"file","file":{"file_data":"data:application/pdf;base64,…"}}` ->
+/// an Anthropic document block (its file name as the title). Anthropic
+/// reads a PDF this way; other file types are not translated.
+fn document_block(part: &Value, at: &str) -> Result<Value, TranslateError> {
+    let (media_type, data, filename) = inline_file(part, at)?;
+    if !media_type.eq_ignore_ascii_case("application/pdf") {
+        return Err(unsupported(format!(
+            "{at}: file type `{media_type}` (only PDF)"
+        )));
+    }
+    let mut block = json!({
+        "type": "document",
+        "source": { "type": "base64", "media_type": "application/pdf", "data": data },
+    });
+    if let Some(title) = filename.filter(|f| !f.is_empty()) {
+        block["title"] = json!(title);
+    }
+    Ok(block)
 }
 
 fn assistant_blocks(message: &Map<String, Value>, at: &str) -> Result<Vec<Value>, TranslateError> {
@@ -1742,6 +1763,28 @@ mod tests {
                 "tools": [{ "type": "code_interpreter" }] })),
             Err(TranslateError::Unsupported(_))
         ));
+    }
+
+    #[test]
+    fn a_pdf_file_part_becomes_a_document_block_and_other_files_are_unsupported() {
+        let file = |file: Value| json!({ "messages": [{ "role": "user", "content": [
+            { "type": "text", "text": "read this" }, { "type": "file", "file": file }] }] });
+        let got = request(file(json!({ "filename": "a.pdf",
+            "file_data": "data:application/pdf;base64,JVBERi0=" })))
+        .unwrap();
+        assert_eq!(
+            got["messages"][0]["content"][1],
+            json!({ "type": "document", "title": "a.pdf",
+                "source": { "type": "base64", "media_type": "application/pdf", "data": "JVBERi0=" } })
+        );
+        for other in [
+            json!({ "file_data": "data:text/csv;base64,YSxi" }),
+            json!({ "file_id": "file-1" }),
+            json!({ "file_data": "https://x/a.pdf" }),
+        ] {
+            let got = request(file(other.clone()));
+            assert!(matches!(got, Err(TranslateError::Unsupported(_))), "{other}: {got:?}");
+        }
     }
 
     #[test]

@@ -34,9 +34,9 @@ use super::chunk::{self, completion_id, now_secs, Delta, Frame, Head};
 use super::non_null;
 use super::translate;
 use super::translate::{
-    content_parts, data_url, function_tools, image_url, invalid, max_tokens, messages_with_roles,
-    part_kind, push_turn, refuse_untranslatable, stop_sequences, unsupported, wire, TranslateError,
-    Turn,
+    content_parts, data_url, function_tools, image_url, inline_file, invalid, max_tokens,
+    messages_with_roles, part_kind, push_turn, refuse_untranslatable, stop_sequences, unsupported,
+    wire, TranslateError, Turn,
 };
 use super::Malformed;
 
@@ -376,15 +376,7 @@ fn image_block(part: &Value, at: &str) -> Result<Value, TranslateError> {
 /// -> a Converse document block. Uploaded files (`file_id`) are OpenAI's
 /// storage, which Bedrock cannot read.
 fn document_block(part: &Value, at: &str) -> Result<Value, TranslateError> {
-    let file = part
-        .get("file")
-        .ok_or_else(|| invalid(format!("{at}: file part without `file`")))?;
-    let Some(url) = file.get("file_data").and_then(Value::as_str) else {
-        return Err(unsupported(format!(
-            "{at}: file without `file_data` (an uploaded `file_id`)"
-        )));
-    };
-    let (media_type, data) = data_url(url, &format!("{at}.file.file_data"))?;
+    let (media_type, data, filename) = inline_file(part, at)?;
     let format = match media_type.to_ascii_lowercase().as_str() {
         "application/pdf" => "pdf",
         "text/csv" => "csv",
@@ -397,7 +389,7 @@ fn document_block(part: &Value, at: &str) -> Result<Value, TranslateError> {
         "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet" => "xlsx",
         other => return Err(unsupported(format!("{at}: file type `{other}`"))),
     };
-    let name = document_name(file.get("filename").and_then(Value::as_str));
+    let name = document_name(filename);
     Ok(json!({ "document": { "format": format, "name": name, "source": { "bytes": data } } }))
 }
 

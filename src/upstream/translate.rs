@@ -192,6 +192,33 @@ pub fn data_url<'a>(url: &'a str, at: &str) -> Result<(&'a str, &'a str), Transl
     Ok((media_type, data))
 }
 
+/// A `file` part's inline file (`{"file":{"file_data":"data:…;base64,…",
+/// "filename":…}}`): its media type, base64 payload and file name.
+///
+/// # Errors
+/// No `file`: malformed. An uploaded `file_id` (OpenAI's storage, which no
+/// other provider reads) or a `file_data` that is not a base64 data URL:
+/// unsupported.
+pub fn inline_file<'a>(
+    part: &'a Value,
+    at: &str,
+) -> Result<(&'a str, &'a str, Option<&'a str>), TranslateError> {
+    let file = part
+        .get("file")
+        .ok_or_else(|| invalid(format!("{at}: file part without `file`")))?;
+    let Some(url) = file.get("file_data").and_then(Value::as_str) else {
+        return Err(unsupported(format!(
+            "{at}: file without `file_data` (an uploaded `file_id`)"
+        )));
+    };
+    let (media_type, data) = data_url(url, &format!("{at}.file.file_data"))?;
+    Ok((
+        media_type,
+        data,
+        file.get("filename").and_then(Value::as_str),
+    ))
+}
+
 /// An assistant message's tool call, read.
 pub struct ToolCall<'a> {
     pub id: &'a str,
