@@ -1741,3 +1741,61 @@ async fn an_image_in_a_responses_call_output_reaches_a_chat_target_and_needs_vis
         "{messages}"
     );
 }
+
+#[tokio::test]
+async fn a_structured_output_format_reaches_either_protocol_and_a_wrong_one_is_refused() {
+    let keys = tempfile::tempdir().unwrap();
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}},
+                        "required": ["city"], "additionalProperties": false});
+    let ask = |format: (&str, Value)| {
+        let mut body = hello_messages(false);
+        body[format.0] = format.1;
+        body
+    };
+    let ga = (
+        "output_config",
+        json!({"format": {"type": "json_schema", "schema": schema}}),
+    );
+    let beta = (
+        "output_format",
+        json!({"type": "json_schema", "schema": schema}),
+    );
+    // An Anthropic target with capabilities declared (no `json_mode` tag)
+    // gets the format as sent.
+    let a = Fake::always(fake::json(200, ANTHROPIC_TEXT)).await;
+    let caps = "capabilities: [tools, vision]";
+    let gw = gateway(&routes(
+        &[anthropic_hop("a", &a.url(), &keys).target(caps)],
+        "",
+        "",
+    ))
+    .await;
+    let ans = messages(&gw, ask(ga.clone())).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(
+        a.seen()[0].body["output_config"]["format"]["schema"],
+        schema
+    );
+    // A chat target gets it as `response_format`.
+    let c = Fake::always(fake::completion("model-c", r#"{"city":"Oslo"}"#)).await;
+    let gw = gateway(&routes(&[hop("c", &c.url())], "", "")).await;
+    for (i, format) in [ga, beta].into_iter().enumerate() {
+        let ans = messages(&gw, ask(format)).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        let sent = &c.seen()[i].body["response_format"];
+        assert_eq!(sent["type"], "json_schema", "{sent}");
+        assert_eq!(sent["json_schema"]["schema"], schema, "{sent}");
+    }
+    let wrong = messages(
+        &gw,
+        ask(("output_config", json!({"format": {"type": "xml"}}))),
+    )
+    .await;
+    assert_eq!(wrong.status, 400, "{}", wrong.text());
+    assert!(
+        wrong.text().contains("output_config.format.type"),
+        "{}",
+        wrong.text()
+    );
+    assert_eq!(c.calls(), 2);
+}

@@ -54,6 +54,51 @@ struct Request<'a> {
     /// Remote MCP servers Anthropic calls on the model's behalf.
     #[serde(borrow, default)]
     mcp_servers: Option<&'a RawValue>,
+    /// Structured outputs ([`response_format`]).
+    #[serde(default)]
+    output_config: Option<OutputConfig>,
+    /// The structured-outputs beta's place for the same format.
+    #[serde(default)]
+    output_format: Option<OutputFormat>,
+}
+
+#[derive(Deserialize)]
+struct OutputConfig {
+    #[serde(default)]
+    format: Option<OutputFormat>,
+}
+
+#[derive(Deserialize)]
+struct OutputFormat {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    schema: Option<Value>,
+}
+
+/// A structured-outputs format as chat's `response_format` (a JSON schema
+/// is what both say; the name chat requires is made up).
+///
+/// # Errors
+/// A format type other than `json_schema`, or one without its `schema`.
+fn response_format(request: &Request<'_>) -> Result<Option<Value>, Invalid> {
+    let (format, at) = match (&request.output_config, &request.output_format) {
+        (Some(OutputConfig { format: Some(f) }), _) => (f, "output_config.format"),
+        (_, Some(f)) => (f, "output_format"),
+        (Some(OutputConfig { format: None }) | None, None) => return Ok(None),
+    };
+    match (format.kind.as_str(), &format.schema) {
+        ("json_schema", Some(schema)) => Ok(Some(json!({"type": "json_schema",
+            "json_schema": {"name": "output", "schema": schema}}))),
+        ("json_schema", None) => Err(Invalid::field(
+            format!("{at}.schema"),
+            "a `json_schema` format needs its `schema`",
+        )),
+        (other, _) => Err(Invalid::field(
+            format!("{at}.type"),
+            format!("unknown format type `{other}`: `json_schema`"),
+        )),
+    }
 }
 
 /// `count_tokens` takes the request without `max_tokens`.
@@ -378,6 +423,7 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
         Some(_) => crate::native::ModelAt::Unread,
         None => crate::request::model_at(body, request.model),
     };
+    let response_format = response_format(&request)?;
     let chat = ChatBody {
         model: model.clone(),
         messages: super::ChatMessages::of(messages),
@@ -395,9 +441,14 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
             .and_then(|(_, parallel)| (!parallel).then_some(false)),
         tool_choice: choice.map(|(choice, _)| choice),
         user: request.metadata.and_then(|m| m.user_id),
+        response_format,
         ..ChatBody::default()
     };
-    let (facts, chat) = chat.deferred();
+    let (mut facts, chat) = chat.deferred();
+    // A structured-outputs format needs no `json_mode` tag: an Anthropic
+    // target reads it as sent (and carries no such tag), a chat target gets
+    // it as `response_format`.
+    facts.json_mode = false;
     Ok(Translated {
         chat,
         facts,

@@ -1767,8 +1767,10 @@ mod tests {
 
     #[test]
     fn a_pdf_file_part_becomes_a_document_block_and_other_files_are_unsupported() {
-        let file = |file: Value| json!({ "messages": [{ "role": "user", "content": [
-            { "type": "text", "text": "read this" }, { "type": "file", "file": file }] }] });
+        let file = |file: Value| {
+            json!({ "messages": [{ "role": "user", "content": [
+            { "type": "text", "text": "read this" }, { "type": "file", "file": file }] }] })
+        };
         let got = request(file(json!({ "filename": "a.pdf",
             "file_data": "data:application/pdf;base64,JVBERi0=" })))
         .unwrap();
@@ -1783,7 +1785,10 @@ mod tests {
             json!({ "file_data": "https://x/a.pdf" }),
         ] {
             let got = request(file(other.clone()));
-            assert!(matches!(got, Err(TranslateError::Unsupported(_))), "{other}: {got:?}");
+            assert!(
+                matches!(got, Err(TranslateError::Unsupported(_))),
+                "{other}: {got:?}"
+            );
         }
     }
 
