@@ -1459,62 +1459,66 @@ async fn parallel_tool_calls_interleaved_or_named_late_reach_a_messages_client_w
             .unwrap();
         assert_eq!(delta["delta"]["stop_reason"], "tool_use", "{body}");
         // A Responses client gets each call whole, named, too.
-        let body = post_raw(
-            gw.addr,
-            "/v1/responses",
-            json!({"model": "gpt-4o", "input": "x", "stream": true, "store": false}).to_string(),
-            &[],
-        )
-        .await
-        .text();
-        let done: Vec<(String, String)> = named_events(&body)
+        assert_responses_calls_whole(&gw, &want).await;
+    }
+}
+
+/// A Responses client's stream of the same answer: each call whole, named,
+/// with the `(call_id, city)` of `want`, its identity the same in `added`
+/// and `done`, and items added in their output order.
+async fn assert_responses_calls_whole(gw: &Gw, want: &[(&str, &str)]) {
+    let body = post_raw(
+        gw.addr,
+        "/v1/responses",
+        json!({"model": "gpt-4o", "input": "x", "stream": true, "store": false}).to_string(),
+        &[],
+    )
+    .await
+    .text();
+    let done: Vec<(String, String)> = named_events(&body)
+        .into_iter()
+        .filter(|(n, d)| n == "response.output_item.done" && d["item"]["type"] == "function_call")
+        .map(|(_, d)| {
+            let item = &d["item"];
+            let args: Value = serde_json::from_str(item["arguments"].as_str().unwrap()).unwrap();
+            assert_eq!(item["name"], "get_w", "{body}");
+            (
+                item["call_id"].as_str().unwrap().to_owned(),
+                args["city"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(i, c)| ((*i).to_owned(), (*c).to_owned()))
+        .collect();
+    assert_eq!(done, want, "{body}");
+    // An item's identity in `added` is the one in `done` (the openai SDK
+    // raises otherwise), and items are added in their output order.
+    let identity = |kind: &str| -> Vec<(Value, Value, Value, Value)> {
+        named_events(&body)
             .into_iter()
-            .filter(|(n, d)| {
-                n == "response.output_item.done" && d["item"]["type"] == "function_call"
-            })
+            .filter(|(n, d)| n == kind && d["item"]["type"] == "function_call")
             .map(|(_, d)| {
                 let item = &d["item"];
-                let args: Value =
-                    serde_json::from_str(item["arguments"].as_str().unwrap()).unwrap();
-                assert_eq!(item["name"], "get_w", "{body}");
+                let at = d["output_index"].clone();
                 (
-                    item["call_id"].as_str().unwrap().to_owned(),
-                    args["city"].as_str().unwrap().to_owned(),
+                    at,
+                    item["id"].clone(),
+                    item["call_id"].clone(),
+                    item["name"].clone(),
                 )
             })
-            .collect();
-        let want: Vec<(String, String)> = want
-            .iter()
-            .map(|(i, c)| ((*i).to_owned(), (*c).to_owned()))
-            .collect();
-        assert_eq!(done, want, "{body}");
-        // An item's identity in `added` is the one in `done` (the openai SDK
-        // raises otherwise), and items are added in their output order.
-        let identity = |kind: &str| -> Vec<(Value, Value, Value, Value)> {
-            named_events(&body)
-                .into_iter()
-                .filter(|(n, d)| n == kind && d["item"]["type"] == "function_call")
-                .map(|(_, d)| {
-                    let item = &d["item"];
-                    let at = d["output_index"].clone();
-                    (
-                        at,
-                        item["id"].clone(),
-                        item["call_id"].clone(),
-                        item["name"].clone(),
-                    )
-                })
-                .collect()
-        };
-        let added = identity("response.output_item.added");
-        assert_eq!(added, identity("response.output_item.done"), "{body}");
-        let order: Vec<u64> = named_events(&body)
-            .into_iter()
-            .filter(|(n, _)| n == "response.output_item.added")
-            .map(|(_, d)| d["output_index"].as_u64().unwrap())
-            .collect();
-        assert!(order.windows(2).all(|w| w[0] + 1 == w[1]), "{body}");
-    }
+            .collect()
+    };
+    let added = identity("response.output_item.added");
+    assert_eq!(added, identity("response.output_item.done"), "{body}");
+    let order: Vec<u64> = named_events(&body)
+        .into_iter()
+        .filter(|(n, _)| n == "response.output_item.added")
+        .map(|(_, d)| d["output_index"].as_u64().unwrap())
+        .collect();
+    assert!(order.windows(2).all(|w| w[0] + 1 == w[1]), "{body}");
 }
 
 #[tokio::test]

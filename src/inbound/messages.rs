@@ -355,14 +355,11 @@ struct Metadata {
     user_id: Option<String>,
 }
 
-/// Translates a Messages request into the chat request the engine runs.
+/// A request asks for something: at least one token, of at least one message.
 ///
 /// # Errors
-/// The first field that is missing, of the wrong type, or that no chat
-/// request can carry.
-pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
-    let request: Request<'_> = Invalid::parse(body)?;
-    let model = model_text(request.model)?;
+/// `max_tokens` of 0, or no messages.
+fn not_empty(request: &Request<'_>) -> Result<(), Invalid> {
     if request.max_tokens == 0 {
         return Err(Invalid::field(
             "max_tokens",
@@ -375,6 +372,18 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
             "at least one message is required",
         ));
     }
+    Ok(())
+}
+
+/// Translates a Messages request into the chat request the engine runs.
+///
+/// # Errors
+/// The first field that is missing, of the wrong type, or that no chat
+/// request can carry.
+pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
+    let request: Request<'_> = Invalid::parse(body)?;
+    let model = model_text(request.model)?;
+    not_empty(&request)?;
     let stream = request.stream.unwrap_or(false);
     let mut untranslatable = None;
     let mut tools = None;
