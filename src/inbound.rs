@@ -64,6 +64,18 @@ impl Invalid {
         }
         let de = &mut serde_json::Deserializer::from_slice(body);
         serde_path_to_error::deserialize(de).map_err(|e| {
+            match e.inner().classify() {
+                // Broken JSON names no field: the place in the body says where.
+                serde_json::error::Category::Syntax
+                | serde_json::error::Category::Eof
+                | serde_json::error::Category::Io => {
+                    return Self::field(
+                        "body",
+                        format!("the body is not valid JSON: {}", e.inner()),
+                    );
+                }
+                serde_json::error::Category::Data => {}
+            }
             let path = e.path().to_string();
             let message = e.inner().to_string();
             let missing = message

@@ -1306,6 +1306,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn broken_json_is_refused_as_the_body_not_as_the_last_field_read() {
+        let store = super::super::ResponseStore::default();
+        let messages = translate(br#"{"model":"m","max_tokens":5,"messa"#)
+            .err()
+            .unwrap();
+        let responses = super::super::responses::translate(br#"{"model":"m","input":"hi"#, &store)
+            .err()
+            .unwrap();
+        for e in [messages, responses] {
+            assert_eq!(e.param, "body", "{e:?}");
+            assert!(e.message.starts_with("the body is not valid JSON"), "{e:?}");
+        }
+        let wrong_type = translate(br#"{"model":"m","max_tokens":"5","messages":[]}"#)
+            .err()
+            .unwrap();
+        assert_eq!(wrong_type.param, "max_tokens");
+    }
+
+    #[test]
     fn a_tool_input_is_always_an_object_and_tool_use_needs_a_call() {
         assert_eq!(tool_input(r#"{"a": [1]}"#), json!({"a": [1]}));
         for not_an_object in ["", "  ", r#"{"a": tru"#, "[1]", r#""s""#, "null", "7"] {
