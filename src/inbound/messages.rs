@@ -328,6 +328,9 @@ struct Tool {
     description: Option<String>,
     #[serde(default)]
     input_schema: Option<Value>,
+    /// Strict tool use: the call's input follows the schema exactly.
+    #[serde(default)]
+    strict: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -759,6 +762,9 @@ fn chat_tools(tools: &[Tool]) -> Result<(Vec<Value>, Option<Untranslatable>), In
         });
         if let Some(d) = &tool.description {
             function["description"] = json!(d);
+        }
+        if let Some(strict) = tool.strict {
+            function["strict"] = json!(strict);
         }
         functions.push(json!({"type": "function", "function": function}));
     }
@@ -1304,6 +1310,19 @@ fn envelope(kind: &str, message: &str) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_strict_tool_stays_strict_for_a_chat_target() {
+        let body = br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],
+            "tools":[{"name":"f","input_schema":{"type":"object"},"strict":true},{"name":"g"}]}"#;
+        let t = translate(body).ok().unwrap();
+        let chat: Value = serde_json::from_slice(t.chat.bytes()).unwrap();
+        assert_eq!(chat["tools"][0]["function"]["strict"], true, "{chat}");
+        assert!(
+            chat["tools"][1]["function"].get("strict").is_none(),
+            "{chat}"
+        );
+    }
 
     #[test]
     fn broken_json_is_refused_as_the_body_not_as_the_last_field_read() {
