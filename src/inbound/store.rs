@@ -108,6 +108,11 @@ impl ResponseStore {
                 u32::try_from(bytes).unwrap_or(u32::MAX)
             })
             .time_to_live(ttl)
+            // Least recently used goes first. The default (TinyLFU) admits a
+            // new entry only if it looks more used than the one it would
+            // evict, so a full store refused the responses it had just made,
+            // the likeliest to be continued.
+            .eviction_policy(moka::policy::EvictionPolicy::lru())
             .build();
         Self {
             local: cache,
@@ -222,5 +227,10 @@ mod tests {
             store.local.weighted_size()
         );
         assert!(store.local.entry_count() < 1000);
+        // The newest responses are the ones kept: a response just made is
+        // the likeliest to be continued.
+        for i in 990..1000 {
+            assert!(store.get(&format!("resp_{i}")).is_some(), "resp_{i} was not kept");
+        }
     }
 }
