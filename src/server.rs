@@ -859,7 +859,7 @@ async fn stored_response(
     let id = path.rsplit('/').next().unwrap_or_default();
     let found = match app.responses.fetch(id).await {
         Some(_) if method == Method::DELETE => {
-            app.responses.delete(id);
+            app.responses.delete(id).await;
             let deleted = serde_json::json!({"id": id, "object": "response", "deleted": true});
             Some(Bytes::from(deleted.to_string()))
         }

@@ -95,10 +95,15 @@ async fn run(app: Arc<App>, settings: SharedStore, url: crate::secret::Secret, u
                             &settings.key_prefix,
                             settings.timeout,
                         );
-                        app.responses
-                            .link(link, &settings.key_prefix, settings.timeout);
+                        app.responses.link(
+                            link,
+                            &settings.key_prefix,
+                            names.channel(),
+                            settings.timeout,
+                        );
                         let why = session(&app, &mut replica, &mut store, &mut messages).await;
-                        app.responses.link(None, "", settings.timeout);
+                        app.responses
+                            .link(None, "", String::new(), settings.timeout);
                         app.live.cache_link.set(None, "", settings.timeout);
                         warn!(error = %why, "shared state: store lost; running on local state and reconnecting");
                         said_down = true;
@@ -157,10 +162,10 @@ async fn session(
     loop {
         tokio::select! {
             message = store::next_message(messages) => match message {
-                Ok(Some(message)) => {
+                Ok(store::Heard::Fact(message)) => {
                     replica.apply(message, &Clock::now());
                 }
-                Ok(None) => {}
+                Ok(store::Heard::Other(text)) => app.responses.heard(&text),
                 Err(e) => return e,
             },
             _ = ticker.tick() => {

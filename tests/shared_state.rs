@@ -715,4 +715,32 @@ async fn a_conversation_started_on_one_replica_continues_on_another() {
         serde_json::json!({"role": "assistant", "content": "answer 0"}),
         "{sent}"
     );
+    // Deleted on one replica, it is gone from the others' copies too.
+    let req = http::Request::delete(gws[0].url(&path))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let deleted = client().request(req).await.unwrap();
+    assert_eq!(deleted.status(), 200);
+    for gw in &gws[1..] {
+        assert!(
+            eventually(Duration::from_secs(2), || async {
+                get(gw.addr, &path).await.status == 404
+            })
+            .await,
+            "a replica kept a deleted response"
+        );
+    }
+    let gone = post_raw(gws[2].addr, "/v1/responses", next.to_string(), &[]).await;
+    assert_eq!(gone.status, 400, "{}", gone.text());
+    assert_eq!(gone.json()["error"]["code"], "previous_response_not_found");
+    // Continued at once on another replica, before the write behind the
+    // first answer could be counted on.
+    for i in 0..3 {
+        let body = serde_json::json!({"model": "gpt-4o", "input": format!("q{i}")});
+        let made = post_raw(gws[0].addr, "/v1/responses", body.to_string(), &[]).await;
+        let id = made.json()["id"].as_str().unwrap().to_owned();
+        let next = serde_json::json!({"model": "gpt-4o", "input": "x", "previous_response_id": id});
+        let went = post_raw(gws[1].addr, "/v1/responses", next.to_string(), &[]).await;
+        assert_eq!(went.status, 200, "{}", went.text());
+    }
 }

@@ -3,7 +3,9 @@
 //! conversation and `GET` / `DELETE /v1/responses/{id}` answer: in process,
 //! bounded by bytes, each entry living `TTL`; with `shared_state`, also in
 //! the shared store (written behind the answer, read on a local miss within
-//! the store's timeout), so that any replica continues a conversation.
+//! the store's timeout), so that any replica continues a conversation. A
+//! deletion is announced on the shared channel, and every replica forgets
+//! its copy.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +14,7 @@ use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::time::timeout;
@@ -25,6 +27,17 @@ pub const MAX_BYTES: u64 = 64 << 20;
 /// What the cache itself keeps per entry, beyond the id and the JSON
 /// (moka's node, its deque and timer links, the `Bytes` handle).
 const ENTRY_OVERHEAD: usize = 256;
+
+/// A miss in the shared store is asked again after this long: the replica
+/// that made the response writes it behind its answer, and a client that
+/// continues at once on another replica can arrive before the write.
+const WRITE_GRACE: Duration = Duration::from_millis(40);
+
+/// The shared channel's notice that a response was deleted.
+#[derive(Serialize, Deserialize)]
+struct Deleted<'a> {
+    forget_response: &'a str,
+}
 
 /// One stored response.
 #[derive(Debug, Deserialize)]
@@ -79,6 +92,8 @@ struct Link {
     conn: MultiplexedConnection,
     /// `{key_prefix}:response:`.
     prefix: String,
+    /// The shared state's pub/sub channel (deletions are announced there).
+    channel: String,
     timeout: Duration,
 }
 
@@ -120,16 +135,32 @@ impl ResponseStore {
         }
     }
 
-    /// Shares responses through `conn` (keys under `key_prefix`), each call
-    /// within `limit`; `None` when the store is lost.
-    pub fn link(&self, conn: Option<MultiplexedConnection>, key_prefix: &str, limit: Duration) {
+    /// Shares responses through `conn` (keys under `key_prefix`, deletions
+    /// announced on `channel`), each call within `limit`; `None` when the
+    /// store is lost.
+    pub fn link(
+        &self,
+        conn: Option<MultiplexedConnection>,
+        key_prefix: &str,
+        channel: String,
+        limit: Duration,
+    ) {
         self.shared.store(conn.map(|conn| {
             Arc::new(Link {
                 conn,
                 prefix: format!("{key_prefix}:response:"),
+                channel,
                 timeout: limit,
             })
         }));
+    }
+
+    /// A notice heard on the shared channel: a response deleted on some
+    /// replica is forgotten here too.
+    pub fn heard(&self, notice: &str) {
+        if let Ok(Deleted { forget_response }) = serde_json::from_str(notice) {
+            self.local.remove(forget_response);
+        }
     }
 
     /// Whether the shared store is linked.
@@ -154,7 +185,11 @@ impl ResponseStore {
         let link = self.shared.load_full()?;
         let mut conn = link.conn.clone();
         let key = format!("{}{id}", link.prefix);
-        let bytes: Option<Vec<u8>> = timeout(link.timeout, conn.get(key)).await.ok()?.ok()?;
+        let mut bytes: Option<Vec<u8>> = timeout(link.timeout, conn.get(&key)).await.ok()?.ok()?;
+        if bytes.is_none() {
+            tokio::time::sleep(WRITE_GRACE).await;
+            bytes = timeout(link.timeout, conn.get(&key)).await.ok()?.ok()?;
+        }
         let bytes = Bytes::from(bytes?);
         let stored: Stored = serde_json::from_slice(&bytes).ok()?;
         self.local.insert(id.to_owned(), bytes);
@@ -176,16 +211,23 @@ impl ResponseStore {
         self.local.insert(id, json);
     }
 
-    /// Forgets `id` here and in the shared store; whether this process had it.
-    pub fn delete(&self, id: &str) -> bool {
+    /// Forgets `id` here and in the shared store, and tells the other
+    /// replicas to forget their copies (within the store's timeout: a lost
+    /// store forgets it here only); whether this process had it.
+    pub async fn delete(&self, id: &str) -> bool {
+        let had = self.local.remove(id).is_some();
         if let Some(link) = self.shared.load_full() {
-            let key = format!("{}{id}", link.prefix);
-            spawn(async move {
-                let mut conn = link.conn.clone();
-                let _ = timeout(link.timeout, conn.del::<_, ()>(key)).await;
-            });
+            let notice = serde_json::to_string(&Deleted {
+                forget_response: id,
+            })
+            .unwrap_or_default();
+            let mut pipe = redis::pipe();
+            pipe.del(format!("{}{id}", link.prefix)).ignore();
+            pipe.publish(&link.channel, notice).ignore();
+            let mut conn = link.conn.clone();
+            let _ = timeout(link.timeout, pipe.query_async::<()>(&mut conn)).await;
         }
-        self.local.remove(id).is_some()
+        had
     }
 }
 
@@ -202,8 +244,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    #[test]
-    fn the_store_keeps_deletes_and_stays_within_its_bytes() {
+    #[tokio::test]
+    async fn the_store_keeps_deletes_and_stays_within_its_bytes() {
         let store = ResponseStore::new(10_000, TTL);
         let user = json!({"role": "user", "content": "hi"});
         store.put(
@@ -213,8 +255,8 @@ mod tests {
         let stored = store.get("resp_1").unwrap();
         assert_eq!(stored.response.get(), r#"{"id": "resp_1"}"#);
         assert_eq!(stored.earlier, [json!({"role": "user", "content": "hi"})]);
-        assert!(store.delete("resp_1"));
-        assert!(store.get("resp_1").is_none() && !store.delete("resp_1"));
+        assert!(store.delete("resp_1").await);
+        assert!(store.get("resp_1").is_none() && !store.delete("resp_1").await);
         for i in 0..1000 {
             let big = "x".repeat(100);
             let response = json!({ "t": big }).to_string();
@@ -230,7 +272,10 @@ mod tests {
         // The newest responses are the ones kept: a response just made is
         // the likeliest to be continued.
         for i in 990..1000 {
-            assert!(store.get(&format!("resp_{i}")).is_some(), "resp_{i} was not kept");
+            assert!(
+                store.get(&format!("resp_{i}")).is_some(),
+                "resp_{i} was not kept"
+            );
         }
     }
 }

@@ -391,12 +391,25 @@ impl Store {
     }
 }
 
+/// What the subscription carries.
+#[derive(Debug)]
+pub enum Heard {
+    /// Another replica's fact (health, keys, cooldowns).
+    Fact(Message),
+    /// Anything else, as its text: a notice for another part of the state
+    /// (the response store's deletions).
+    Other(String),
+}
+
 /// The next message of the subscription.
 ///
 /// # Errors
 /// [`StoreError::Closed`] once it ends.
-pub async fn next_message(stream: &mut PubSubStream) -> Result<Option<Message>, StoreError> {
+pub async fn next_message(stream: &mut PubSubStream) -> Result<Heard, StoreError> {
     let msg = stream.next().await.ok_or(StoreError::Closed)?;
     let text: String = msg.get_payload().unwrap_or_default();
-    Ok(serde_json::from_str(&text).ok())
+    Ok(match serde_json::from_str(&text) {
+        Ok(message) => Heard::Fact(message),
+        Err(_) => Heard::Other(text),
+    })
 }
