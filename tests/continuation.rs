@@ -191,6 +191,30 @@ async fn a_restart_that_diverges_ends_with_the_error_event_and_no_contradiction(
 }
 
 #[tokio::test]
+async fn a_prefill_target_writes_only_what_is_left_of_the_clients_output_limit() {
+    let a = breaking_primary().await;
+    let b = Fake::always(stream_with_id("chatcmpl-b", &[" brown", " fox"])).await;
+    let cfg = recovering(&a, &b, "capabilities: [prefill]", "");
+    let gw = gateway(&cfg).await;
+    for limit in ["max_tokens", "max_completion_tokens"] {
+        let mut ask = hello_stream("gpt-4o");
+        ask[limit] = serde_json::json!(40);
+        let ans = chat(gw.addr, ask).await;
+        assert_eq!(
+            stream_text(&ans.text()),
+            "The quick brown fox",
+            "{}",
+            ans.text()
+        );
+    }
+    for (seen, limit) in b.seen().iter().zip(["max_tokens", "max_completion_tokens"]) {
+        let left = seen.body[limit].as_u64().unwrap();
+        // "The quick" is 2 tokens or a few more by the estimate.
+        assert!((30..40).contains(&left), "{limit}: {left}");
+    }
+}
+
+#[tokio::test]
 async fn a_target_that_rejects_the_prefill_is_restarted_and_the_rejection_never_shows() {
     let a = breaking_primary().await;
     let b = Fake::start(|_, seen: &Seen| {

@@ -494,6 +494,15 @@ impl Recovery {
             Some(Value::Array(messages)) => messages.push(Value::Object(message)),
             _ => return None,
         }
+        // The client's output limit covers the whole answer: the target
+        // writes only what is left of it (the estimate over-counts, so the
+        // answer stays within the limit).
+        let spent = crate::tokens::estimate_text(delivered);
+        for limit in ["max_tokens", "max_completion_tokens"] {
+            if let Some(left) = request.get(limit).and_then(Value::as_u64) {
+                request.insert(limit.into(), Value::from(left.saturating_sub(spent).max(1)));
+            }
+        }
         request.extend(prefill.body_fields.clone());
         let bytes = serde_json::to_vec(&request).ok()?;
         let view = ChatRequest::parse(&bytes).ok()?;
