@@ -33,10 +33,15 @@ const ENTRY_OVERHEAD: usize = 256;
 /// continues at once on another replica can arrive before the write.
 const WRITE_GRACE: Duration = Duration::from_millis(40);
 
+/// How long a deleted id is remembered, so that a fetch from the shared
+/// store that crossed its deletion does not bring it back.
+const TOMBSTONE_TTL: Duration = Duration::from_secs(30);
+
 /// The shared channel's notice that a response was deleted.
 #[derive(Serialize, Deserialize)]
 struct Deleted<'a> {
-    forget_response: &'a str,
+    #[serde(borrow)]
+    forget_response: std::borrow::Cow<'a, str>,
 }
 
 /// One stored response.
@@ -84,6 +89,8 @@ pub struct ResponseStore {
     /// Kept as compact JSON: what the bound counts is what is held (a
     /// `Value` tree takes several times its text).
     local: moka::sync::Cache<String, Bytes>,
+    /// Ids deleted lately, here or on another replica.
+    deleted: moka::sync::Cache<String, ()>,
     shared: Arc<ArcSwapOption<Link>>,
 }
 
@@ -131,6 +138,10 @@ impl ResponseStore {
             .build();
         Self {
             local: cache,
+            deleted: moka::sync::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(TOMBSTONE_TTL)
+                .build(),
             shared: Arc::default(),
         }
     }
@@ -159,7 +170,8 @@ impl ResponseStore {
     /// replica is forgotten here too.
     pub fn heard(&self, notice: &str) {
         if let Ok(Deleted { forget_response }) = serde_json::from_str(notice) {
-            self.local.remove(forget_response);
+            self.local.remove(forget_response.as_ref());
+            self.deleted.insert(forget_response.into_owned(), ());
         }
     }
 
@@ -192,6 +204,10 @@ impl ResponseStore {
         }
         let bytes = Bytes::from(bytes?);
         let stored: Stored = serde_json::from_slice(&bytes).ok()?;
+        if self.deleted.contains_key(id) {
+            // Read just before a deletion this replica has heard of.
+            return None;
+        }
         self.local.insert(id.to_owned(), bytes);
         Some(Arc::new(stored))
     }
@@ -216,11 +232,12 @@ impl ResponseStore {
     /// store forgets it here only); whether this process had it.
     pub async fn delete(&self, id: &str) -> bool {
         let had = self.local.remove(id).is_some();
+        self.deleted.insert(id.to_owned(), ());
         if let Some(link) = self.shared.load_full() {
-            let notice = serde_json::to_string(&Deleted {
-                forget_response: id,
-            })
-            .unwrap_or_default();
+            let notice = Deleted {
+                forget_response: id.into(),
+            };
+            let notice = serde_json::to_string(&notice).unwrap_or_default();
             let mut pipe = redis::pipe();
             pipe.del(format!("{}{id}", link.prefix)).ignore();
             pipe.publish(&link.channel, notice).ignore();
@@ -243,6 +260,27 @@ fn spawn(work: impl std::future::Future<Output = ()> + Send + 'static) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_deletion_heard_from_another_replica_is_forgotten_here() {
+        let store = ResponseStore::new(10_000, TTL);
+        store.put("resp_0".into(), Stored::json("{}", &[]));
+        store.heard(r#"{"from":"replica-2","record":{}}"#);
+        assert!(
+            store.get("resp_0").is_some(),
+            "another notice forgets nothing"
+        );
+        for id in ["resp_1", r#"resp_"quoted"\"#] {
+            store.put(id.into(), Stored::json("{}", &[]));
+            let notice = Deleted {
+                forget_response: id.into(),
+            };
+            store.heard(&serde_json::to_string(&notice).unwrap());
+            assert!(store.get(id).is_none(), "{id}");
+            // A fetch that crossed the deletion will not bring it back.
+            assert!(store.deleted.contains_key(id), "{id}");
+        }
+    }
 
     #[tokio::test]
     async fn the_store_keeps_deletes_and_stays_within_its_bytes() {
