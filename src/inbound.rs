@@ -175,6 +175,7 @@ impl ChatBody {
             max_tokens: self.max_tokens,
             tools: self.tools.as_ref().is_some_and(|t| !t.is_empty()),
             json_mode,
+            json_native: false,
             images,
             prompt_tokens,
         }

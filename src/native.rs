@@ -158,6 +158,11 @@ pub struct Facts<'a> {
     pub tools: bool,
     /// It asks for a JSON answer.
     pub json_mode: bool,
+    /// That JSON format is the client's protocol's own (a Messages
+    /// structured output): a target of that protocol reads it as sent, so
+    /// routing asks no target for the `json_mode` tag; the contract still
+    /// holds the answer to it.
+    pub json_native: bool,
     /// It holds an image.
     pub images: bool,
     /// Estimated prompt tokens (`crate::tokens`).

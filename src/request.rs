@@ -227,6 +227,7 @@ impl<'a> ChatRequest<'a> {
             max_tokens: self.max_tokens,
             tools: self.offers_tools(),
             json_mode: self.json_mode,
+            json_native: false,
             images: self.images,
             prompt_tokens: self.prompt_tokens,
         }

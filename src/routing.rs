@@ -64,7 +64,7 @@ impl Needs {
     pub fn of(facts: &Facts<'_>) -> Self {
         Needs {
             tools: facts.tools,
-            json_mode: facts.json_mode,
+            json_mode: facts.json_mode && !facts.json_native,
             vision: facts.images,
             prompt_tokens: facts.prompt_tokens,
             max_tokens: facts.max_tokens,

@@ -460,7 +460,7 @@ pub fn translate(body: &[u8]) -> Result<Translated, Invalid> {
     // A structured-outputs format needs no `json_mode` tag: an Anthropic
     // target reads it as sent (and carries no such tag), a chat target gets
     // it as `response_format`.
-    facts.json_mode = false;
+    facts.json_native = facts.json_mode;
     Ok(Translated {
         chat,
         facts,
@@ -1310,6 +1310,21 @@ fn envelope(kind: &str, message: &str) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_structured_output_is_held_to_by_the_contract_but_asks_no_json_mode_tag() {
+        let body = br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],
+            "output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}}}"#;
+        let t = translate(body).ok().unwrap();
+        assert!(t.facts.json_mode && t.facts.json_native);
+        assert!(!crate::routing::Needs::of(&t.facts).json_mode);
+        let plain = translate(
+            br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .ok()
+        .unwrap();
+        assert!(!plain.facts.json_mode && !plain.facts.json_native);
+    }
 
     #[test]
     fn a_strict_tool_stays_strict_for_a_chat_target() {
