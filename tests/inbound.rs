@@ -1803,3 +1803,40 @@ async fn a_structured_output_format_reaches_either_protocol_and_a_wrong_one_is_r
     );
     assert_eq!(c.calls(), 2);
 }
+
+#[tokio::test]
+async fn a_call_named_after_another_is_done_in_its_output_order() {
+    let call = |index: u32, id: &str, name: Option<&str>, args: &str| {
+        let mut c =
+            json!({"index": index, "id": id, "type": "function", "function": {"arguments": args}});
+        if let Some(name) = name {
+            c["function"]["name"] = json!(name);
+        }
+        delta_chunk(json!({"tool_calls": [c]}), None)
+    };
+    let a = Fake::always(chat_stream(&[
+        call(0, "call_X", None, "{\"city\": "),
+        call(1, "call_Y", Some("get_w"), "{\"city\": \"Rome\"}"),
+        call(0, "call_X", Some("get_w"), "\"Oslo\"}"),
+        delta_chunk(json!({}), Some("tool_calls")),
+    ]))
+    .await;
+    let gw = tool_gateway(vec![hop("a", &a.url())], "").await;
+    let body = json!({"model": "gpt-4o", "input": "x", "stream": true, "store": false});
+    let body = responses(&gw, body).await.text();
+    let order = |kind: &str| -> Vec<(u64, String)> {
+        named_events(&body)
+            .into_iter()
+            .filter(|(n, d)| n == kind && d["item"]["type"] == "function_call")
+            .map(|(_, d)| {
+                (
+                    d["output_index"].as_u64().unwrap(),
+                    d["item"]["call_id"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let want = vec![(0, "call_Y".to_owned()), (1, "call_X".to_owned())];
+    assert_eq!(order("response.output_item.added"), want, "{body}");
+    assert_eq!(order("response.output_item.done"), want, "{body}");
+}

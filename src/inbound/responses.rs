@@ -228,6 +228,7 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
     };
     let chat = chat_request(&request, model.clone(), messages)?;
     choice_has_tools(&request)?;
+    not_in_background(&request)?;
     let untranslatable = built_in_tool(request.tools.as_deref())
         .or(hosted_choice(request.tool_choice.as_ref())?)
         .or(provider_state(&request))
@@ -395,19 +396,33 @@ fn choice_has_tools(request: &Request<'_>) -> Result<(), Invalid> {
 }
 
 /// What the provider's own Responses API keeps and chat has no words for:
-/// a conversation object, a stored prompt, a run in the background. A chat
-/// target would answer as if it were not there (a fresh start).
+/// a conversation object, a stored prompt. A chat target would answer as if
+/// it were not there (a fresh start).
 fn provider_state(request: &Request<'_>) -> Option<Untranslatable> {
     let field = if request.conversation.is_some() {
         "conversation"
     } else if request.prompt.is_some() {
         "prompt"
-    } else if request.background == Some(true) {
-        "background"
     } else {
         return None;
     };
     Some(only_responses(field.into(), &format!("`{field}`")))
+}
+
+/// A run in the background is answered `queued` and then polled, fetched
+/// and cancelled at the provider; switchyard answers `GET` from its own
+/// store and fails over, so it cannot keep that promise.
+///
+/// # Errors
+/// `background: true`.
+fn not_in_background(request: &Request<'_>) -> Result<(), Invalid> {
+    if request.background == Some(true) {
+        return Err(Invalid::field(
+            "background",
+            "switchyard does not run responses in the background: send the request without `background` (or `stream: true`)",
+        ));
+    }
+    Ok(())
 }
 
 /// What chat cannot carry, at `param`: only a Responses target can serve it.
@@ -1624,7 +1639,10 @@ impl StreamReply {
                 self.announce_call(at, out);
             }
         }
-        for item in std::mem::take(&mut self.calls) {
+        let mut calls = std::mem::take(&mut self.calls);
+        // A call announced late has a later place than one named first.
+        calls.sort_by_key(|c| c.output_index);
+        for item in calls {
             self.emit(out, "response.function_call_arguments.done", json!({"item_id": item.id, "output_index": item.output_index, "name": item.name, "arguments": item.arguments}));
             let done = call_item(
                 &item.id,
@@ -1939,7 +1957,6 @@ mod tests {
             left(r#","prompt":{"id":"pmpt_1"}"#).as_deref(),
             Some("prompt")
         );
-        assert_eq!(left(r#","background":true"#).as_deref(), Some("background"));
         assert_eq!(left(r#","background":false,"conversation":null"#), None);
         let refused = |extra: &str| {
             let body = format!(r#"{{"input":"x"{extra}}}"#);
@@ -1952,6 +1969,10 @@ mod tests {
         assert_eq!(
             refused(r#","tool_choice":{"type":"function","name":"f"},"tools":[]"#).as_deref(),
             Some("tool_choice")
+        );
+        assert_eq!(
+            refused(r#","background":true"#).as_deref(),
+            Some("background")
         );
         let tools = r#","tools":[{"type":"function","name":"f"}]"#;
         assert_eq!(
