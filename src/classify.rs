@@ -712,8 +712,9 @@ pub enum AnswerShape {
 }
 
 /// How many entries an array has, counted without keeping them; each
-/// must be a choice.
-struct Entries(usize);
+/// must be a choice. And whether a choice's server cut it short
+/// ([`crate::sse::is_resource_cut`]).
+struct Entries(usize, bool);
 impl<'de> serde::Deserialize<'de> for Entries {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct Count;
@@ -726,18 +727,22 @@ impl<'de> serde::Deserialize<'de> for Entries {
                 self,
                 mut seq: A,
             ) -> Result<Entries, A::Error> {
-                let mut n = 0;
-                while seq.next_element::<Choice>()?.is_some() {
+                let (mut n, mut cut) = (0, false);
+                while let Some(Choice { cut: this }) = seq.next_element::<Choice>()? {
                     n += 1;
+                    cut |= this;
                 }
-                Ok(Entries(n))
+                Ok(Entries(n, cut))
             }
         }
         d.deserialize_seq(Count)
     }
 }
-/// A choice: an object whose `message` is an object (its fields unread).
-struct Choice;
+/// A choice: an object whose `message` is an object (its fields unread),
+/// and whether its `finish_reason` says its server cut it short.
+struct Choice {
+    cut: bool,
+}
 impl<'de> serde::Deserialize<'de> for Choice {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct Fields;
@@ -750,17 +755,24 @@ impl<'de> serde::Deserialize<'de> for Choice {
                 self,
                 mut map: A,
             ) -> Result<Choice, A::Error> {
-                let mut message = false;
+                let (mut message, mut cut) = (false, false);
                 while let Some(key) = map.next_key::<ChoiceKey>()? {
-                    if key.0 {
-                        map.next_value::<ObjectOnly>()?;
-                        message = true;
-                    } else {
-                        map.next_value::<serde::de::IgnoredAny>()?;
+                    match key {
+                        ChoiceKey::Message => {
+                            map.next_value::<ObjectOnly>()?;
+                            message = true;
+                        }
+                        ChoiceKey::FinishReason => {
+                            let raw = map.next_value::<&'de serde_json::value::RawValue>()?;
+                            cut = crate::sse::is_resource_cut(raw.get());
+                        }
+                        ChoiceKey::Other => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
                     }
                 }
                 if message {
-                    Ok(Choice)
+                    Ok(Choice { cut })
                 } else {
                     Err(serde::de::Error::missing_field("message"))
                 }
@@ -769,8 +781,12 @@ impl<'de> serde::Deserialize<'de> for Choice {
         d.deserialize_map(Fields)
     }
 }
-/// A choice's key: whether it is `message` (read without a copy).
-struct ChoiceKey(bool);
+/// A choice's key, of those read (read without a copy).
+enum ChoiceKey {
+    Message,
+    FinishReason,
+    Other,
+}
 impl<'de> serde::Deserialize<'de> for ChoiceKey {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct Name;
@@ -780,7 +796,11 @@ impl<'de> serde::Deserialize<'de> for ChoiceKey {
                 f.write_str("a key")
             }
             fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<ChoiceKey, E> {
-                Ok(ChoiceKey(key == "message"))
+                Ok(match key {
+                    "message" => ChoiceKey::Message,
+                    "finish_reason" => ChoiceKey::FinishReason,
+                    _ => ChoiceKey::Other,
+                })
             }
         }
         d.deserialize_identifier(Name)
@@ -868,8 +888,13 @@ pub fn read_answer(body: &[u8]) -> AnswerRead<'_> {
         return shape_only(AnswerShape::NotACompletion);
     };
     let shape = match probe {
+        // An answer its server cut short is no answer: a 503, as it says.
         Probe {
-            choices: Some(Entries(n)),
+            choices: Some(Entries(_, true)),
+            ..
+        } => AnswerShape::InBandError(Some(503)),
+        Probe {
+            choices: Some(Entries(n, false)),
             ..
         } if n > 0 => AnswerShape::Completion,
         Probe { error: Some(e), .. } if e.get() != "null" => {

@@ -250,11 +250,13 @@ struct ChunkFacts<'a> {
     error: Option<&'a RawValue>,
 }
 
-/// Whether any choice carries content, and whether any has finished.
+/// Whether any choice carries content, whether any has finished, and
+/// whether one was cut short by its server ([`RESOURCE_CUT`]).
 #[derive(Default)]
 struct ChoiceFacts {
     content: bool,
     finished: bool,
+    cut: bool,
 }
 
 impl<'de> Deserialize<'de> for ChoiceFacts {
@@ -271,7 +273,9 @@ impl<'de> Deserialize<'de> for ChoiceFacts {
             ) -> Result<ChoiceFacts, A::Error> {
                 let mut facts = ChoiceFacts::default();
                 while let Some(choice) = seq.next_element::<ChoiceWire<'de>>()? {
-                    facts.finished |= choice.finish_reason.is_some_and(|r| r.get() != "null");
+                    let finish = choice.finish_reason.map(RawValue::get);
+                    facts.finished |= finish.is_some_and(|r| r != "null");
+                    facts.cut |= finish.is_some_and(is_resource_cut);
                     facts.content |= choice.delta.as_ref().is_some_and(DeltaWire::has_content);
                 }
                 Ok(facts)
@@ -361,6 +365,10 @@ impl ChunkReader {
     }
 }
 
+/// DeepSeek's `finish_reason` for an answer its servers cut short for want
+/// of resources: no finish, an upstream failure (a 503).
+const RESOURCE_CUT: &str = "insufficient_system_resource";
+
 fn read_data(data: &str, scan: impl FnOnce(&[u8]) -> Option<Chunk>) -> Chunk {
     let data = data.trim();
     if data == "[DONE]" {
@@ -368,6 +376,10 @@ fn read_data(data: &str, scan: impl FnOnce(&[u8]) -> Option<Chunk>) -> Chunk {
     }
     if data.is_empty() {
         return Chunk::Empty;
+    }
+    // The scan reads any finish as a finish: serde tells this one apart.
+    if memchr::memmem::find(data.as_bytes(), RESOURCE_CUT.as_bytes()).is_some() {
+        return read_chunk(data);
     }
     if let Some(chunk) = scan(data.as_bytes()) {
         return chunk;
@@ -385,12 +397,27 @@ fn read_chunk(data: &str) -> Chunk {
             code: error_code(err.get()),
         };
     }
-    let ChoiceFacts { content, finished } = chunk.choices;
+    let ChoiceFacts {
+        content,
+        finished,
+        cut,
+    } = chunk.choices;
+    if cut {
+        return Chunk::Error { code: Some(503) };
+    }
     if content {
         Chunk::Content { finished }
     } else {
         Chunk::NoContent { finished }
     }
+}
+
+/// Whether a raw `finish_reason` is [`RESOURCE_CUT`].
+#[must_use]
+pub fn is_resource_cut(raw: &str) -> bool {
+    raw.strip_prefix('"')
+        .and_then(|r| r.strip_suffix('"'))
+        .is_some_and(|r| r == RESOURCE_CUT)
 }
 
 /// What a content chunk delivers, for a stream that may be continued.

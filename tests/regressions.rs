@@ -350,3 +350,41 @@ async fn an_absurd_usage_count_is_booked_clamped_and_never_wraps_a_counter() {
     let step = 4_294_967_296.0;
     assert_eq!(seen, [step, 2.0 * step, 3.0 * step], "booked: {seen:?}");
 }
+
+#[tokio::test]
+async fn an_answer_its_server_cut_short_for_want_of_resources_is_no_answer() {
+    // DeepSeek's finish_reason when its inference servers give up mid-answer.
+    let cut = "insufficient_system_resource";
+    let whole = fake::completion_body("deepseek-chat", "half an ans").replace(
+        r#""finish_reason":"stop""#,
+        &format!(r#""finish_reason":"{cut}""#),
+    );
+    assert!(whole.contains(cut), "{whole}");
+    let mut pieces = fake::sse_events("deepseek-chat", &["half", " an"]);
+    let last_chunk = pieces.len() - 2;
+    pieces[last_chunk] = fake::chunk_event("deepseek-chat", serde_json::json!({}), Some(cut));
+    let a = Fake::start(move |_, seen| {
+        if seen.body["stream"] == true {
+            fake::Reply::Stream {
+                pieces: pieces.clone(),
+                delay: Duration::ZERO,
+                cut: false,
+            }
+        } else {
+            fake::json(200, &whole)
+        }
+    })
+    .await;
+    let b = Fake::always(fake::completion("model-b", "whole")).await;
+    let gw = gateway(&routes(&[hop("a", &a.url()), hop("b", &b.url())], "", "")).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
+    // Streamed, the cut comes after the first tokens went out: the stream
+    // ends as an interruption, never as a clean finish.
+    let gw = gateway(&routes(&[hop("a", &a.url())], "", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(ans.status, 200);
+    assert!(ans.text().contains(r#""error""#), "{}", ans.text());
+    assert!(!ans.text().contains(cut), "{}", ans.text());
+}
