@@ -377,14 +377,17 @@ fn read_data(data: &str, scan: impl FnOnce(&[u8]) -> Option<Chunk>) -> Chunk {
     if data.is_empty() {
         return Chunk::Empty;
     }
-    // The scan reads any finish as a finish: serde tells this one apart.
-    if memchr::memmem::find(data.as_bytes(), RESOURCE_CUT.as_bytes()).is_some() {
-        return read_chunk(data);
+    match scan(data.as_bytes()) {
+        // The scan reads any finish as a finish: serde tells a cut apart
+        // (looked for in finishing chunks only, one or so a stream).
+        Some(Chunk::Content { finished: true } | Chunk::NoContent { finished: true })
+            if memchr::memmem::find(data.as_bytes(), RESOURCE_CUT.as_bytes()).is_some() =>
+        {
+            read_chunk(data)
+        }
+        Some(chunk) => chunk,
+        None => read_chunk(data),
     }
-    if let Some(chunk) = scan(data.as_bytes()) {
-        return chunk;
-    }
-    read_chunk(data)
 }
 
 /// [`classify_data`] by serde: what the byte scan leaves to it.
