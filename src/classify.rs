@@ -209,6 +209,8 @@ pub struct Match {
     pub body: Option<Regex>,
     /// A header, and optionally a regex over its value.
     pub header: Option<(HeaderName, Option<Regex>)>,
+    /// A regex the body must not match (the default rules' own test).
+    pub unless_body: Option<Regex>,
 }
 
 /// The largest body prefix a `body` regex looks at; error bodies are small and
@@ -241,7 +243,10 @@ impl Match {
                     // an answer), or a stream not read yet.
                     let Some(body) = body else { return false };
                     let scanned = &body[..body.len().min(BODY_SCAN_LIMIT)];
-                    if !re.is_match(&String::from_utf8_lossy(scanned)) {
+                    let text = String::from_utf8_lossy(scanned);
+                    if !re.is_match(&text)
+                        || self.unless_body.as_ref().is_some_and(|u| u.is_match(&text))
+                    {
                         return false;
                     }
                 }
@@ -561,6 +566,17 @@ pub const OUT_OF_CREDIT_PHRASES: &[&str] = &[
     r"payment[_ ]required",
 ];
 
+/// What a rate limit says and an empty account does not: Google's APIs word
+/// a per-minute limit as OpenAI words an empty account ("You exceeded your
+/// current quota"), but with their status and the wait (`RetryInfo`).
+fn rate_limit_regex() -> &'static Regex {
+    static RE: std::sync::OnceLock<Regex> = std::sync::OnceLock::new();
+    RE.get_or_init(|| {
+        #[allow(clippy::expect_used)] // a constant, compiled by a unit test
+        Regex::new("RESOURCE_EXHAUSTED|retryDelay").expect("the rate-limit words compile")
+    })
+}
+
 /// How long the default rules hold back a provider that is out of credit.
 pub const OUT_OF_CREDIT_COOLDOWN: Duration = Duration::from_secs(600);
 
@@ -619,6 +635,7 @@ pub fn default_rules() -> Vec<Rule> {
             matcher: Match {
                 status: vec![Class(4), Class(5)],
                 body: Some(out_of_credit_regex().clone()),
+                unless_body: Some(rate_limit_regex().clone()),
                 ..Match::default()
             },
             cooldown: Some(Cooldown::Fixed(OUT_OF_CREDIT_COOLDOWN)),
@@ -1085,6 +1102,18 @@ mod tests {
             headers: &headers,
             body: Some(body.as_bytes()),
         })
+    }
+
+    #[test]
+    fn googles_per_minute_limit_is_a_rate_limit_though_worded_as_an_empty_account() {
+        let t = ErrorTable::new(default_rules());
+        let openai = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+        let d = status(&t, 429, openai).unwrap();
+        assert!(d.out_of_credit && !d.rate_limited, "{d:?}");
+        let gemini = r#"{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","message":"You exceeded your current quota, please check your plan and billing details.","details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"40s"}]}}"#;
+        let d = status(&t, 429, gemini).unwrap();
+        assert!(!d.out_of_credit && d.rate_limited, "{d:?}");
+        assert_eq!(d.scope, Scope::Key);
     }
 
     #[test]
