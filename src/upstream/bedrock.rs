@@ -715,12 +715,15 @@ impl TokenUsage {
 
 /// Converse `stopReason` -> OpenAI `finish_reason`. `malformed_model_output`,
 /// `malformed_tool_use` and reasons added later read as `stop`: OpenAI has
-/// no word for them, and the content is what it is.
-fn finish_reason(stop_reason: &str) -> &'static str {
+/// no word for them, and the content is what it is. An answer that `called`
+/// a tool says `tool_calls` whatever stop its model named (some say
+/// `end_turn`): agent loops look for the call by that finish.
+fn finish_reason(stop_reason: &str, called: bool) -> &'static str {
     match stop_reason {
         "max_tokens" | "model_context_window_exceeded" => "length",
         "tool_use" => "tool_calls",
         "guardrail_intervened" | "content_filtered" => "content_filter",
+        _ if called => "tool_calls",
         _ => "stop",
     }
 }
@@ -827,6 +830,7 @@ pub fn from_converse_response(body: &[u8], model: &str) -> Result<Bytes, Transla
             tool_calls.push(tool_call(call)?);
         }
     }
+    let called = !tool_calls.is_empty();
     let completion = wire::Completion {
         id: &completion_id(),
         object: "chat.completion",
@@ -841,7 +845,7 @@ pub fn from_converse_response(body: &[u8], model: &str) -> Result<Bytes, Transla
                 tool_calls,
             },
             logprobs: None,
-            finish_reason: reply.stop_reason.as_deref().map(finish_reason),
+            finish_reason: (reply.stop_reason.as_deref()).map(|r| finish_reason(r, called)),
         }],
         usage: reply.usage.to_openai(),
     };
@@ -1256,7 +1260,8 @@ impl ConverseStream {
             "contentBlockStop" => self.block_stop(&serde_json::from_str(payload)?),
             "messageStop" => {
                 let stop: MessageStopEvent<'_> = serde_json::from_str(payload)?;
-                let reason = finish_reason(stop.stop_reason.as_deref().unwrap_or_default());
+                let stop_reason = stop.stop_reason.as_deref().unwrap_or_default();
+                let reason = finish_reason(stop_reason, !self.tools.is_empty());
                 let frame = self.head.delta(Delta::default(), Some(reason));
                 Ok(self.emit(frame))
             }
@@ -1883,6 +1888,17 @@ mod tests {
         ] {
             let got = answer(&converse_answer(json!([{ "text": "x" }]), stop));
             assert_eq!(got["choices"][0]["finish_reason"], finish, "{stop}");
+            let call = json!([{ "toolUse": { "toolUseId": "t1", "name": "f", "input": {} } }]);
+            let got = answer(&converse_answer(call, stop));
+            let with_call = if finish == "stop" {
+                "tool_calls"
+            } else {
+                finish
+            };
+            assert_eq!(
+                got["choices"][0]["finish_reason"], with_call,
+                "{stop} with a call"
+            );
         }
     }
 
