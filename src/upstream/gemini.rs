@@ -1084,6 +1084,20 @@ pub fn from_gemini_response(body: &[u8], model: &str) -> Result<Bytes, Translate
             "not a GenerateContentResponse: no `candidates` or `promptFeedback`".into(),
         ));
     }
+    if reply
+        .candidates
+        .iter()
+        .any(|c| c.finish_reason.as_deref() == Some(MALFORMED_CALL))
+    {
+        return Ok(Bytes::from(malformed_call().to_string()));
+    }
+    // Without a candidate, only a blocked prompt is an answer (an empty one
+    // that says so); usage alone is none, as it is in a stream.
+    if reply.candidates.is_empty() && reply.blocked().is_none() {
+        return Err(TranslateError::InvalidResponse(
+            "a GenerateContentResponse without a candidate or a block reason".into(),
+        ));
+    }
     let mut choices = Vec::with_capacity(reply.candidates.len().max(1));
     for (i, candidate) in reply.candidates.iter().enumerate() {
         let index = candidate
@@ -1092,12 +1106,8 @@ pub fn from_gemini_response(body: &[u8], model: &str) -> Result<Bytes, Translate
         choices.push(read_candidate(candidate, index)?);
     }
     if choices.is_empty() {
-        // Blocked (or, oddly, nothing at all): an empty answer says so.
-        let reason = if reply.blocked().is_some() {
-            "content_filter"
-        } else {
-            "stop"
-        };
+        // Blocked: an empty answer says so.
+        let reason = "content_filter";
         choices.push(wire::Choice {
             index: 0,
             message: wire::Message {
@@ -1306,6 +1316,17 @@ fn google_error(body: &[u8]) -> Option<GoogleError> {
     }
 }
 
+/// Gemini's finish for a function call its model botched: the answer holds
+/// no call and no text, so it is no answer (a 502 of the upstream's, retried
+/// and failed over like one), not an empty `stop`.
+const MALFORMED_CALL: &str = "MALFORMED_FUNCTION_CALL";
+
+/// The in-band error a [`MALFORMED_CALL`] finish becomes.
+fn malformed_call() -> Value {
+    json!({"error": {"message": "the model's function call was malformed (finishReason MALFORMED_FUNCTION_CALL)",
+        "type": "upstream_error", "code": "malformed_function_call", "param": null, "status": 502}})
+}
+
 /// A Google error that came in-band (a 2xx body or a stream event): OpenAI's
 /// shape and string code, with the status (which classifies it) beside them.
 fn in_band_error(error: &GoogleError) -> Value {
@@ -1437,6 +1458,10 @@ impl GeminiStream {
             self.usage = Some(usage);
         }
         let first = reply.candidates.iter().find(|c| c.index.unwrap_or(0) == 0);
+        if first.is_some_and(|c| c.finish_reason.as_deref() == Some(MALFORMED_CALL)) {
+            out.push(Frame::read(&malformed_call()));
+            return Ok(out);
+        }
         let mut reason = reply.blocked().map(|_| "content_filter");
         if let Some(candidate) = first {
             self.candidate_frames(candidate, &mut out)?;
@@ -1659,6 +1684,29 @@ mod tests {
             Err(TranslateError::Unsupported(m)) => assert!(m.contains(what), "{m} vs {what}"),
             other => panic!("expected Unsupported({what}), got {other:?}"),
         }
+    }
+
+    #[test]
+    fn usage_without_a_candidate_is_no_answer_but_a_blocked_prompt_is() {
+        for body in [
+            r#"{"candidates":[],"usageMetadata":{"promptTokenCount":7,"candidatesTokenCount":5}}"#,
+            r#"{"usageMetadata":{"promptTokenCount":7},"modelVersion":"gemini-2.5-flash"}"#,
+        ] {
+            let got = from_gemini_response(body.as_bytes(), "gemini");
+            assert!(
+                matches!(got, Err(TranslateError::InvalidResponse(_))),
+                "{body}"
+            );
+        }
+        let blocked =
+            r#"{"promptFeedback":{"blockReason":"SAFETY"},"usageMetadata":{"promptTokenCount":7}}"#;
+        let got: Value =
+            serde_json::from_slice(&from_gemini_response(blocked.as_bytes(), "gemini").unwrap())
+                .unwrap();
+        assert_eq!(
+            got["choices"][0]["finish_reason"], "content_filter",
+            "{got}"
+        );
     }
 
     #[test]
@@ -2096,7 +2144,6 @@ mod tests {
             ("SPII", "content_filter"),
             ("IMAGE_SAFETY", "content_filter"),
             ("LANGUAGE", "content_filter"),
-            ("MALFORMED_FUNCTION_CALL", "stop"),
             ("OTHER", "stop"),
             ("FINISH_REASON_UNSPECIFIED", "stop"),
             ("SOMETHING_NEW", "stop"),
@@ -2105,6 +2152,18 @@ mod tests {
                 "content": { "parts": [{ "text": "x" }], "role": "model" }, "finishReason": gemini }] }));
             assert_eq!(got["choices"][0]["finish_reason"], openai, "{gemini}");
         }
+        // A botched call is no answer: an in-band 502, in a stream too.
+        let body =
+            json!({ "candidates": [{ "finishReason": "MALFORMED_FUNCTION_CALL", "index": 0 }] });
+        let got: Value = serde_json::from_slice(
+            &from_gemini_response(body.to_string().as_bytes(), "gemini-target").unwrap(),
+        )
+        .unwrap();
+        assert_eq!(got["error"]["status"], 502, "{got}");
+        let mut stream = GeminiStream::new(false, "gemini-target");
+        let frames = stream.on_event(&body.to_string()).unwrap();
+        let last = frame_json(frames.last().unwrap());
+        assert_eq!(last["error"]["code"], "malformed_function_call", "{last}");
         // A candidate cut by safety carries no content at all.
         let cut = answer(&json!({ "candidates": [{ "finishReason": "SAFETY", "index": 0 }] }));
         assert_eq!(cut["choices"][0]["message"]["content"], "");
