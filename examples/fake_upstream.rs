@@ -20,7 +20,8 @@
 //! completion and chunk; a request costs one body read and a byte scan for
 //! `"stream"`.
 //! `GET /healthz`, `GET /v1/models` and `GET /stats` (requests and faults by
-//! kind, JSON) answer too.
+//! kind, JSON) answer too. It speaks HTTP/1.1 and HTTP/2 with prior
+//! knowledge (h2c) on the same port.
 //!
 //! **Faults.** A fault spec is a comma-separated list of:
 //!
@@ -454,8 +455,11 @@ impl Upstream {
                 let born = *generations.borrow_and_update();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| serve(Arc::clone(&s), req));
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc);
+                    // HTTP/1.1, or HTTP/2 with prior knowledge (h2c).
+                    let serving = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    );
+                    let conn = serving.serve_connection(TokioIo::new(stream), svc);
                     tokio::select! {
                         _ = conn => {}
                         _ = generations.wait_for(|g| *g != born) => {}

@@ -246,6 +246,11 @@ pub struct RawProvider {
     #[serde(default, deserialize_with = "duration_text")]
     #[schemars(with = "Option<schema_parts::DurationText>")]
     pub timeout: Option<String>,
+    /// How the provider's connections speak HTTP: `auto` (default; HTTP/2
+    /// where TLS negotiates it, else HTTP/1.1), `http1` (HTTP/1.1 only) or
+    /// `http2` (HTTP/2 only; over `http://` with prior knowledge, h2c).
+    #[schemars(extend("enum" = ["auto", "http1", "http2"]))]
+    pub http_version: Option<String>,
     /// TCP (and TLS) connect timeout; default 2 s.
     #[serde(default, deserialize_with = "duration_text")]
     #[schemars(with = "Option<schema_parts::DurationText>")]

@@ -27,7 +27,6 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, ACCEPT_ENCODING, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::Full;
-use hyper::body::Incoming;
 
 use crate::classify::NetworkKind;
 use crate::native::Protocol;
@@ -564,7 +563,7 @@ impl Endpoint {
     /// No response head: the failure as a network kind (a protocol error for
     /// an operation the provider does not serve), or the local resource that
     /// ran out.
-    pub async fn send(&self, out: Outgoing<'_>) -> Result<Response<Incoming>, SendError> {
+    pub async fn send(&self, out: Outgoing<'_>) -> Result<Response<pool::Body>, SendError> {
         let Outgoing {
             op,
             model,
@@ -644,9 +643,11 @@ impl Endpoint {
             }
             req
         };
-        pool::send(self.client.client(), build, resends)
-            .await
-            .map_err(|e| pool::request_error_kind(&e, self.host_is_name))
+        let (client, stream) = self.client.client();
+        match pool::send(client, build, resends).await {
+            Ok(response) => Ok(response.map(|incoming| pool::Body::new(incoming, stream))),
+            Err(e) => Err(pool::request_error_kind(&e, self.host_is_name)),
+        }
     }
 }
 

@@ -49,4 +49,5 @@ mod semantics;
 mod shared_state;
 mod stream_edges;
 mod telemetry;
+mod upstream_http;
 mod walk_decisions;

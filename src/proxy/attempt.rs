@@ -16,7 +16,6 @@ use compact_str::CompactString;
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use http::StatusCode;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio::time::{timeout_at, Instant};
 use tracing::{debug, info, warn};
 
@@ -30,6 +29,7 @@ use crate::snapshot::{ApiKey, Provider, Snapshot, Target, Task};
 use crate::sse::{self, Chunk};
 use crate::telemetry::{AttemptInfo, RequestTrace};
 use crate::upstream::decode::{self, Coding};
+use crate::upstream::pool::Body as UpstreamBody;
 use crate::upstream::{pool, Adapter, Events, LocalResource, Operation, Outgoing, SendError};
 
 /// Events held before the commit point, at most; past this the stream commits anyway.
@@ -166,7 +166,7 @@ pub struct RelayState {
     /// The upstream's events.
     pub events: Events,
     /// The upstream's body.
-    pub incoming: Incoming,
+    pub incoming: UpstreamBody,
     /// A `finish_reason` was seen.
     pub finished: bool,
     /// `[DONE]` was seen.
@@ -480,7 +480,7 @@ fn with_retry_after(headers: &HeaderMap, wait: Duration) -> HeaderMap {
 async fn read_answer(
     call: &Call<'_>,
     parts: http::response::Parts,
-    incoming: Incoming,
+    incoming: UpstreamBody,
     permit: Permit,
     attempt_deadline: Instant,
 ) -> Attempt {
@@ -927,7 +927,7 @@ pub fn chat_bytes<'a>(events: impl Iterator<Item = &'a sse::Event>) -> Vec<u8> {
 async fn hold(
     call: &Call<'_>,
     headers: &HeaderMap,
-    mut incoming: Incoming,
+    mut incoming: UpstreamBody,
     permit: Permit,
     first_deadline: Instant,
     started: Instant,
@@ -1137,7 +1137,7 @@ fn commit(
     call: &Call<'_>,
     held: Held,
     events: Events,
-    incoming: Incoming,
+    incoming: UpstreamBody,
     eof: bool,
     permit: Permit,
     started: Instant,

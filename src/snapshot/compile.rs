@@ -42,6 +42,7 @@ use crate::metrics::{self as m, RouteMetrics};
 use crate::ratelimit::{ProviderLimits, Rate, TaskLimiter};
 use crate::secret::Secret;
 use crate::telemetry::{Protocol, TraceSettings};
+use crate::upstream::pool::HttpVersion;
 use crate::upstream::{self, Credential, Endpoint, Urls};
 
 /// Options for compiling.
@@ -1030,7 +1031,9 @@ fn endpoint(
         headers,
         host_is_name,
         auth,
-        client: live.clients.get(base_url, connect_timeout),
+        client: live
+            .clients
+            .get(base_url, connect_timeout, http_version(p, path, c)),
     })
 }
 
@@ -1168,6 +1171,22 @@ fn percent_encode(text: &str) -> String {
         }
     }
     out
+}
+
+/// How a provider's connections speak HTTP.
+fn http_version(p: &RawProvider, path: &str, c: &mut Checks<'_>) -> HttpVersion {
+    match p.http_version.as_deref() {
+        None | Some("auto") => HttpVersion::Auto,
+        Some("http1") => HttpVersion::Http1,
+        Some("http2") => HttpVersion::Http2,
+        Some(other) => {
+            c.error(
+                &format!("{path}.http_version"),
+                format!("unknown HTTP version `{other}`, expected auto, http1 or http2"),
+            );
+            HttpVersion::Auto
+        }
+    }
 }
 
 /// A provider's key selection policy.

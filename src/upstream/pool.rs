@@ -6,22 +6,33 @@
 //! connections) and dropped, with its idle connections, once none does. Idle
 //! connections close after [`POOL_IDLE_TIMEOUT`] (the pool's timer is tokio's).
 //! TLS is
-//! rustls with the webpki root set (no dependence on the host's CA bundle);
-//! HTTP/2 is negotiated by ALPN where the upstream offers it.
+//! rustls with the webpki root set (no dependence on the host's CA bundle).
+//! A provider's `http_version` says how its connections speak HTTP: by
+//! default HTTP/2 where TLS negotiates it (ALPN) and HTTP/1.1 elsewhere.
+//!
+//! HTTP/1.1 carries one request per connection at a time, so the client opens
+//! one per concurrent request. HTTP/2 carries them all on one connection, and
+//! a server caps the streams it takes at once (`SETTINGS_MAX_CONCURRENT_STREAMS`,
+//! 100 to 256 at the big providers); hyper's pool never opens a second
+//! connection, so a request past the cap would wait, unseen, behind streams
+//! that may last minutes, and read as a slow first token. So each runtime's
+//! HTTP/2 requests are spread over [`Lane`]s, each a client of its own
+//! (one connection) carrying at most [`STREAMS_PER_CONNECTION`] at once.
 
 use std::collections::HashMap;
 use std::error::Error as _;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, Uri};
 use http_body_util::Full;
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
@@ -38,17 +49,111 @@ pub type HttpClient = Client<Counting<HttpsConnector<HttpConnector>>, Full<Bytes
 /// of provider load balancers, so we close first and never reuse a dead one).
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// One provider's pool: the client of the thread that asks, so that on a
-/// worker runtime (`runtimes`) a request's upstream connections are that
-/// runtime's own (their tasks run on its thread); elsewhere (the prober,
-/// the main runtime) the shared one. Dropping the pool drops them all, and
-/// their idle connections with them.
+/// How a provider's connections speak HTTP (`http_version`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum HttpVersion {
+    /// HTTP/2 where TLS negotiates it, HTTP/1.1 elsewhere.
+    #[default]
+    Auto,
+    /// HTTP/1.1 only, also over TLS.
+    Http1,
+    /// HTTP/2 only: negotiated over TLS, with prior knowledge (h2c) over
+    /// plain `http://`.
+    Http2,
+}
+
+/// Requests one HTTP/2 connection carries at once: the floor RFC 9113 asks
+/// servers to allow (`SETTINGS_MAX_CONCURRENT_STREAMS` "no smaller than
+/// 100"), so no server that follows it makes one wait.
+pub const STREAMS_PER_CONNECTION: usize = 100;
+
+/// Lanes per runtime and provider: past `MAX_LANES × STREAMS_PER_CONNECTION`
+/// concurrent requests, the last lane takes the rest.
+const MAX_LANES: usize = 16;
+
+/// One provider's pool: the connections of the thread that asks, so that
+/// on a worker runtime (`runtimes`) a request's upstream connections are
+/// that runtime's own (their tasks run on its thread); elsewhere (the
+/// prober, the main runtime) the shared ones. Dropping the pool drops them
+/// all, and their idle connections with them.
 #[derive(Debug)]
 pub struct Pool {
     connect_timeout: Duration,
-    shared: HttpClient,
+    version: HttpVersion,
+    /// Whether a connection may carry many requests at once (HTTP/2).
+    multiplexed: bool,
+    shared: OnceLock<Conns>,
     /// By worker index, made on the worker's first call.
-    workers: Box<[std::sync::OnceLock<HttpClient>]>,
+    workers: Box<[OnceLock<Conns>]>,
+}
+
+/// One runtime's connections to a provider.
+#[derive(Debug)]
+// The HTTP/1.1 client stays inline: most requests read it, and a worker's
+// slot held the same client before lanes existed.
+#[allow(clippy::large_enum_variant)]
+enum Conns {
+    /// HTTP/1.1: the client opens a connection per concurrent request.
+    Single(HttpClient),
+    /// HTTP/2: clients of one connection each, filled in turn.
+    Lanes(Box<[OnceLock<Lane>; MAX_LANES]>),
+}
+
+/// A client whose one HTTP/2 connection carries at most
+/// [`STREAMS_PER_CONNECTION`] requests at once.
+#[derive(Debug)]
+struct Lane {
+    client: HttpClient,
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// A request's place on a [`Lane`], held until its answer's body is
+/// dropped.
+#[derive(Debug)]
+pub struct Stream(Arc<AtomicUsize>);
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// An upstream answer's body, holding its request's place on a lane.
+#[derive(Debug)]
+pub struct Body {
+    incoming: Incoming,
+    _stream: Option<Stream>,
+}
+
+impl Body {
+    /// `incoming`, holding `stream` until it is dropped.
+    #[must_use]
+    pub fn new(incoming: Incoming, stream: Option<Stream>) -> Self {
+        Self {
+            incoming,
+            _stream: stream,
+        }
+    }
+}
+
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.get_mut().incoming).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.incoming.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.incoming.size_hint()
+    }
 }
 
 /// Workers with pools of their own; a worker past them uses the shared one.
@@ -66,26 +171,63 @@ pub fn own_pools_on_this_thread(index: usize) {
 }
 
 impl Pool {
-    fn new(connect_timeout: Duration) -> Self {
+    fn new(connect_timeout: Duration, version: HttpVersion, tls: bool) -> Self {
         Self {
             connect_timeout,
-            shared: build(connect_timeout, POOL_IDLE_TIMEOUT),
-            workers: (0..MAX_WORKER_POOLS)
-                .map(|_| std::sync::OnceLock::new())
-                .collect(),
+            version,
+            multiplexed: match version {
+                HttpVersion::Auto => tls,
+                HttpVersion::Http1 => false,
+                HttpVersion::Http2 => true,
+            },
+            shared: OnceLock::new(),
+            workers: (0..MAX_WORKER_POOLS).map(|_| OnceLock::new()).collect(),
         }
     }
 
-    /// The client a request on this thread uses.
+    /// The client a request on this thread uses, and on HTTP/2 the place it
+    /// takes on that client's connection (drop it when the answer is done).
     #[must_use]
-    pub fn client(&self) -> &HttpClient {
+    pub fn client(&self) -> (&HttpClient, Option<Stream>) {
         let own = WORKER
             .with(std::cell::Cell::get)
             .and_then(|i| self.workers.get(i));
-        match own {
-            Some(slot) => slot.get_or_init(|| build(self.connect_timeout, POOL_IDLE_TIMEOUT)),
-            None => &self.shared,
+        let conns = own.unwrap_or(&self.shared).get_or_init(|| {
+            if self.multiplexed {
+                Conns::Lanes(Box::new(std::array::from_fn(|_| OnceLock::new())))
+            } else {
+                Conns::Single(self.build())
+            }
+        });
+        match conns {
+            Conns::Single(client) => (client, None),
+            Conns::Lanes(lanes) => self.lane(lanes),
         }
+    }
+
+    /// The first lane with room, else the last.
+    fn lane<'a>(&self, lanes: &'a [OnceLock<Lane>; MAX_LANES]) -> (&'a HttpClient, Option<Stream>) {
+        let open = |slot: &'a OnceLock<Lane>| {
+            slot.get_or_init(|| Lane {
+                client: self.build(),
+                in_flight: Arc::default(),
+            })
+        };
+        let [rest @ .., last] = lanes;
+        for slot in rest {
+            let lane = open(slot);
+            if lane.in_flight.fetch_add(1, Ordering::Relaxed) < STREAMS_PER_CONNECTION {
+                return (&lane.client, Some(Stream(Arc::clone(&lane.in_flight))));
+            }
+            lane.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
+        let lane = open(last);
+        lane.in_flight.fetch_add(1, Ordering::Relaxed);
+        (&lane.client, Some(Stream(Arc::clone(&lane.in_flight))))
+    }
+
+    fn build(&self) -> HttpClient {
+        build(self.connect_timeout, POOL_IDLE_TIMEOUT, self.version)
     }
 }
 
@@ -93,7 +235,7 @@ impl Pool {
 /// config snapshots.
 #[derive(Default)]
 pub struct Clients {
-    by_provider: Mutex<HashMap<(String, Duration), Arc<Pool>>>,
+    by_provider: Mutex<HashMap<(String, Duration, HttpVersion), Arc<Pool>>>,
 }
 
 impl std::fmt::Debug for Clients {
@@ -103,13 +245,21 @@ impl std::fmt::Debug for Clients {
 }
 
 impl Clients {
-    /// The pooled client of the provider at `base_url` whose TCP+TLS connect
-    /// gives up after `connect_timeout`.
-    pub fn get(&self, base_url: &str, connect_timeout: Duration) -> Arc<Pool> {
+    /// The pool of the provider at `base_url` whose TCP+TLS connect gives
+    /// up after `connect_timeout`, speaking `version`.
+    pub fn get(
+        &self,
+        base_url: &str,
+        connect_timeout: Duration,
+        version: HttpVersion,
+    ) -> Arc<Pool> {
+        let tls = base_url
+            .get(..8)
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"));
         let mut map = self.by_provider.lock();
         Arc::clone(
-            map.entry((base_url.to_owned(), connect_timeout))
-                .or_insert_with(|| Arc::new(Pool::new(connect_timeout))),
+            map.entry((base_url.to_owned(), connect_timeout, version))
+                .or_insert_with(|| Arc::new(Pool::new(connect_timeout, version, tls))),
         )
     }
 
@@ -122,24 +272,28 @@ impl Clients {
     }
 }
 
-fn build(connect_timeout: Duration, idle_timeout: Duration) -> HttpClient {
+fn build(connect_timeout: Duration, idle_timeout: Duration, version: HttpVersion) -> HttpClient {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
     http.set_keepalive(Some(Duration::from_secs(60)));
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
+    let tls = hyper_rustls::HttpsConnectorBuilder::new()
         .with_webpki_roots()
-        .https_or_http()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
+        .https_or_http();
+    let https = match version {
+        HttpVersion::Auto => tls.enable_http1().enable_http2().wrap_connector(http),
+        HttpVersion::Http1 => tls.enable_http1().wrap_connector(http),
+        HttpVersion::Http2 => tls.enable_http2().wrap_connector(http),
+    };
+    let mut builder = Client::builder(TokioExecutor::new());
+    builder
         // Without a timer the pool never evicts idle connections.
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(idle_timeout)
         .pool_max_idle_per_host(256)
-        .build(Counting(https))
+        .http2_only(version == HttpVersion::Http2);
+    builder.build(Counting(https))
 }
 
 /// A failure on a reused connection within this long of sending is the
@@ -413,7 +567,11 @@ mod tests {
     #[tokio::test]
     async fn an_idle_pooled_connection_is_closed_after_the_idle_timeout() {
         let (url, mut closed) = one_answer_then_watch_close().await;
-        let client = build(Duration::from_secs(1), Duration::from_millis(200));
+        let client = build(
+            Duration::from_secs(1),
+            Duration::from_millis(200),
+            HttpVersion::Auto,
+        );
         call_once(&client, &url).await;
         // The client is still alive, so only the idle timer can close it.
         let seen = tokio::time::timeout(Duration::from_secs(10), closed.recv()).await;
@@ -429,10 +587,10 @@ mod tests {
         let (url, mut closed) = one_answer_then_watch_close().await;
         let (kept_url, mut kept_closed) = one_answer_then_watch_close().await;
         let clients = Clients::default();
-        let removed = clients.get(&url, Duration::from_secs(1));
-        let kept = clients.get(&kept_url, Duration::from_secs(1));
-        call_once(removed.client(), &url).await;
-        call_once(kept.client(), &kept_url).await;
+        let removed = clients.get(&url, Duration::from_secs(1), HttpVersion::Auto);
+        let kept = clients.get(&kept_url, Duration::from_secs(1), HttpVersion::Auto);
+        call_once(removed.client().0, &url).await;
+        call_once(kept.client().0, &kept_url).await;
         drop(removed); // the snapshot that named this provider is gone
         clients.prune();
         let seen = tokio::time::timeout(Duration::from_secs(10), closed.recv()).await;
@@ -443,7 +601,7 @@ mod tests {
         // The provider still in use keeps its pool (and its warm connection).
         assert!(Arc::ptr_eq(
             &kept,
-            &clients.get(&kept_url, Duration::from_secs(1))
+            &clients.get(&kept_url, Duration::from_secs(1), HttpVersion::Auto)
         ));
         assert!(kept_closed.try_recv().is_err());
     }
