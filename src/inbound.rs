@@ -172,6 +172,8 @@ impl ChatBody {
                 .stream_options
                 .as_ref()
                 .is_some_and(|o| o.include_usage),
+            // Neither Messages nor Responses asks for several answers.
+            choices: 1,
             max_tokens: self.max_tokens,
             tools: self.tools.as_ref().is_some_and(|t| !t.is_empty()),
             json_mode,

@@ -152,6 +152,8 @@ pub struct Facts<'a> {
     pub stream: bool,
     /// A stream's usage is asked for (`stream_options.include_usage`).
     pub include_usage: bool,
+    /// How many choices it asks for (`n`; 1 when not given).
+    pub choices: u32,
     /// The most output tokens it asks for.
     pub max_tokens: Option<u64>,
     /// It offers tools.

@@ -127,6 +127,7 @@ pub async fn chat_completions(mut x: Exchange<'_>) -> Response<Body> {
         payload: Payload::Chat(&request),
         stream: facts.stream,
         include_usage: facts.include_usage,
+        choices: facts.choices,
         contract,
         render,
     };
@@ -169,6 +170,7 @@ pub async fn embeddings(x: Exchange<'_>) -> Response<Body> {
         payload: Payload::Embeddings(&request),
         stream: false,
         include_usage: false,
+        choices: 1,
         contract: None,
         render: None,
     };
@@ -180,6 +182,8 @@ struct Shape<'a> {
     payload: Payload<'a>,
     stream: bool,
     include_usage: bool,
+    /// How many choices (`n`).
+    choices: u32,
     /// The tool call contract, when the task validates tool calls.
     contract: Option<Arc<Contract>>,
     /// The client's stream renderer, when it speaks another protocol.
@@ -228,6 +232,7 @@ async fn serve(
         base64: shape.payload.base64(),
         stream: shape.stream,
         include_usage: shape.include_usage,
+        choices: shape.choices,
         resends: AtomicU32::new(0),
         request_id: &x.request_id,
         client_headers: x.headers,
@@ -374,6 +379,8 @@ struct Walk<'a> {
     stream: bool,
     /// `stream_options.include_usage`.
     include_usage: bool,
+    /// How many choices (`n`).
+    choices: u32,
     /// Stale-connection resends of the attempt just made (upstream calls too).
     resends: AtomicU32,
     request_id: &'a HeaderValue,
@@ -1002,6 +1009,7 @@ impl Walk<'_> {
             target,
             stream: self.stream,
             include_usage: self.include_usage,
+            choices: self.choices,
             request_id: self.request_id,
             client_headers: self.client_headers,
             arrival: self.arrival,

@@ -124,6 +124,8 @@ pub struct ChatRequest<'a> {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
+    /// `n`: how many choices (1 when not given).
+    pub choices: u32,
     /// The messages (at least one).
     pub messages: Vec<Message<'a>>,
     /// `tools`, raw.
@@ -168,13 +170,14 @@ impl<'a> ChatRequest<'a> {
         let max_completion_tokens =
             token_limit(wire.max_completion_tokens, "max_completion_tokens")?;
         let max_tokens = token_limit(wire.max_tokens, "max_tokens")?;
-        choices(wire.n)?;
+        let choices = choices(wire.n)?;
         let mut request = Self {
             body,
             model,
             model_span: wire.model.and_then(|raw| span_in(body, raw)),
             stream,
             include_usage: wire.stream_options.is_some_and(include_usage),
+            choices,
             images: messages.iter().any(has_image),
             messages,
             tools: wire.tools,
@@ -224,6 +227,7 @@ impl<'a> ChatRequest<'a> {
             model: self.model.as_deref().map(Cow::Borrowed),
             stream: self.stream,
             include_usage: self.include_usage,
+            choices: self.choices,
             max_tokens: self.max_tokens,
             tools: self.offers_tools(),
             json_mode: self.json_mode,
@@ -601,11 +605,11 @@ fn message(i: usize, raw: &RawValue) -> Result<Message<'_>, RequestError> {
     })
 }
 
-/// `n`, when given: how many choices, at least 1.
-fn choices(raw: Option<&RawValue>) -> Result<(), RequestError> {
+/// `n`: how many choices, at least 1 (1 when not given).
+fn choices(raw: Option<&RawValue>) -> Result<u32, RequestError> {
     match raw.map(|r| serde_json::from_str::<Option<u64>>(r.get())) {
-        None | Some(Ok(None)) => Ok(()),
-        Some(Ok(Some(n))) if n >= 1 => Ok(()),
+        None | Some(Ok(None)) => Ok(1),
+        Some(Ok(Some(n))) if n >= 1 => Ok(u32::try_from(n).unwrap_or(u32::MAX)),
         Some(_) => Err(RequestError::field(
             "n",
             "`n` must be an integer of at least 1",

@@ -415,6 +415,33 @@ fn read_chunk(data: &str) -> Chunk {
     }
 }
 
+/// The indices of the choices a chunk finishes.
+#[must_use]
+pub fn finished_choices(data: &str) -> Vec<u32> {
+    #[derive(Deserialize)]
+    struct Finishing<'a> {
+        #[serde(default, borrow)]
+        choices: Vec<Choice<'a>>,
+    }
+    #[derive(Deserialize)]
+    struct Choice<'a> {
+        #[serde(default)]
+        index: u32,
+        #[serde(default, borrow)]
+        finish_reason: Option<&'a RawValue>,
+    }
+    serde_json::from_str::<Finishing<'_>>(data.trim())
+        .map(|chunk| {
+            chunk
+                .choices
+                .iter()
+                .filter(|c| c.finish_reason.is_some_and(|r| r.get() != "null"))
+                .map(|c| c.index)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Whether a raw `finish_reason` is [`RESOURCE_CUT`].
 #[must_use]
 pub fn is_resource_cut(raw: &str) -> bool {

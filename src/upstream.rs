@@ -676,6 +676,37 @@ pub struct Events {
     ready: std::collections::VecDeque<crate::sse::Event>,
     /// Reads chat chunks that come as they are (no translator).
     chunks: crate::sse::ChunkReader,
+    /// For a request of several choices, those finished so far.
+    choices: Option<Choices>,
+}
+
+/// The choices of a several-choice stream (`n > 1`) that have finished: a
+/// chunk that finishes one reads as a finish only once every one has, so a
+/// stream cut after its first choice finished is not taken for a whole one.
+#[derive(Debug)]
+struct Choices {
+    asked: usize,
+    finished: std::collections::BTreeSet<u32>,
+}
+
+impl Choices {
+    fn settle(&mut self, event: &mut crate::sse::Event) {
+        let (Some(reading), Some(data)) = (event.reading, &event.data) else {
+            return;
+        };
+        let (Chunk::Content { finished: true } | Chunk::NoContent { finished: true }) = reading
+        else {
+            return;
+        };
+        self.finished.extend(crate::sse::finished_choices(data));
+        if self.finished.len() < self.asked {
+            event.reading = Some(match reading {
+                Chunk::Content { .. } => Chunk::Content { finished: false },
+                Chunk::NoContent { .. } => Chunk::NoContent { finished: false },
+                Chunk::Empty | Chunk::Done | Chunk::Error { .. } | Chunk::Malformed => reading,
+            });
+        }
+    }
 }
 
 /// A stream's framing, read into events.
@@ -727,8 +758,9 @@ impl Framer {
 const MAX_DECODED_READ: usize = 16 * 1024 * 1024;
 
 impl Events {
-    /// Events of a stream in `adapter`'s protocol whose body has `coding`;
-    /// `native`: the client speaks that protocol, and gets its events.
+    /// Events of a stream in `adapter`'s protocol whose body has `coding`,
+    /// of `choices` choices; `native`: the client speaks that protocol, and
+    /// gets its events.
     ///
     /// # Errors
     /// Only if a decoder cannot be set up.
@@ -736,6 +768,7 @@ impl Events {
         adapter: &dyn Adapter,
         model: &str,
         include_usage: bool,
+        choices: u32,
         coding: decode::Coding,
         native: bool,
     ) -> std::io::Result<Self> {
@@ -751,6 +784,10 @@ impl Events {
             translator,
             ready: std::collections::VecDeque::new(),
             chunks: crate::sse::ChunkReader::default(),
+            choices: (choices > 1).then(|| Choices {
+                asked: choices as usize,
+                finished: std::collections::BTreeSet::new(),
+            }),
         })
     }
 
@@ -785,6 +822,14 @@ impl Events {
     /// The next complete event, if any; `eof` closes a last unterminated one.
     /// Data a translator cannot read comes out as a malformed event.
     pub fn next_event(&mut self, eof: bool) -> Option<crate::sse::Event> {
+        let mut event = self.read_event(eof)?;
+        if let Some(choices) = &mut self.choices {
+            choices.settle(&mut event);
+        }
+        Some(event)
+    }
+
+    fn read_event(&mut self, eof: bool) -> Option<crate::sse::Event> {
         loop {
             if let Some(e) = self.ready.pop_front() {
                 return Some(e);

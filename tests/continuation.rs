@@ -692,6 +692,57 @@ async fn a_stream_of_several_choices_is_not_continued() {
     );
 }
 
+/// A chunk finishing choice `index`.
+fn choice_finish(index: u64) -> String {
+    let chunk = serde_json::json!({"id": "chatcmpl-a", "object": "chat.completion.chunk", "created": 1,
+        "model": "model-a", "choices": [{"index": index, "delta": {}, "finish_reason": "stop"}]});
+    format!("data: {chunk}\n\n")
+}
+
+/// `n: 2`, one choice finished, the other cut: (the client's stream,
+/// whether the last piece is a cut or `[DONE]`).
+async fn one_of_two_finished(last: &str, cut: bool) -> String {
+    let mut pieces = vec![
+        choice_event(
+            0,
+            serde_json::json!({"role": "assistant", "content": "Zero"}),
+        ),
+        choice_event(
+            1,
+            serde_json::json!({"role": "assistant", "content": "One"}),
+        ),
+        choice_finish(0),
+        choice_event(1, serde_json::json!({"content": " and half of"})),
+    ];
+    if !last.is_empty() {
+        pieces.push(last.to_owned());
+    }
+    let a = Fake::always(Reply::Stream {
+        pieces,
+        delay: Duration::ZERO,
+        cut,
+    })
+    .await;
+    let b = Fake::always(stream_with_id("chatcmpl-b", &WORDS)).await;
+    let gw = gateway(&recovering(&a, &b, "", "")).await;
+    let mut body = hello_stream("gpt-4o");
+    body["n"] = Value::from(2);
+    chat(gw.addr, body).await.text()
+}
+
+#[tokio::test]
+async fn a_stream_of_two_choices_is_whole_only_when_both_finish() {
+    // Cut, or ended without `[DONE]`, after only choice 0 finished: broken.
+    for cut in [true, false] {
+        let text = one_of_two_finished("", cut).await;
+        assert!(text.contains("stream_interrupted"), "cut {cut}: {text}");
+    }
+    // Both finished, then the body ends without `[DONE]`: whole.
+    let text = one_of_two_finished(&choice_finish(1), false).await;
+    assert!(!text.contains("stream_interrupted"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+}
+
 /// `b`'s restart: the delivered words, then a call of `name` with `arguments`.
 fn restart_then_call(name: &str, arguments: &str) -> Reply {
     let mut pieces = fake::sse_events("model-b", &WORDS);

@@ -58,6 +58,8 @@ pub struct Call<'a> {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
+    /// How many choices (`n`): a stream is finished once each has.
+    pub choices: u32,
     /// Sent upstream as `x-request-id`.
     pub request_id: &'a HeaderValue,
     /// The client's headers (a protocol forwards some of them).
@@ -939,6 +941,7 @@ async fn hold(
             provider.endpoint.adapter_for(call.native),
             &target.model,
             call.include_usage,
+            call.choices,
             coding,
             call.native,
         )

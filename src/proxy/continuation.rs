@@ -459,6 +459,8 @@ impl Recovery {
             target,
             stream: true,
             include_usage: self.origin.include_usage,
+            // Only a one-choice stream is continued.
+            choices: 1,
             request_id: &self.origin.request_id,
             client_headers: &self.origin.client_headers,
             arrival: self.origin.arrival,
