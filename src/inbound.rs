@@ -441,10 +441,28 @@ struct AnswerMessage {
     /// The reasoning text some servers add (DeepSeek, vLLM, sglang).
     #[serde(deserialize_with = "lenient::text")]
     reasoning_content: Option<String>,
+    /// The same, as newer vLLM and OpenRouter name it.
+    #[serde(deserialize_with = "lenient::text")]
+    reasoning: Option<String>,
     #[serde(deserialize_with = "lenient::text")]
     refusal: Option<String>,
     #[serde(deserialize_with = "lenient::list")]
     tool_calls: Vec<ToolCall>,
+}
+
+impl AnswerMessage {
+    /// The reasoning text, under either name (a server that sends both sends
+    /// the same text twice).
+    fn reasoning(&self) -> Option<&str> {
+        reasoning(self.reasoning_content.as_deref(), self.reasoning.as_deref())
+    }
+}
+
+/// `reasoning_content`, else `reasoning`, when not empty.
+fn reasoning<'a>(content: Option<&'a str>, named: Option<&'a str>) -> Option<&'a str> {
+    content
+        .filter(|t| !t.is_empty())
+        .or(named.filter(|t| !t.is_empty()))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -551,9 +569,18 @@ struct Delta {
     #[serde(deserialize_with = "lenient::text")]
     reasoning_content: Option<String>,
     #[serde(deserialize_with = "lenient::text")]
+    reasoning: Option<String>,
+    #[serde(deserialize_with = "lenient::text")]
     refusal: Option<String>,
     #[serde(deserialize_with = "lenient::list")]
     tool_calls: Vec<ToolCallDelta>,
+}
+
+impl Delta {
+    /// The reasoning text, under either name.
+    fn reasoning(&self) -> Option<&str> {
+        reasoning(self.reasoning_content.as_deref(), self.reasoning.as_deref())
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -305,6 +305,9 @@ struct DeltaWire<'a> {
     refusal: Option<std::borrow::Cow<'a, str>>,
     #[serde(default, borrow)]
     reasoning_content: Option<std::borrow::Cow<'a, str>>,
+    /// vLLM's and OpenRouter's name for `reasoning_content`.
+    #[serde(default, borrow)]
+    reasoning: Option<std::borrow::Cow<'a, str>>,
 }
 
 impl DeltaWire<'_> {
@@ -316,6 +319,7 @@ impl DeltaWire<'_> {
         non_empty(&self.content)
             || non_empty(&self.refusal)
             || non_empty(&self.reasoning_content)
+            || non_empty(&self.reasoning)
             || present(&self.tool_calls)
             || present(&self.function_call)
     }
@@ -480,6 +484,7 @@ pub fn delivered(data: &str) -> Option<Delivered> {
             || present(&d.function_call)
             || non_empty(&d.refusal)
             || non_empty(&d.reasoning_content)
+            || non_empty(&d.reasoning)
         {
             out.plain = false;
         }
@@ -773,7 +778,7 @@ pub fn events_of_completion(completion: &[u8], include_usage: bool) -> Option<By
         let index = choice.get("index").cloned().unwrap_or(Value::from(0));
         let message = choice.get("message").unwrap_or(&Value::Null);
         let mut delta = json!({"role": "assistant"});
-        for field in ["content", "refusal", "reasoning_content"] {
+        for field in ["content", "refusal", "reasoning_content", "reasoning"] {
             if let Some(v) = message.get(field).filter(|v| !v.is_null()) {
                 delta[field] = v.clone();
             }

@@ -1567,12 +1567,26 @@ async fn a_thinking_block_without_a_signature_never_reaches_an_anthropic_target(
 
 #[tokio::test]
 async fn a_chat_targets_reasoning_streams_to_a_responses_client_as_a_reasoning_item() {
+    // DeepSeek's name, vLLM's and OpenRouter's, and both at once (the same text).
+    let thoughts = [
+        json!({"reasoning_content": "Think"}),
+        json!({"reasoning": "Think"}),
+        json!({"reasoning_content": "Think", "reasoning": "Think"}),
+    ];
+    for thought in thoughts {
+        reasoning_streams_to_a_responses_client(thought).await;
+    }
+}
+
+async fn reasoning_streams_to_a_responses_client(mut thought: Value) {
+    let mut rest = thought.clone();
+    for text in rest.as_object_mut().unwrap().values_mut() {
+        *text = json!("ing.");
+    }
+    thought["role"] = json!("assistant");
     let a = Fake::always(chat_stream(&[
-        delta_chunk(
-            json!({"role": "assistant", "reasoning_content": "Think"}),
-            None,
-        ),
-        delta_chunk(json!({"reasoning_content": "ing."}), None),
+        delta_chunk(thought, None),
+        delta_chunk(rest, None),
         delta_chunk(json!({"content": "Hi"}), None),
         delta_chunk(json!({}), Some("stop")),
     ]))

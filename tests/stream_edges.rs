@@ -33,6 +33,45 @@ async fn fails_over_to_b(a_url: &str) {
 // ----- timeouts and cancellation -----
 
 #[tokio::test]
+async fn reasoning_under_either_name_is_a_first_token() {
+    // a thinks aloud from 200ms (vLLM and OpenRouter name it `reasoning`,
+    // DeepSeek `reasoning_content`); its answer comes after the 300ms
+    // first_token_timeout. Thinking is a first token: a is not abandoned.
+    for field in ["reasoning", "reasoning_content"] {
+        let thought = |text: &str| {
+            let chunk = serde_json::json!({"id": "c", "object": "chat.completion.chunk",
+                "created": 1, "model": M, "choices": [{"index": 0,
+                "delta": {field: text}, "finish_reason": null}]});
+            event(&chunk.to_string(), "\n")
+        };
+        let a_parts = vec![
+            role(M, "\n"),
+            thought("Let me"),
+            thought(" think."),
+            content(M, "Answer", "\n"),
+            finish(M, "\n"),
+            done("\n"),
+        ];
+        let a = Fake::always(pieces(a_parts, Duration::from_millis(150))).await;
+        let b = Fake::always(fake::stream("model-b", &["from", " b"])).await;
+        let gw = gateway(&routes(
+            &[hop("a", &a.url()), hop("b", &b.url())],
+            "budget: { first_token_timeout: 400ms }",
+            "",
+        ))
+        .await;
+        let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+        assert_eq!(ans.header("x-switchyard-target"), "a", "{field}");
+        let text = ans.text();
+        assert!(
+            text.contains(" think.") && text.contains("Answer"),
+            "{field}: {text}"
+        );
+        assert_eq!(b.calls(), 0, "{field}");
+    }
+}
+
+#[tokio::test]
 async fn first_token_timeout_after_a_role_only_chunk_fails_over() {
     // a: headers at once, the role chunk at 200ms, content not before 400ms,
     // then keep-alives (so the fake notices the closed connection).

@@ -111,10 +111,15 @@ impl Choice {
         let Some(delta) = choice.get("delta") else {
             return;
         };
+        // A server that names reasoning both ways sends the same text twice.
+        let reasoning = match delta.get("reasoning_content") {
+            Some(Value::String(_)) => "reasoning_content",
+            Some(_) | None => "reasoning",
+        };
         for (field, into) in [
             ("content", &mut self.content),
             ("refusal", &mut self.refusal),
-            ("reasoning_content", &mut self.reasoning),
+            (reasoning, &mut self.reasoning),
         ] {
             if let Some(piece) = delta.get(field).and_then(Value::as_str) {
                 into.get_or_insert_with(String::new).push_str(piece);

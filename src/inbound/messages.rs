@@ -838,11 +838,7 @@ impl Reply {
         let choice = completion.choices.first();
         let mut content = Vec::new();
         if let Some(message) = choice.map(|c| &c.message) {
-            if let Some(thinking) = message
-                .reasoning_content
-                .as_deref()
-                .filter(|t| !t.is_empty())
-            {
+            if let Some(thinking) = message.reasoning() {
                 content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
             }
             let text = message.content.as_deref().or(message.refusal.as_deref());
@@ -1134,7 +1130,7 @@ impl StreamReply {
             return;
         };
         let delta = &choice.delta;
-        if let Some(t) = delta.reasoning_content.as_deref().filter(|t| !t.is_empty()) {
+        if let Some(t) = delta.reasoning() {
             let start = json!({"type": "thinking", "thinking": "", "signature": ""});
             self.open(Open::Thinking, start, out);
             self.delta(json!({"type": "thinking_delta", "thinking": t}), out);

@@ -1036,11 +1036,7 @@ impl Reply {
         let choice = completion.choices.first();
         let mut output = Vec::new();
         if let Some(message) = choice.map(|c| &c.message) {
-            if let Some(r) = message
-                .reasoning_content
-                .as_deref()
-                .filter(|t| !t.is_empty())
-            {
+            if let Some(r) = message.reasoning() {
                 output.push(reasoning_item(&fresh_id("rs_"), r));
             }
             let text = message.content.as_deref().or(message.refusal.as_deref());
@@ -1529,7 +1525,7 @@ impl StreamReply {
             return;
         };
         let delta = &choice.delta;
-        if let Some(r) = delta.reasoning_content.as_deref().filter(|r| !r.is_empty()) {
+        if let Some(r) = delta.reasoning() {
             self.reasoning_delta(r, out);
         }
         let text = delta.content.as_deref().or(delta.refusal.as_deref());

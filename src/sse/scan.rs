@@ -354,18 +354,20 @@ impl<'a, 's> Scan<'a, 's> {
 
     /// A delta object whose `{` is taken.
     fn delta(&mut self, facts: &mut Facts) -> Option<()> {
-        let mut seen = [false; 5];
+        let mut seen = [false; 6];
         self.members(|s, key| {
             let field = match key? {
                 b"content" => 0,
                 b"refusal" => 1,
                 b"reasoning_content" => 2,
-                b"tool_calls" => 3,
-                b"function_call" => 4,
+                // vLLM's and OpenRouter's name for it.
+                b"reasoning" => 3,
+                b"tool_calls" => 4,
+                b"function_call" => 5,
                 _ => return s.value(4),
             };
             once(&mut seen[field])?;
-            if field >= 3 {
+            if field >= 4 {
                 let raw = s.raw_value(4)?;
                 facts.elsewhere |= raw != b"null" && raw != b"[]";
                 return Some(());
@@ -717,6 +719,7 @@ mod tests {
         "content",
         "refusal",
         "reasoning_content",
+        "reasoning",
         "tool_calls",
         "function_call",
         "role",
