@@ -516,8 +516,11 @@ fn go_duration(text: &str) -> Option<Duration> {
 /// context length", "longer than the model's context length"), Gemini ("input
 /// token count ... exceeds the maximum number of tokens"), llama.cpp
 /// ("exceeds the available context size"), Mistral ("too large for model
-/// with ... maximum context length"), Bedrock ("input is too long"). Every
-/// protocol adapter and the default table use this one list.
+/// with ... maximum context length"), Bedrock ("input is too long"), GitHub
+/// Copilot ("prompt token count of ... exceeds the limit",
+/// `model_max_prompt_tokens_exceeded`), Hugging Face TGI ("`inputs` tokens +
+/// `max_new_tokens` must be <= 4096", with a 422). Every protocol adapter and
+/// the default table use this one list.
 pub const CONTEXT_LENGTH_PHRASES: &[&str] = &[
     r"context[_ ]length",
     r"context window",
@@ -532,6 +535,9 @@ pub const CONTEXT_LENGTH_PHRASES: &[&str] = &[
     r"input token count.{0,40}exceeds",
     r"longer than the model'?s? context",
     r"reduce the length of the messages",
+    r"prompt token count.{0,40}exceeds",
+    r"max_prompt_tokens",
+    r"inputs.{0,2} tokens \+ .{0,2}max_new_tokens",
 ];
 
 /// The phrases as one case-insensitive regex.
@@ -672,7 +678,7 @@ pub fn default_rules() -> Vec<Rule> {
         rule("404", vec![Code(404)], vec![], Action::Failover, true),
         Rule {
             matcher: Match {
-                status: vec![Code(400), Code(413)],
+                status: vec![Code(400), Code(413), Code(422)],
                 body: Some(context_length_regex().clone()),
                 ..Match::default()
             },
@@ -1323,6 +1329,9 @@ mod tests {
             "the request exceeds the available context size, try increasing it",
             "Prompt contains 40000 tokens, too large for model with 32768 maximum context length",
             "Input is too long for requested model.",
+            "prompt token count of 125516 exceeds the limit of 64000",
+            r#"{"error":{"code":"model_max_prompt_tokens_exceeded"}}"#,
+            "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`",
         ] {
             assert!(is_context_length(text), "{text}");
         }
@@ -1330,7 +1339,7 @@ mod tests {
             "Invalid value for 'temperature': must be at most 2"
         ));
         let t = ErrorTable::new(default_rules());
-        for code in [400, 413] {
+        for code in [400, 413, 422] {
             let d = status(&t, code, "prompt is too long").unwrap();
             assert!(d.context_window, "{code}");
         }

@@ -728,7 +728,7 @@ impl<'a> Admission<'a> {
 
     /// After a context-length error at `target`: only larger windows from now on.
     pub fn raise_context_floor(&mut self, target: &Target) {
-        self.context_floor = Some(target.max_context.unwrap_or(0));
+        self.context_floor = Some(window(target));
     }
 
     /// Whether some target was DOWN (skipped, or offered as the all-down trial).
@@ -761,7 +761,7 @@ impl<'a> Admission<'a> {
     fn admit(&mut self, target: Arc<Target>) -> Option<Admitted> {
         if self
             .context_floor
-            .is_some_and(|floor| target.max_context.unwrap_or(0) <= floor)
+            .is_some_and(|floor| window(&target) <= floor)
         {
             self.skip(&target, &Exclusion::SmallerContext);
             return None;
@@ -932,7 +932,7 @@ impl<'a> Admission<'a> {
         let target = self
             .down
             .iter()
-            .filter(|t| floor.is_none_or(|min| t.max_context.unwrap_or(0) > min))
+            .filter(|t| floor.is_none_or(|min| window(t) > min))
             .filter(|t| !t.health.cooling_down(now))
             .min_by_key(|t| t.health.last_failure())
             .cloned()?;
@@ -971,6 +971,12 @@ fn skip(task: &Task, target: &Target, why: &Exclusion) {
     task.route_metrics(Some(target))
         .exclusions
         .increment(why.reason(), 1);
+}
+
+/// A target's context window as routing reads it: one it does not declare is
+/// unbounded, after a context-length error as when a plan is made.
+fn window(target: &Target) -> u64 {
+    target.max_context.unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

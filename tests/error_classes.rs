@@ -448,6 +448,39 @@ async fn context_window_error_goes_to_a_larger_window_only() {
 }
 
 #[tokio::test]
+async fn an_undeclared_window_is_larger_than_a_declared_one() {
+    // Copilot's words for it, then TGI's (a 422).
+    let copilot = r#"{"error":{"message":"prompt token count of 125516 exceeds the limit of 64000","code":"model_max_prompt_tokens_exceeded"}}"#;
+    let tgi = r#"{"error":"Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`","error_type":"validation"}"#;
+    for (status, body) in [(400, copilot), (422, tgi)] {
+        let small = Fake::always(fake::json(status, body)).await;
+        let open = ok_fake("open").await;
+        let hops = [
+            hop("small", &small.url()).target("max_context: 64000"),
+            hop("open", &open.url()),
+        ];
+        let gw = gateway(&routes(&hops, "", "")).await;
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200, "{status}: {}", ans.text());
+        assert_eq!(ans.header("x-switchyard-target"), "open");
+        assert_eq!((small.calls(), open.calls()), (1, 1));
+    }
+    // When the window that failed was undeclared, none is larger.
+    let body = r#"{"error":{"message":"This model's maximum context length is 8192 tokens","code":"context_length_exceeded"}}"#;
+    let first = Fake::always(fake::json(400, body)).await;
+    let second = ok_fake("second").await;
+    let gw = gateway(&routes(
+        &[hop("first", &first.url()), hop("second", &second.url())],
+        "",
+        "",
+    ))
+    .await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 400, "{}", ans.text());
+    assert_eq!((first.calls(), second.calls()), (1, 0));
+}
+
+#[tokio::test]
 async fn context_window_error_with_no_larger_candidate_fails() {
     let body = r#"{"error":{"message":"This model's maximum context length is 8192 tokens","code":"context_length_exceeded"}}"#;
     let small = Fake::always(fake::json(400, body)).await;
