@@ -660,7 +660,10 @@ async fn proxied(
     };
     let (bytes, native, mut translation) = match translated(app, api, bytes).await {
         Ok(translated) => translated,
-        Err(refusal) => {
+        Err(mut refusal) => {
+            refusal
+                .headers_mut()
+                .insert(respond::H_REQUEST_ID, request_id.clone());
             snapshot.unrouted.increment(400, 1);
             trace.status(400);
             trace.error("invalid_request");
@@ -868,12 +871,18 @@ async fn stored_response(
     };
     let mut resp = match found {
         Some(bytes) => json_bytes(StatusCode::OK, bytes),
-        None => json(
-            StatusCode::NOT_FOUND,
-            &serde_json::json!({"error": {
-                "message": format!("No response found with id '{}'.", id.chars().take(100).collect::<String>()),
-                "type": "invalid_request_error", "param": null, "code": "not_found"}}),
-        ),
+        None => {
+            let mut resp = json(
+                StatusCode::NOT_FOUND,
+                &serde_json::json!({"error": {
+                    "message": format!("No response found with id '{}'.", id.chars().take(100).collect::<String>()),
+                    "type": "invalid_request_error", "param": null, "code": "not_found"}}),
+            );
+            // As every other 404: asking again will not find it.
+            resp.headers_mut()
+                .insert(respond::H_SHOULD_RETRY, HeaderValue::from_static("false"));
+            resp
+        }
     };
     resp.headers_mut()
         .insert(respond::H_REQUEST_ID, request_id.clone());

@@ -406,8 +406,15 @@ async fn malformed_messages_requests_are_anthropic_400s_naming_the_field_with_no
             "{body}: `{message}` should name {field}"
         );
     }
-    let ans = post_raw(gw.addr, "/v1/messages", "{not json", &[]).await;
+    let ans = post_raw(
+        gw.addr,
+        "/v1/messages",
+        "{not json",
+        &[("x-request-id", "rid-m")],
+    )
+    .await;
     assert_eq!(ans.status, 400, "{}", ans.text());
+    assert_eq!(ans.header("x-request-id"), "rid-m");
     assert_eq!(ans.json()["error"]["type"], "invalid_request_error");
     assert_eq!(a.calls(), 0, "nothing malformed may reach an upstream");
 }
@@ -449,8 +456,15 @@ async fn malformed_responses_requests_are_400s_naming_the_param_with_no_upstream
         (json!(["model", "gpt-4o"]), "body", None),
     ];
     for (body, param, code) in cases {
-        let ans = responses(&gw, body.clone()).await;
+        let ans = post_raw(
+            gw.addr,
+            "/v1/responses",
+            body.to_string(),
+            &[("x-request-id", "rid-r")],
+        )
+        .await;
         assert_eq!(ans.status, 400, "{body}: {}", ans.text());
+        assert_eq!(ans.header("x-request-id"), "rid-r", "{body}");
         let err = &ans.json()["error"];
         assert_eq!(err["type"], "invalid_request_error", "{body}: {err}");
         let named = err["param"].as_str().unwrap_or_default();
@@ -458,9 +472,11 @@ async fn malformed_responses_requests_are_400s_naming_the_param_with_no_upstream
             named.starts_with(param),
             "{body}: param `{named}`, want {param}"
         );
-        if let Some(code) = code {
-            assert_eq!(err["code"], code, "{body}: {err}");
-        }
+        assert_eq!(
+            err["code"],
+            code.unwrap_or("invalid_request"),
+            "{body}: {err}"
+        );
     }
     assert_eq!(a.calls(), 0, "nothing malformed may reach an upstream");
 }
@@ -519,10 +535,9 @@ async fn a_previous_response_id_carries_the_conversation_and_the_store_answers_g
         .unwrap();
     let deleted = client().request(req).await.unwrap();
     assert_eq!(deleted.status(), 200);
-    assert_eq!(
-        get(gw.addr, &format!("/v1/responses/{id}")).await.status,
-        404
-    );
+    let gone = get(gw.addr, &format!("/v1/responses/{id}")).await;
+    assert_eq!(gone.status, 404);
+    assert_eq!(gone.header("x-should-retry"), "false");
     // store: false keeps nothing.
     let unstored = responses(
         &gw,

@@ -1718,7 +1718,7 @@ impl StreamReply {
 pub fn invalid(e: &Invalid) -> Bytes {
     Bytes::from(
         json!({"error": {"message": e.message, "type": "invalid_request_error",
-            "param": e.param, "code": e.code}})
+            "param": e.param, "code": e.code.unwrap_or("invalid_request")}})
         .to_string(),
     )
 }
