@@ -866,7 +866,7 @@ impl Walk<'_> {
                 None => {
                     // Cancelled before it answered: no one's failure; its prompt was still sent.
                     telemetry::attempt_abandoned(racer.span, "cancelled", "hedge");
-                    self.account.settle(racer.target, None, 0);
+                    self.account.settle_abandoned(racer.target);
                 }
             }
         }

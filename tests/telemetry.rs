@@ -436,6 +436,41 @@ async fn the_access_log_has_one_line_per_request_and_no_text() {
     );
 }
 
+/// A hedged request's line books the answer's usage, not the estimate of
+/// the attempt it cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedged_requests_access_line_has_the_winners_usage() {
+    let a = Fake::always(Reply::Delay(
+        Duration::from_secs(3),
+        Box::new(fake::completion("model-a", "slow")),
+    ))
+    .await;
+    let b = Fake::always(fake::completion("model-b", "fast")).await;
+    let yaml = routes(
+        &[hop("a", &a.url()), hop("b", &b.url())],
+        "hedge: { after: 100ms, max_share: 1 }",
+        "telemetry:\n  access_log: true\n",
+    );
+    let (served, _dir) = json_logging(&yaml);
+    let prompt = serde_json::json!({"model": "gpt-4o", "messages": [{"role": "user",
+        "content": "a prompt long enough that its estimate is not the reported five tokens"}]});
+    let ans = send(&served, "hedged", prompt, &[]).await;
+    assert_eq!(ans.header("x-switchyard-hedge"), "won", "{}", ans.text());
+    let mut lines = Vec::new();
+    let written = wait_blocking(Duration::from_secs(5), || {
+        lines = access_lines(&served.log());
+        !lines.is_empty()
+    });
+    assert!(written, "{}", served.log());
+    let line = &lines[0];
+    assert_eq!(line["target"], "b", "{line}");
+    assert_eq!(
+        (&line["tokens_in"], &line["tokens_out"]),
+        (&5.into(), &2.into()),
+        "{line}"
+    );
+}
+
 /// The Messages and Responses doors name their protocol on the access line
 /// (Chat Completions, the default, has no field); the engine's fields are the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

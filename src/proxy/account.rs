@@ -35,13 +35,30 @@ impl Account {
     /// Books usage: the upstream's report, else the prompt estimate and
     /// `completion_estimate` (a stream's content chunks, an answer's text).
     pub fn settle(&self, target: &Target, usage: Option<(u64, u64)>, completion_estimate: u64) {
+        let (prompt, completion, usd) = self.book(target, usage, completion_estimate);
+        self.trace.usage(prompt, completion, usd);
+    }
+
+    /// Books the prompt of a call abandoned before it answered (a hedged
+    /// request's loser): spent, but not the request's answer, so the access
+    /// log keeps the answer's usage.
+    pub fn settle_abandoned(&self, target: &Target) {
+        self.book(target, None, 0);
+    }
+
+    /// The metrics, spend and limits of one call's usage; its tokens and cost.
+    fn book(
+        &self,
+        target: &Target,
+        usage: Option<(u64, u64)>,
+        completion_estimate: u64,
+    ) -> (u64, u64, f64) {
         let (prompt, completion) = usage.unwrap_or((self.prompt_estimate, completion_estimate));
         let prompt = prompt.min(MAX_BOOKED_TOKENS);
         let completion = completion.min(MAX_BOOKED_TOKENS);
         target.metrics.prompt_tokens.increment(prompt);
         target.metrics.completion_tokens.increment(completion);
         let usd = target.usd(prompt, completion);
-        self.trace.usage(prompt, completion, usd);
         if usd > 0.0 {
             self.task.route_metrics(Some(target)).cost.increment(usd);
         }
@@ -59,6 +76,7 @@ impl Account {
                 .saturating_add(self.max_tokens.or(target.max_output).unwrap_or(0));
             limits.correct(prompt.saturating_add(completion).saturating_sub(charged));
         }
+        (prompt, completion, usd)
     }
 }
 
