@@ -142,6 +142,26 @@ async fn streams_past_one_http2_connections_limit_start_on_another() {
 }
 
 #[test]
+fn a_refused_base_url_hides_no_other_error_of_its_provider() {
+    let yaml = routes(
+        &[hop("a", "ftp://127.0.0.1:9/v1")
+            .provider("key_selection: random\nhttp_version: h3\nshed_after_429: soon")],
+        "",
+        "",
+    );
+    let errors = compile_errors(&yaml);
+    for key in [
+        "base_url",
+        "key_selection",
+        "http_version",
+        "shed_after_429",
+    ] {
+        let path = format!("providers.p-a.{key}");
+        assert!(errors.iter().any(|d| d.path == path), "{path}: {errors:?}");
+    }
+}
+
+#[test]
 fn http_version_is_one_of_three() {
     let yaml = routes(
         &[hop("a", "http://127.0.0.1:9").provider("http_version: h3")],

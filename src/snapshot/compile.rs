@@ -765,11 +765,25 @@ fn provider(
         ),
         None => health.probe_interval,
     };
+    // Checked also when the endpoint was refused: every error in one run.
+    let key_selection = key_selection(p, path, c);
+    let reserve = reserve(
+        p.rate_limit.as_ref(),
+        &format!("{path}.rate_limit.reserve"),
+        c,
+    );
+    let shed_after_429 = p.shed_after_429.as_deref().map(|text| {
+        c.duration(
+            &format!("{path}.shed_after_429"),
+            Some(text),
+            Duration::ZERO,
+        )
+    });
     Some(Provider {
         name: name.to_owned(),
         name_header: name_header(name),
         endpoint: endpoint?,
-        key_selection: key_selection(p, path, c),
+        key_selection,
         key_cursor: live.key_cursors.get((base_url.clone(), keys.len())),
         health: live.providers.get(base_url.clone()),
         base_url,
@@ -781,18 +795,8 @@ fn provider(
         errors: ErrorTable::new(rules),
         probe_interval,
         limits,
-        reserve: reserve(
-            p.rate_limit.as_ref(),
-            &format!("{path}.rate_limit.reserve"),
-            c,
-        ),
-        shed_after_429: p.shed_after_429.as_deref().map(|text| {
-            c.duration(
-                &format!("{path}.shed_after_429"),
-                Some(text),
-                Duration::ZERO,
-            )
-        }),
+        reserve,
+        shed_after_429,
         prefill: p
             .prefill
             .as_ref()
@@ -996,6 +1000,7 @@ fn endpoint(
         }
     }
     let native = second_api(p, adapter, path, c);
+    let version = http_version(p, path, c);
     let query = query_string(&p.query);
     // A base URL already refused is not refused again with its paths.
     let urls = base.and_then(|_| {
@@ -1031,9 +1036,7 @@ fn endpoint(
         headers,
         host_is_name,
         auth,
-        client: live
-            .clients
-            .get(base_url, connect_timeout, http_version(p, path, c)),
+        client: live.clients.get(base_url, connect_timeout, version),
     })
 }
 
