@@ -28,7 +28,7 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve the OpenAI Chat Completions API, routing by routes.yaml (reloaded on change).
+    /// Serve the OpenAI Chat Completions, Anthropic Messages and OpenAI Responses APIs (and embeddings), routing by routes.yaml (reloaded on change).
     Serve {
         /// The routes file.
         #[arg(long, short, default_value = "routes.yaml")]
@@ -69,7 +69,7 @@ pub enum Command {
     },
     /// Print the JSON Schema of routes.yaml (what schemas/routes.schema.json holds).
     Schema,
-    /// Check routes files: prints `PATH:LINE:COLUMN: message` per problem, exit 1 if any is invalid.
+    /// Check routes files: prints `PATH:LINE:COLUMN: error: message (at key.path)` per problem, exit 1 if any is invalid.
     Validate {
         /// Files to check.
         #[arg(required = true)]
@@ -344,7 +344,12 @@ async fn run_gateway(
             }
         };
     if let Ok(addr) = gateway.local_addr() {
-        tracing::info!(%addr, admin = ?gateway.admin_addr(), config = %config.display(), "switchyard listening");
+        match gateway.admin_addr() {
+            Some(admin) => {
+                tracing::info!(%addr, %admin, config = %config.display(), "switchyard listening");
+            }
+            None => tracing::info!(%addr, config = %config.display(), "switchyard listening"),
+        }
     }
     match gateway.run(shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,

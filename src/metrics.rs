@@ -54,7 +54,8 @@ pub const STREAM_CONTINUATIONS: &str = "switchyard_stream_continuations_total";
 /// another admitted target held it back).
 pub const HEDGES: &str = "switchyard_hedges_total";
 /// Gauge `{provider, key}`: an API key's state: 0 usable, 1 cooling down
-/// (a 429), 2 revoked (a 401/403; until a reload or a rotation of its file).
+/// (a 429), 2 revoked (a 401/403; until a reload or a rotation of its file),
+/// 3 unreadable.
 pub const KEY_STATE: &str = "switchyard_key_state";
 /// Counter `{target}`: malformed events dropped from a committed stream.
 pub const STREAM_MALFORMED: &str = "switchyard_stream_malformed_events_total";
@@ -455,7 +456,7 @@ const DESCRIPTIONS: &[(Kind, &str, &str)] = &[
     (
         Kind::Gauge,
         KEY_STATE,
-        "API key state: 0 usable, 1 cooling down, 2 revoked.",
+        "API key state: 0 usable, 1 cooling down, 2 revoked, 3 unreadable.",
     ),
     (
         Kind::Gauge,

@@ -302,18 +302,15 @@ fn unread_key(name: &str, key: &ApiKey, added: bool, warnings: &[Diagnostic]) ->
         .find(|w| w.path == key.setting)
         .map_or_else(|| Diagnostic::error(&key.setting, 1, 1, ""), Clone::clone);
     let what = if added {
-        "is new in this config and its"
+        "the new provider"
     } else {
-        "has a new"
+        "a new key of provider"
     };
     let mut refusal = Diagnostic::error(
         &why.path,
         why.line,
         why.column,
-        format!(
-            "provider `{name}` {what} API key `{}` that cannot be read",
-            key.name
-        ),
+        format!("API key `{}` of {what} `{name}` cannot be read", key.name),
     );
     if !why.message.is_empty() {
         refusal.message.push_str(&format!(" ({})", why.message));

@@ -810,7 +810,9 @@ async fn reload_refused_for_new_key(key_line: &str, field: &str) -> String {
     let value = key_line.split_once(": ").map_or(key_line, |(_, v)| v);
     assert_eq!((diags[0].line, diags[0].column), at(&text, value));
     assert!(
-        diags[0].message.contains("provider `p-b` is new")
+        diags[0]
+            .message
+            .contains("of the new provider `p-b` cannot be read")
             && diags[0].message.contains("keeping the old config"),
         "{all:#?}"
     );
