@@ -630,6 +630,11 @@ fn syntax_errors_are_said_in_words_at_the_line_that_is_wrong() {
             "]\n",
             "this `]` closes nothing",
         ),
+        (
+            "tasks:\n  chat: { chain: [a, b }\n",
+            "[a, b",
+            "this `[` is never closed: add `]` before the `}`",
+        ),
         ("  - b\n", "- b", "a list item (`- ...`) among the keys"),
         ("    model: a: b\n", ": b", "put the value in quotes"),
         (

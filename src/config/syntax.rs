@@ -58,6 +58,9 @@ struct Brackets {
     open: Vec<(char, usize, usize)>,
     /// A closing bracket with nothing open.
     stray: Option<(char, usize, usize)>,
+    /// A bracket still open when a closer of the other kind came: the
+    /// opener, and the closer's character.
+    crossed: Option<((char, usize, usize), char)>,
     /// A quote opened and not closed on its own line.
     quote: Option<(char, usize, usize)>,
 }
@@ -171,7 +174,10 @@ fn brackets(text: &str, line: usize, column: usize) -> Brackets {
                         Some((o, ..)) if *o == opener => {
                             b.open.pop();
                         }
-                        _ => {
+                        Some(&open) => {
+                            b.crossed.get_or_insert((open, ch));
+                        }
+                        None => {
                             b.stray.get_or_insert((ch, l, col));
                         }
                     }
@@ -214,6 +220,14 @@ pub(super) fn explain(text: &str, line: usize, column: usize, info: &str) -> Exp
             l,
             c,
             format!("this quoted value is never closed: add the closing {q} on this line"),
+        );
+    }
+    if let Some(((ch, l, c), came)) = b.crossed {
+        let closer = if ch == '[' { ']' } else { '}' };
+        return at(
+            l,
+            c,
+            format!("this `{ch}` is never closed: add `{closer}` before the `{came}` that follows"),
         );
     }
     if let Some((ch, l, c)) = b.stray {
