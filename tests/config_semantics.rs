@@ -1007,3 +1007,23 @@ fn a_responses_road_is_for_openai_providers_only() {
         "{all:#?}"
     );
 }
+
+#[test]
+fn status_keyed_messages_read_alike_beside_a_type_error_elsewhere() {
+    let yaml = routes(
+        &[hop("a", "http://127.0.0.1:9").provider("retry: { max: x }")],
+        "",
+        "sanitize: { messages: { 503: busy, 200: hi } }\n",
+    );
+    let errors = compile_errors(&yaml);
+    let paths: Vec<&str> = errors.iter().map(|d| d.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        ["providers.p-a.retry.max", "sanitize.messages.200"],
+        "{errors:?}"
+    );
+    assert!(
+        errors[1].message.contains("not an HTTP error status"),
+        "{errors:?}"
+    );
+}

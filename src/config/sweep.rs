@@ -194,7 +194,8 @@ pub(super) struct Read {
 /// # Errors
 /// Every problem found, when the file cannot be read even so (it is not a
 /// mapping, a top-level key is not a string, or the sweeps ran out).
-pub(super) fn read(mut tree: Value, index: &LocationIndex) -> Result<Read, Vec<Diagnostic>> {
+pub(super) fn read(tree: Value, index: &LocationIndex) -> Result<Read, Vec<Diagnostic>> {
+    let mut tree = text_keys(tree);
     let mut removed = Removed::default();
     let mut problems: Vec<Diagnostic> = Vec::new();
     let sorted = |mut d: Vec<Diagnostic>| {
@@ -233,6 +234,37 @@ pub(super) fn read(mut tree: Value, index: &LocationIndex) -> Result<Read, Vec<D
         }
     }
     Err(sorted(problems))
+}
+
+/// `tree` with its number and boolean mapping keys as text (`503:` is the
+/// key `"503"`), as serde reads them from the file's text: so a map keyed by
+/// status codes reads alike whether or not something else made the file go
+/// through the sweep.
+fn text_keys(tree: Value) -> Value {
+    match tree {
+        Value::Mapping(map) => Value::Mapping(
+            map.into_iter()
+                .map(|(key, value)| {
+                    let key = match key {
+                        Value::Number(n) => Value::String(n.to_string()),
+                        Value::Bool(b) => Value::String(b.to_string()),
+                        other @ (Value::Null
+                        | Value::String(_)
+                        | Value::Sequence(_)
+                        | Value::Mapping(_)
+                        | Value::Tagged(_)) => other,
+                    };
+                    (key, text_keys(value))
+                })
+                .collect(),
+        ),
+        Value::Sequence(items) => Value::Sequence(items.into_iter().map(text_keys).collect()),
+        Value::Tagged(mut tagged) => {
+            tagged.value = text_keys(tagged.value);
+            Value::Tagged(tagged)
+        }
+        other @ (Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_)) => other,
+    }
 }
 
 /// Reads each entry of the named-map sections, and each other top-level key,
