@@ -203,10 +203,14 @@ impl Sanitizer {
 }
 
 /// The error of a server that answers in the shape vLLM and sglang use
-/// (`{"object": "error", "message", "type", "param", "code": 400}`), in
-/// OpenAI's envelope; `None` for a body with no `message` text.
+/// (`{"object": "error", "message", "type", "param", "code": 400}`), Hugging
+/// Face TGI's (`{"error": "...", "error_type"}`) or FastAPI's (`{"detail":
+/// "..."}`), in OpenAI's envelope; `None` for a body with no such text.
 fn openai_envelope(mut v: Value, status: u16) -> Option<Value> {
-    let message = v.get("message").filter(|m| m.is_string())?.clone();
+    let message = ["message", "error", "detail"]
+        .iter()
+        .find_map(|key| v.get(*key).filter(|m| m.is_string()))?
+        .clone();
     let text = |key: &str, v: &mut Value| {
         v.get_mut(key)
             .map(Value::take)

@@ -300,6 +300,27 @@ async fn a_vllm_context_length_error_reaches_the_caller_as_openais_context_lengt
     assert_eq!(err["message"], "temperature must be at most 2", "{err}");
     assert_eq!(err["param"], "temperature", "{err}");
     assert_eq!(err["code"], serde_json::Value::Null, "{err}");
+    // So do Hugging Face TGI's (a 422) and FastAPI's.
+    for (status, body, words) in [
+        (
+            422,
+            r#"{"error":"Input validation error: `temperature` must be strictly positive","error_type":"validation"}"#,
+            "`temperature` must be strictly positive",
+        ),
+        (
+            400,
+            r#"{"detail":"stop must have at most 4 items"}"#,
+            "stop must have at most 4 items",
+        ),
+    ] {
+        let c = Fake::always(fake::json(status, body)).await;
+        let gw = gateway(&routes(&[hop("c", &c.url())], "", "")).await;
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status.as_u16(), status);
+        let err = &ans.json()["error"];
+        assert!(err["message"].as_str().unwrap().contains(words), "{err}");
+        assert_eq!(err["type"], "invalid_request_error", "{err}");
+    }
 }
 
 #[tokio::test]
