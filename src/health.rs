@@ -906,6 +906,10 @@ pub struct ProviderHealth {
     /// Until when non-critical work keeps off the account after its last
     /// rate limit (`shed_after_429`), here or on another replica.
     shed_until: Mutex<Option<Instant>>,
+    /// The provider's own words when it said the account is out of credit
+    /// (status, body), until its cooldown ends: what the caller is told while
+    /// the account is held back, rather than a wait that will not help.
+    out_of_credit: Mutex<Option<(Instant, u16, bytes::Bytes)>>,
 }
 
 impl ProviderHealth {
@@ -933,6 +937,22 @@ impl ProviderHealth {
             Some((t, limited)) if t >= until => (t, limited),
             Some(_) | None => (until, rate_limited),
         });
+    }
+
+    /// The account said it is out of credit: its answer is kept for the
+    /// callers that come while it is held back, until `until`.
+    pub fn out_of_credit(&self, until: Instant, status: u16, body: bytes::Bytes) {
+        *self.out_of_credit.lock() = Some((until, status, body));
+    }
+
+    /// The out-of-credit answer the account gave, while it is held back for it.
+    #[must_use]
+    pub fn credit_answer(&self, now: Instant) -> Option<(u16, bytes::Bytes)> {
+        self.unavailable(now)?;
+        let kept = self.out_of_credit.lock();
+        kept.as_ref()
+            .filter(|(until, _, _)| now < *until)
+            .map(|(_, status, body)| (*status, body.clone()))
     }
 
     /// Why the account's targets may not be tried now, if so.

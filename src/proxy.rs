@@ -43,7 +43,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::body::Body;
-use crate::classify::{Action, AttemptOutcome, Decision};
+use crate::classify::{Action, AttemptOutcome, Decision, Scope};
 use crate::error::GatewayError;
 use crate::native::{self, Protocol};
 use crate::request::{ChatRequest, EmbeddingsRequest, Prompt};
@@ -1095,6 +1095,12 @@ impl Walk<'_> {
             .as_ref()
             .filter(|_| decision.out_of_credit)
             .map(|a| KeptAnswer::of(a, target, self.tally.attempts));
+        if let (Some(kept), Scope::Provider, Some(cooldown)) =
+            (&self.credit_answer, decision.scope, decision.cooldown)
+        {
+            let health = &target.provider.health;
+            health.out_of_credit(now + cooldown, kept.status.as_u16(), kept.body.clone());
+        }
         // What really happens next: the provider's next key after a
         // key-scoped failure (if one can serve); else a retry only if the
         // pause fits the deadline and the target will take it.
@@ -1162,6 +1168,9 @@ impl Walk<'_> {
             // Nothing failed: only waits stood in the way. Rate limits alone
             // are a 429; anything else that could not be tried (revoked keys
             // included) is a 503.
+            if let Some(resp) = self.out_of_credit(now) {
+                return resp;
+            }
             let wait = |until: Instant| until.saturating_duration_since(now);
             return match (limited, held.unavailable, held.revoked) {
                 (Some(until), None, false) => self.error(&GatewayError::RateLimited(wait(until))),
@@ -1209,6 +1218,29 @@ impl Walk<'_> {
         self.error(&GatewayError::AllTargetsFailed {
             last_status: self.last_status,
         })
+    }
+
+    /// Every target of the chain is held back because its provider said its
+    /// account is out of credit: the provider's own answer (kept from when it
+    /// said so) tells the caller more than a wait would, and not to retry.
+    fn out_of_credit(&self, now: Instant) -> Option<Response<Body>> {
+        let mut answers = self.task.chain.iter().map(|target| {
+            let kept = target.provider.health.credit_answer(now)?;
+            Some((target, kept))
+        });
+        let (target, (status, body)) = answers.next()??;
+        if !answers.all(|kept| kept.is_some()) {
+            return None;
+        }
+        let status = StatusCode::from_u16(status).ok()?;
+        let mut resp = respond::upstream_error(self.snapshot, status, &body, target);
+        let headers = resp.headers_mut();
+        headers.insert(respond::H_SHOULD_RETRY, HeaderValue::from_static("false"));
+        self.tally.write(headers, self.request_id);
+        warn!(task = %self.task.name, target = %target.name, status = status.as_u16(),
+            "no target tried: every provider of the chain is out of credit");
+        self.account.trace.error("out_of_credit");
+        Some(resp)
     }
 
     fn error(&self, e: &GatewayError) -> Response<Body> {

@@ -654,6 +654,42 @@ async fn insufficient_quota_texts_on_400_and_429_fail_over_and_cool_the_provider
     out_of_credit_fails_over_and_cools_the_provider(credit, false).await;
 }
 
+/// An account alone in its chain says it is out of credit: the callers that
+/// come while it is held back get its own billing answer, not to be retried,
+/// rather than a 503 that asks them to wait out a cooldown.
+#[tokio::test]
+async fn while_an_out_of_credit_account_is_held_back_callers_get_its_billing_answer() {
+    let quota = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+    let acct = Fake::always(fake::json(429, quota)).await;
+    let ok = Fake::always(fake::completion("upstream-b", "from b")).await;
+    let gw = gateway(&routes(
+        &[hop("a", &acct.url()), hop("b", &ok.url())],
+        "",
+        "",
+    ))
+    .await;
+    let alone = gateway(&routes(&[hop("a", &acct.url())], "", "")).await;
+    for (i, body) in [hello("gpt-4o"), hello("gpt-4o"), hello_stream("gpt-4o")]
+        .into_iter()
+        .enumerate()
+    {
+        let ans = chat(alone.addr, body).await;
+        assert_eq!(ans.status, 429, "request {i}: {}", ans.text());
+        assert_eq!(ans.header("x-should-retry"), "false", "request {i}");
+        assert!(ans.header("retry-after").is_empty(), "request {i}");
+        assert!(ans.text().contains("insufficient_quota"), "{}", ans.text());
+        assert!(!ans.header("x-request-id").is_empty(), "request {i}");
+    }
+    assert_eq!(acct.calls(), 1, "held back after its first answer");
+    // With a fallback in the chain, the fallback serves: the kept answer is
+    // only for a chain with nothing else to try.
+    for _ in 0..2 {
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert_eq!(ans.header("x-switchyard-target"), "b");
+    }
+}
+
 #[tokio::test]
 async fn a_provider_whose_key_file_cannot_be_read_is_skipped_never_called_keyless() {
     let keys = tempfile::tempdir().unwrap();

@@ -74,7 +74,7 @@ pub struct Tally {
 }
 
 impl Tally {
-    fn write(self, h: &mut HeaderMap, request_id: &HeaderValue) {
+    pub(crate) fn write(self, h: &mut HeaderMap, request_id: &HeaderValue) {
         h.insert(N_ATTEMPTS, count_value(self.attempts));
         h.insert(N_FAILOVERS, count_value(self.failovers));
         h.insert(N_REQUEST_ID, request_id.clone());
