@@ -579,7 +579,8 @@ fn rate_limit_regex() -> &'static Regex {
     static RE: std::sync::OnceLock<Regex> = std::sync::OnceLock::new();
     RE.get_or_init(|| {
         #[allow(clippy::expect_used)] // a constant, compiled by a unit test
-        Regex::new("RESOURCE_EXHAUSTED|retryDelay").expect("the rate-limit words compile")
+        Regex::new(r#"RESOURCE_EXHAUSTED|retryDelay|"code":"rate_limit_exceeded""#)
+            .expect("the rate-limit words compile")
     })
 }
 
@@ -1120,6 +1121,10 @@ mod tests {
         let d = status(&t, 429, gemini).unwrap();
         assert!(!d.out_of_credit && d.rate_limited, "{d:?}");
         assert_eq!(d.scope, Scope::Key);
+        // The same limit as the Gemini adapter translates it.
+        let translated = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"rate_limit_error","code":"rate_limit_exceeded","param":null}}"#;
+        let d = status(&t, 429, translated).unwrap();
+        assert!(!d.out_of_credit && d.rate_limited, "{d:?}");
     }
 
     #[test]

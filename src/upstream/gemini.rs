@@ -2407,11 +2407,8 @@ mod tests {
         (s, serde_json::from_slice(&bytes).unwrap(), wait)
     }
 
-    #[test]
-    fn resource_exhausted_with_retry_info_is_a_429_with_its_wait() {
-        let (status, e, wait) = decoded(
-            429,
-            &json!({ "error": {
+    fn quota_body() -> Value {
+        json!({ "error": {
             "code": 429,
             "message": "You exceeded your current quota, please check your plan and billing details.",
             "status": "RESOURCE_EXHAUSTED",
@@ -2423,10 +2420,26 @@ mod tests {
                 { "@type": "type.googleapis.com/google.rpc.Help", "links": [
                     { "description": "Learn more", "url": "https://ai.google.dev/gemini-api/docs/rate-limits" } ] },
                 { "@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "47s" }
-            ] } }),
-        );
+            ] } })
+    }
+
+    #[test]
+    fn resource_exhausted_with_retry_info_is_a_429_with_its_wait() {
+        let (status, e, wait) = decoded(429, &quota_body());
         assert_eq!(status, 429);
         assert_eq!(wait, Some(Duration::from_secs(47)));
+        // Worded as OpenAI words an empty account, it is still read as the
+        // per-minute limit it is: the key cools, the account is not held back.
+        let table = crate::classify::ErrorTable::new(crate::classify::default_rules());
+        let (_, bytes, _) = decode_error(429, quota_body().to_string().as_bytes());
+        let headers = http::HeaderMap::new();
+        let outcome = crate::classify::Outcome::Response {
+            status: 429,
+            headers: &headers,
+            body: Some(&bytes),
+        };
+        let d = table.classify(&outcome).unwrap();
+        assert!(d.rate_limited && !d.out_of_credit, "{d:?}");
         assert_eq!(
             e,
             json!({ "error": { "message": "You exceeded your current quota, please check your plan and billing details.",
