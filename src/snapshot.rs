@@ -52,6 +52,9 @@ pub struct Provider {
     pub name_header: Option<http::HeaderValue>,
     /// `base_url` without a trailing slash (half of the target identity).
     pub base_url: String,
+    /// What its account-wide state is kept by, here and across replicas:
+    /// `base_url` and its keys' fingerprints (never the keys).
+    pub account: String,
     /// URLs, headers, protocol and pooled client.
     pub endpoint: Endpoint,
     /// Its API keys (none for a keyless upstream), in the file's order.

@@ -690,6 +690,53 @@ async fn while_an_out_of_credit_account_is_held_back_callers_get_its_billing_ans
     }
 }
 
+/// Two accounts of one vendor (one URL, each its own key, declared as two
+/// providers): the one out of credit is held back, the other keeps serving.
+#[tokio::test]
+async fn an_account_out_of_credit_never_holds_back_another_account_on_the_same_url() {
+    let quota = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+    let vendor = Fake::start(move |_, seen| {
+        if bearer(seen) == "Bearer sk-empty-account" {
+            fake::json(429, quota)
+        } else {
+            fake::completion("m", "from the funded account")
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let empty = key_files(dir.path(), &[("empty", "sk-empty-account")], "");
+    let funded = key_files(dir.path(), &[("funded", "sk-funded-account")], "");
+    let indent = |keys: &str| {
+        keys.lines()
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
+    };
+    let yaml = format!(
+        "version: 1
+providers:
+  empty:
+    base_url: '{url}'
+{}  funded:
+    base_url: '{url}'
+{}targets:
+  a: {{ provider: empty, model: m }}
+  b: {{ provider: funded, model: m }}
+tasks:
+  chat: {{ aliases: [gpt-4o], chain: [a, b] }}
+",
+        indent(&empty),
+        indent(&funded),
+        url = vendor.url()
+    );
+    let gw = gateway(&yaml).await;
+    for _ in 0..3 {
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert_eq!(ans.header("x-switchyard-target"), "b");
+    }
+    assert_eq!(vendor.calls(), 4, "a once, then b each time");
+}
+
 #[tokio::test]
 async fn a_provider_whose_key_file_cannot_be_read_is_skipped_never_called_keyless() {
     let keys = tempfile::tempdir().unwrap();

@@ -281,10 +281,11 @@ impl Names {
         )
     }
 
-    /// A provider account's id: the hash of its base URL.
+    /// A provider account's id: the hash of its account (its base URL and
+    /// its keys' fingerprints).
     #[must_use]
-    pub fn provider_id(base_url: &str) -> String {
-        format!("{:016x}", hash(base_url))
+    pub fn provider_id(account: &str) -> String {
+        format!("{:016x}", hash(account))
     }
 
     /// Where a record is kept.

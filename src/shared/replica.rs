@@ -81,7 +81,7 @@ impl Index {
         for provider in snapshot.providers.values() {
             let critical = critical.contains(provider.name.as_str());
             index.providers.insert(
-                Names::provider_id(&provider.base_url),
+                Names::provider_id(&provider.account),
                 Arc::clone(&provider.health),
             );
             let limits = provider.limits.iter().map(|l| (l, provider.reserve)).chain(

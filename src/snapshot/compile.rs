@@ -779,13 +779,15 @@ fn provider(
             Duration::ZERO,
         )
     });
+    let account = account_of(&base_url, &keys);
     Some(Provider {
         name: name.to_owned(),
         name_header: name_header(name),
         endpoint: endpoint?,
         key_selection,
         key_cursor: live.key_cursors.get((base_url.clone(), keys.len())),
-        health: live.providers.get(base_url.clone()),
+        health: live.providers.get(account.clone()),
+        account,
         base_url,
         keys,
         timeout,
@@ -2396,6 +2398,19 @@ fn sanitizer(
     crate::sanitize::Sanitizer::new(&raw.sanitize.sensitive_words, &hosts, messages)
         .map_err(|e| c.error("sanitize.sensitive_words", format!("cannot compile: {e}")))
         .ok()
+}
+
+/// What a provider's account-wide state (its cooldown) is kept by: its URL and
+/// its keys' fingerprints, so that two accounts on one URL (two keys of one
+/// vendor, declared as two providers) never hold each other back.
+fn account_of(base_url: &str, keys: &[ApiKey]) -> String {
+    let mut prints: Vec<u64> = keys.iter().map(|k| k.identity.fingerprint).collect();
+    prints.sort_unstable();
+    prints.dedup();
+    prints.iter().fold(base_url.to_owned(), |mut id, print| {
+        id.push_str(&format!(" {print:016x}"));
+        id
+    })
 }
 
 #[cfg(test)]
