@@ -648,7 +648,7 @@ pub struct Snapshot {
     /// Health thresholds.
     pub health: HealthConfig,
     /// What upstream error text may reach clients.
-    pub sanitizer: crate::sanitize::Sanitizer,
+    pub sanitizer: Arc<crate::sanitize::Sanitizer>,
     /// FNV-1a hash of the file's text, shown in logs and metrics.
     pub hash: u64,
     /// The gateway's registry, for series resolved on the spot (rare events).

@@ -565,9 +565,11 @@ pub struct UpstreamSaid {
 pub const SAID_CHARS: usize = 500;
 
 impl UpstreamSaid {
-    /// What the error event `data` (`{"error": …}`) said, read as `status`.
+    /// What the error event `data` (`{"error": …}`) said, read as `status`,
+    /// its message passed through `clean` (which scrubs secrets) before it is
+    /// cut to length, so that no cut leaves a fragment `clean` cannot know.
     #[must_use]
-    pub fn of(status: u16, data: &str) -> Self {
+    pub fn of(status: u16, data: &str, clean: impl FnOnce(&str) -> String) -> Self {
         #[derive(Deserialize)]
         struct Event<'a> {
             #[serde(borrow)]
@@ -593,7 +595,7 @@ impl UpstreamSaid {
         };
         Self {
             status,
-            message: message.chars().take(SAID_CHARS).collect(),
+            message: clean(&message).chars().take(SAID_CHARS).collect(),
         }
     }
 }
@@ -825,7 +827,7 @@ mod tests {
 
     #[test]
     fn what_an_upstream_error_said_is_read_in_every_shape() {
-        let said = |data: &str| UpstreamSaid::of(529, data).message;
+        let said = |data: &str| UpstreamSaid::of(529, data, str::to_owned).message;
         assert_eq!(
             said(r#"{"error":{"message":"Over\u006coaded","type":"x"}}"#),
             "Overloaded"
@@ -838,7 +840,10 @@ mod tests {
             "é".repeat(SAID_CHARS + 7)
         );
         assert_eq!(said(&long).chars().count(), SAID_CHARS);
-        let told = interrupt_events("upstream_error", Some(&UpstreamSaid::of(529, "{}")));
+        let told = interrupt_events(
+            "upstream_error",
+            Some(&UpstreamSaid::of(529, "{}", str::to_owned)),
+        );
         let told = String::from_utf8(told.to_vec()).unwrap();
         assert!(told.contains(r#""status":529"#), "{told}");
         assert!(told.contains("(upstream_error, status 529)"), "{told}");

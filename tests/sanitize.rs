@@ -27,6 +27,46 @@ async fn returned_upstream_errors_are_scrubbed() {
     assert_eq!(ans.json()["error"]["code"], "bad_prompt");
 }
 
+/// An upstream error event that breaks a stream after its first token is
+/// repeated in the interruption: scrubbed as a returned error is, in every
+/// protocol the client may speak.
+#[tokio::test]
+async fn an_error_event_that_breaks_a_stream_is_scrubbed_before_it_is_repeated() {
+    let said = "VendorCloud: Incorrect API key provided: sk-proj-****9876; also sk-live-ABCDEFGHIJKLMNOPQRSTUVWX";
+    let error = serde_json::json!({"error": {"message": said, "code": 500}});
+    let a = Fake::always(fake::Reply::Stream {
+        pieces: vec![
+            fake::chunk_event("m", serde_json::json!({"content": "partial"}), None),
+            format!("data: {error}\n\n"),
+        ],
+        delay: std::time::Duration::ZERO,
+        cut: false,
+    })
+    .await;
+    let cfg = chain_config(&[("a", &a.url())], "", "") + SANITIZE;
+    let gw = gateway(&cfg).await;
+    let messages = serde_json::json!({"model": "gpt-4o", "max_tokens": 16, "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let responses = serde_json::json!({"model": "gpt-4o", "stream": true, "input": "hi"});
+    for (path, body) in [
+        ("/v1/chat/completions", hello_stream("gpt-4o")),
+        ("/v1/messages", messages),
+        ("/v1/responses", responses),
+    ] {
+        let ans = post_raw(gw.addr, path, body.to_string(), &[]).await;
+        assert_eq!(ans.status, 200, "{path}: {}", ans.text());
+        let text = ans.text();
+        assert!(text.contains("partial"), "{path}: {text}");
+        for leaked in ["VendorCloud", "sk-proj", "9876", "sk-live", "ABCDEFGH"] {
+            assert!(!text.contains(leaked), "{path}: {leaked} leaked: {text}");
+        }
+        assert!(
+            text.contains("Incorrect API key provided"),
+            "{path}: {text}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn friendly_messages_replace_upstream_and_own_ones() {
     let a = Fake::always(fake::error(429, "VendorCloud rate limit for org-123")).await;

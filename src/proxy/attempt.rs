@@ -187,6 +187,8 @@ pub struct RelayState {
     pub tool_held_bytes: usize,
     /// The key the stream was asked with (a verdict against the key goes to it).
     pub key: Option<usize>,
+    /// Scrubs what an upstream error event says before the client reads it.
+    pub sanitizer: Arc<crate::sanitize::Sanitizer>,
 }
 
 /// A stream at its commit point: what the relay carries on with.
@@ -1199,6 +1201,7 @@ fn commit(
             tool_held,
             tool_held_bytes,
             key: call.key,
+            sanitizer: Arc::clone(&call.snapshot.sanitizer),
         },
         held: out.into_iter().map(|(event, _)| event).collect(),
         permit,

@@ -288,10 +288,14 @@ impl Relay {
                         attempt::in_band_verdict(&s.state.target, code, &headers, data)
                     });
                     self.in_band = Some(decision);
-                    self.said = Some(sse::UpstreamSaid::of(
-                        status,
-                        event.data.as_deref().unwrap_or(""),
-                    ));
+                    let data = event.data.as_deref().unwrap_or("");
+                    let (sanitizer, target) = (&self.state.sanitizer, &self.state.target);
+                    self.said = Some(sse::UpstreamSaid::of(status, data, |message| {
+                        let keys: Vec<&str> = target.provider.secrets().collect();
+                        sanitizer
+                            .message_for(status)
+                            .map_or_else(|| sanitizer.clean_text(message, &keys), str::to_owned)
+                    }));
                     return Some(StreamEnd::InBandError);
                 }
                 Chunk::Done => self.state.done = true,

@@ -116,7 +116,7 @@ pub fn compile(
             targets,
             providers,
             health,
-            sanitizer,
+            sanitizer: Arc::new(sanitizer),
             hash: hash(text),
             unrouted: metrics.family(
                 m::REQUESTS,
