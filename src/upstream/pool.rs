@@ -474,10 +474,14 @@ pub fn request_error_kind(
 ) -> SendError {
     let mut io = None;
     let mut tls = false;
+    let mut unreadable = false;
     let mut source = err.source();
     while let Some(e) = source {
         if let Some(e) = e.downcast_ref::<std::io::Error>() {
             io.get_or_insert((e.kind(), e.raw_os_error()));
+        }
+        if let Some(e) = e.downcast_ref::<hyper::Error>() {
+            unreadable |= e.is_parse() || e.is_parse_status() || e.is_parse_too_large();
         }
         if e.downcast_ref::<rustls::Error>().is_some() {
             tls = true;
@@ -502,6 +506,9 @@ pub fn request_error_kind(
         }
         Some(_) if err.is_connect() && host_is_name => NetworkKind::Dns,
         _ if err.is_connect() => NetworkKind::Connect,
+        // The upstream answered, in bytes that are no HTTP response: never
+        // a stale connection, so never sent again unasked.
+        _ if unreadable => NetworkKind::Protocol,
         // hyper reports a connection closed before the response as an incomplete message.
         _ => NetworkKind::Reset,
     };
@@ -562,6 +569,62 @@ mod tests {
         http_body_util::BodyExt::collect(resp.into_body())
             .await
             .unwrap();
+    }
+
+    /// An upstream that answers its first request well and every later one on
+    /// the same connection with bytes that are no HTTP response; counts the
+    /// requests it read.
+    async fn good_then_unreadable() -> (String, Arc<AtomicU64>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let requests = Arc::new(AtomicU64::new(0));
+        let seen_requests = Arc::clone(&requests);
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let requests = Arc::clone(&seen_requests);
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let mut answered = 0;
+                    while matches!(sock.read(&mut buf).await, Ok(n) if n > 0) {
+                        requests.fetch_add(1, Ordering::Relaxed);
+                        let answer: &[u8] = if answered == 0 {
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                        } else {
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 5\r\n\r\nok"
+                        };
+                        answered += 1;
+                        if sock.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, requests)
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_answer_on_a_reused_connection_is_never_sent_again() {
+        let (url, requests) = good_then_unreadable().await;
+        let client = build(
+            Duration::from_secs(1),
+            Duration::from_secs(30),
+            HttpVersion::Auto,
+        );
+        call_once(&client, &url).await;
+        let resends = AtomicU32::new(0);
+        let build = || {
+            Request::post(url.as_str())
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .unwrap()
+        };
+        let err = send(&client, build, &resends).await.unwrap_err();
+        assert_eq!(
+            request_error_kind(&err, false),
+            SendError::Upstream(NetworkKind::Protocol)
+        );
+        assert_eq!(resends.load(Ordering::Relaxed), 0);
+        assert_eq!(requests.load(Ordering::Relaxed), 2, "the POST went up once");
     }
 
     #[tokio::test]
