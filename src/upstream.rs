@@ -805,6 +805,19 @@ impl Events {
         Ok(())
     }
 
+    /// The body ended: what the decoder still held goes to the framer. A
+    /// compressed body cut short keeps the events it had (the stream's own
+    /// end, or its lack, is the verdict).
+    pub fn finish(&mut self) {
+        if self.decoder.is_identity() {
+            return;
+        }
+        match self.decoder.finish_in_place() {
+            Ok(last) => self.framer.push(&last),
+            Err(e) => tracing::debug!(error = %e, "compressed stream ended short"),
+        }
+    }
+
     /// Bytes held that do not yet form a complete event.
     #[must_use]
     pub fn pending(&self) -> usize {

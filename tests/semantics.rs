@@ -411,6 +411,20 @@ async fn compressed_answers_are_decoded_before_anything_reads_them() {
     let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
     assert_eq!(stream_text(&ans.text()), "brotli", "{}", ans.text());
     assert!(ans.text().ends_with("data: [DONE]\n\n"));
+    // A gzip stream in one body: its last events are what the decoder gives
+    // back only when the body ends; they are no cut stream.
+    let sse: String = fake::sse_events("model-a", &["g", "zip"]).concat();
+    let s = RawFake::start(vec![(
+        Duration::ZERO,
+        raw_response("text/event-stream", "gzip", &gzip(sse.as_bytes())),
+    )])
+    .await;
+    let gw = gateway(&routes(&[hop("a", &s.url())], "", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(stream_text(&ans.text()), "gzip", "{}", ans.text());
+    assert!(ans.text().ends_with("data: [DONE]\n\n"), "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-attempts"), "1");
 }
 
 #[tokio::test]

@@ -977,6 +977,7 @@ async fn hold(
             Err(_) => return timed_out(call, first_deadline, permit),
             Ok(None) => {
                 eof = true;
+                events.finish();
                 None
             }
             Ok(Some(Err(e))) => {

@@ -247,7 +247,10 @@ impl Relay {
             }
         };
         match frame {
-            None => s.eof = true,
+            None => {
+                s.eof = true;
+                s.events.finish();
+            }
             Some(Err(_)) => return Some(StreamEnd::BodyError),
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {

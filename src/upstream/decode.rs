@@ -134,7 +134,9 @@ impl Decoder {
         matches!(self.inner, Inner::Identity)
     }
 
-    /// Decodes the next piece of the body; returns what it decoded to so far.
+    /// Decodes the next piece of the body; returns all it decodes to, with
+    /// nothing kept back in the decoder (a stream's event is relayed when
+    /// its bytes come, not when the next ones do).
     ///
     /// # Errors
     /// Corrupt data, or more decoded bytes than the limit.
@@ -155,18 +157,22 @@ impl Decoder {
             Inner::DeflatePending(_) => return Ok(Bytes::new()),
             Inner::Gzip(d) => {
                 d.write_all(input)?;
+                d.flush()?;
                 d.get_mut()
             }
             Inner::Zlib(d) => {
                 d.write_all(input)?;
+                d.flush()?;
                 d.get_mut()
             }
             Inner::RawDeflate(d) => {
                 d.write_all(input)?;
+                d.flush()?;
                 d.get_mut()
             }
             Inner::Brotli(d) => {
                 d.write_all(input)?;
+                d.flush()?;
                 d.get_mut()
             }
             Inner::Zstd(d) => {
@@ -176,6 +182,22 @@ impl Decoder {
             }
         };
         Ok(Bytes::from(std::mem::take(&mut sink.buf)))
+    }
+
+    /// Ends the body in place (the decoder passes bytes through after it);
+    /// returns the last decoded bytes.
+    ///
+    /// # Errors
+    /// A body cut short, or corrupt data.
+    pub fn finish_in_place(&mut self) -> io::Result<Bytes> {
+        let this = std::mem::replace(
+            self,
+            Self {
+                inner: Inner::Identity,
+                per_push: self.per_push,
+            },
+        );
+        this.finish()
     }
 
     /// Ends the body; returns the last decoded bytes.
@@ -284,6 +306,45 @@ mod tests {
             text,
             "raw deflate"
         );
+    }
+
+    /// A stream compressed with a flush after each event: every push gives
+    /// back that event whole, none waits in the decoder for the next bytes.
+    #[test]
+    fn a_flushed_stream_decodes_each_event_when_its_bytes_come() {
+        let events: Vec<Vec<u8>> = (0..4)
+            .map(|i| format!("data: {{\"n\":{i}}}\n\n").into_bytes())
+            .collect();
+        let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut brotli = brotli::CompressorWriter::new(Vec::new(), 4096, 5, 22);
+        let mut pieces: Vec<(Coding, Vec<Vec<u8>>)> = vec![
+            (Coding::Gzip, Vec::new()),
+            (Coding::Deflate, Vec::new()),
+            (Coding::Brotli, Vec::new()),
+        ];
+        let mut sent = [0usize; 3];
+        for event in &events {
+            gzip.write_all(event).unwrap();
+            gzip.flush().unwrap();
+            zlib.write_all(event).unwrap();
+            zlib.flush().unwrap();
+            brotli.write_all(event).unwrap();
+            brotli.flush().unwrap();
+            for (i, all) in [gzip.get_ref(), zlib.get_ref(), brotli.get_ref()]
+                .into_iter()
+                .enumerate()
+            {
+                pieces[i].1.push(all[sent[i]..].to_vec());
+                sent[i] = all.len();
+            }
+        }
+        for (coding, pieces) in pieces {
+            let mut d = Decoder::new(coding, 1 << 20, true).unwrap();
+            for (piece, event) in pieces.iter().zip(&events) {
+                assert_eq!(&d.push(piece).unwrap()[..], &event[..], "{coding:?}");
+            }
+        }
     }
 
     #[test]
