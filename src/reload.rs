@@ -156,18 +156,52 @@ pub fn watch(app: Arc<App>) -> Result<WatchGuard, notify::Error> {
         names: HashSet::new(),
     };
     watches.update(&app);
-    let task = tokio::spawn(debounce_loop(app, rx, watches));
+    let task = tokio::spawn(debounce_loop(app, rx, watches, Hangup::new()));
     Ok(WatchGuard { task })
+}
+
+/// SIGHUP, an operator's usual way to say "reload": it reloads as a change to
+/// the file does (without it, the signal's default action kills the process
+/// mid-stream).
+struct Hangup(#[cfg(unix)] Option<tokio::signal::unix::Signal>);
+
+impl Hangup {
+    fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Self(signal(SignalKind::hangup()).ok())
+        }
+        #[cfg(not(unix))]
+        Self()
+    }
+
+    /// Resolves at the next SIGHUP; never, where there is none.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        if let Some(signal) = &mut self.0 {
+            if signal.recv().await.is_some() {
+                return;
+            }
+        }
+        std::future::pending::<()>().await;
+    }
 }
 
 async fn debounce_loop(
     app: Arc<App>,
     mut rx: mpsc::UnboundedReceiver<notify::Event>,
     mut watches: Watches,
+    mut hangup: Hangup,
 ) {
-    while let Some(event) = rx.recv().await {
-        if !watches.relevant(&event) {
-            continue;
+    loop {
+        tokio::select! {
+            event = rx.recv() => match event {
+                Some(event) if watches.relevant(&event) => {}
+                Some(_) => continue,
+                None => return,
+            },
+            () = hangup.next() => info!("SIGHUP received: reloading the config"),
         }
         tokio::time::sleep(DEBOUNCE).await;
         while rx.try_recv().is_ok() {}

@@ -728,3 +728,48 @@ async fn bound(path: &std::path::Path) -> std::sync::Arc<switchyard::state::App>
     .unwrap();
     gw.app()
 }
+
+/// SIGHUP, an operator's habit for "reload", reloads: the process lives on
+/// and a stream open through it ends whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_and_kills_nothing() {
+    let words = ["one", " two", " three", " four"];
+    let slow = Fake::always(fake::Reply::Stream {
+        pieces: fake::sse_events("model-a", &words),
+        delay: Duration::from_millis(150),
+        cut: false,
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("routes.yaml");
+    std::fs::write(&config, routes(&[hop("a", &slow.url())], "", "")).unwrap();
+    let mut served = crate::binary::Served::start(&config, dir.path(), &[("RUST_LOG", "info")]);
+    let addr = served.addr;
+    let stream = tokio::spawn(async move { chat(addr, hello_stream("gpt-4o")).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pid = served.child.id().to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let ans = stream.await.unwrap();
+    assert_eq!(
+        stream_text(&ans.text()),
+        "one two three four",
+        "{}",
+        ans.text()
+    );
+    assert!(ans.text().ends_with("data: [DONE]\n\n"));
+    assert!(
+        matches!(served.child.try_wait(), Ok(None)),
+        "SIGHUP ended the process:\n{}",
+        served.log()
+    );
+    let said = wait_blocking(Duration::from_secs(5), || {
+        served.log().contains("SIGHUP received")
+    });
+    assert!(said, "{}", served.log());
+    let status = tokio::task::block_in_place(|| served.terminate(Duration::from_secs(5)));
+    assert_eq!(status.code(), Some(0));
+}
