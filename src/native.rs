@@ -290,8 +290,65 @@ pub fn render_events(render: &mut dyn StreamRender, raw: &[u8], out: &mut BytesM
     }
 }
 
+/// Longest tool-use id Bedrock's Converse takes (Anthropic's is the same
+/// grammar, with no stated limit).
+const TOOL_USE_ID_MAX: usize = 64;
+
+/// A tool call's id as Anthropic and Bedrock accept it (`[A-Za-z0-9_-]{1,64}`):
+/// another provider's id (`functions.Bash:0`, as Kimi and DeepSeek write
+/// them) has its other characters replaced by `_`, and one too long is cut,
+/// with a hash of the whole, so a call and its result still name each other
+/// and two ids stay apart. An id already valid is kept as it is.
+#[must_use]
+pub fn tool_use_id(id: &str) -> std::borrow::Cow<'_, str> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if !id.is_empty() && id.len() <= TOOL_USE_ID_MAX && id.chars().all(allowed) {
+        return std::borrow::Cow::Borrowed(id);
+    }
+    let mut clean: String = id
+        .chars()
+        .map(|c| if allowed(c) { c } else { '_' })
+        .collect();
+    if clean.is_empty() || clean.len() > TOOL_USE_ID_MAX {
+        // FNV-1a of the original: stable on every replica and every turn.
+        let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        clean.truncate(TOOL_USE_ID_MAX - 17);
+        clean.push_str(&format!("_{hash:016x}"));
+    }
+    std::borrow::Cow::Owned(clean)
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn tool_use_ids_keep_to_anthropics_grammar() {
+        use super::tool_use_id;
+        assert_eq!(tool_use_id("toolu_01A-b"), "toolu_01A-b");
+        assert!(matches!(
+            tool_use_id("call_1"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(tool_use_id("functions.Bash:0"), "functions_Bash_0");
+        let long = "x".repeat(100);
+        let longer = format!("{long}y");
+        let (a, b) = (tool_use_id(&long), tool_use_id(&longer));
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, b, "two long ids stay apart");
+        assert_eq!(tool_use_id(""), tool_use_id(""));
+        for id in ["", "a.b", &long, "ünï"] {
+            let clean = tool_use_id(id);
+            assert!(!clean.is_empty() && clean.len() <= 64, "{id}: {clean}");
+            assert!(
+                clean
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'),
+                "{clean}"
+            );
+        }
+    }
     use super::{messages_text_delta, responses_text_delta};
 
     #[test]

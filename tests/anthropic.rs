@@ -170,6 +170,49 @@ async fn openai_failure_fails_over_to_anthropic() {
     assert!(b.seen()[0].body.get("messages").is_some());
 }
 
+/// A tool round trip whose call was made by another provider (Kimi's and
+/// DeepSeek's `functions.Bash:0`) reaches an Anthropic target with ids in
+/// Anthropic's grammar, the call and its result naming each other; a
+/// Messages client served by a chat target gets such ids back, too.
+#[tokio::test]
+async fn tool_ids_of_another_providers_making_reach_anthropic_in_its_grammar() {
+    let (_a, b, gw, _k) = setup(fake::error(503, "down"), fake::json(200, TEXT), &["b"]).await;
+    let body = serde_json::json!({"model": "gpt-4o", "messages": [
+        {"role": "user", "content": "list files"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "functions.Bash:0",
+            "type": "function", "function": {"name": "Bash", "arguments": "{\"cmd\":\"ls\"}"}}]},
+        {"role": "tool", "tool_call_id": "functions.Bash:0", "content": "a.txt"}]});
+    let ans = chat(gw.addr, body).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let sent = &b.seen()[0].body["messages"];
+    let used = &sent[1]["content"][0];
+    let result = &sent[2]["content"][0];
+    assert_eq!(used["type"], "tool_use", "{sent}");
+    assert_eq!(used["id"], "functions_Bash_0", "{sent}");
+    assert_eq!(result["tool_use_id"], "functions_Bash_0", "{sent}");
+
+    let call = fake::json(
+        200,
+        &serde_json::json!({"id": "c", "object": "chat.completion",
+        "created": 1, "model": "m", "choices": [{"index": 0, "finish_reason": "tool_calls",
+        "message": {"role": "assistant", "content": null, "tool_calls": [{"id": "functions.Bash:1",
+        "type": "function", "function": {"name": "Bash", "arguments": "{}"}}]}}]})
+        .to_string(),
+    );
+    let chat_target = Fake::always(call).await;
+    let gw = gateway(&chain_config(&[("c", &chat_target.url())], "", "")).await;
+    let asked = serde_json::json!({"model": "gpt-4o", "max_tokens": 64,
+        "messages": [{"role": "user", "content": "list files"}]});
+    let ans = post_raw(gw.addr, "/v1/messages", asked.to_string(), &[]).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(
+        ans.json()["content"][0]["id"],
+        "functions_Bash_1",
+        "{}",
+        ans.text()
+    );
+}
+
 #[tokio::test]
 async fn anthropic_context_error_is_returned_in_openai_format() {
     let (_a, _b, gw, _k) = setup(

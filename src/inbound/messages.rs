@@ -897,12 +897,14 @@ impl Reply {
     }
 }
 
-/// A call's id, made when its server gave none (a `tool_result` must name it).
+/// A call's id, made when its server gave none (a `tool_result` must name
+/// it), in Anthropic's grammar: the client sends it back, and an Anthropic
+/// target refuses an id of another provider's making (`functions.Bash:0`).
 fn tool_use_id(id: &str) -> Cow<'_, str> {
     if id.is_empty() {
         Cow::Owned(fresh_id("toolu_"))
     } else {
-        Cow::Borrowed(id)
+        crate::native::tool_use_id(id)
     }
 }
 
@@ -1194,11 +1196,8 @@ impl StreamReply {
     /// A call's block: opened, with what it has of its arguments; closed too
     /// when `whole`.
     fn send_call(&mut self, call: HeldCall, whole: bool, out: &mut BytesMut) {
-        let id = call
-            .id
-            .filter(|id| !id.is_empty())
-            .unwrap_or_else(|| fresh_id("toolu_"));
-        let start = json!({"type": "tool_use", "id": id,
+        let id = call.id.unwrap_or_default();
+        let start = json!({"type": "tool_use", "id": tool_use_id(&id),
             "name": call.name.unwrap_or_default(), "input": {}});
         self.open(Open::Tool(call.index), start, out);
         self.called = true;

@@ -426,7 +426,8 @@ fn assistant_blocks(message: &Map<String, Value>, at: &str) -> Result<Vec<Value>
 
 fn tool_use_block(call: &Value, at: &str) -> Result<Value, TranslateError> {
     let call = tool_call(call, at)?;
-    Ok(json!({ "type": "tool_use", "id": call.id, "name": call.name, "input": call.input }))
+    let id = crate::native::tool_use_id(call.id);
+    Ok(json!({ "type": "tool_use", "id": id, "name": call.name, "input": call.input }))
 }
 
 fn tool_result(message: &Map<String, Value>, at: &str) -> Result<Value, TranslateError> {
@@ -436,7 +437,10 @@ fn tool_result(message: &Map<String, Value>, at: &str) -> Result<Value, Translat
         .ok_or_else(|| invalid(format!("{at}.tool_call_id must be a string")))?;
     let mut block = Map::new();
     block.insert("type".into(), Value::from("tool_result"));
-    block.insert("tool_use_id".into(), Value::from(id));
+    block.insert(
+        "tool_use_id".into(),
+        Value::from(crate::native::tool_use_id(id).as_ref()),
+    );
     match message.get("content") {
         Some(Value::String(s)) if !s.is_empty() => {
             block.insert("content".into(), Value::from(s.as_str()));

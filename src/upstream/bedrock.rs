@@ -457,7 +457,8 @@ fn assistant_blocks(message: &Map<String, Value>, at: &str) -> Result<Vec<Value>
 /// wants the input as a JSON object, OpenAI sends it as JSON text.
 fn tool_use_block(call: &Value, at: &str) -> Result<Value, TranslateError> {
     let call = translate::tool_call(call, at)?;
-    Ok(json!({ "toolUse": { "toolUseId": call.id, "name": call.name, "input": call.input } }))
+    let id = crate::native::tool_use_id(call.id);
+    Ok(json!({ "toolUse": { "toolUseId": id, "name": call.name, "input": call.input } }))
 }
 
 /// A `tool` message -> a `toolResult` block. Text that is a JSON object goes
@@ -487,6 +488,7 @@ fn tool_result(message: &Map<String, Value>, at: &str) -> Result<Value, Translat
     if content.is_empty() {
         content.push(json!({ "json": {} }));
     }
+    let id = crate::native::tool_use_id(id);
     Ok(json!({ "toolResult": { "toolUseId": id, "content": content } }))
 }
 
