@@ -609,6 +609,8 @@ pub struct CallAssembler {
     calls: BTreeMap<(u64, u64), (String, String)>,
     /// Each call's `id`, as its first delta gave it.
     ids: BTreeMap<(u64, u64), String>,
+    /// By choice: which call each fragment belongs to.
+    slots: BTreeMap<u64, crate::sse::CallSlots>,
 }
 
 impl CallAssembler {
@@ -643,7 +645,14 @@ impl CallAssembler {
             {
                 any = true;
                 let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
-                if let Some(id) = call.get("id").and_then(Value::as_str) {
+                let id = call.get("id").and_then(Value::as_str);
+                let index = u64::from(
+                    self.slots
+                        .entry(at)
+                        .or_default()
+                        .slot(u32::try_from(index).unwrap_or(u32::MAX), id),
+                );
+                if let Some(id) = id {
                     self.ids.entry((at, index)).or_insert_with(|| id.to_owned());
                 }
                 let entry = self.calls.entry((at, index)).or_default();
@@ -861,6 +870,15 @@ mod tests {
         assert_eq!(
             a.calls(),
             vec![("get_weather".to_owned(), r#"{"city":"Oslo"}"#.to_owned())]
+        );
+        // A second call on index 0 with its own id (Ollama's parallel calls).
+        a.push_chunk(r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"d","function":{"name":"get_time","arguments":"{}"}}]}}]}"#);
+        assert_eq!(
+            a.calls(),
+            vec![
+                ("get_weather".to_owned(), r#"{"city":"Oslo"}"#.to_owned()),
+                ("get_time".to_owned(), "{}".to_owned())
+            ]
         );
     }
 }

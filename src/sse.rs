@@ -821,6 +821,41 @@ pub const MAX_EVENT_BYTES: usize = 1024 * 1024;
 /// The `[DONE]` sentinel, added when an upstream ends cleanly without one.
 pub const DONE: &[u8] = b"data: [DONE]\n\n";
 
+/// Which call a chat tool-call fragment belongs to. Chat numbers a stream's
+/// calls by `index`, but some servers (Ollama, some vLLM builds) number every
+/// parallel call 0 and tell them apart by `id` alone: a new id on an index
+/// starts a new call. A call's number is its place in the order calls first
+/// came.
+#[derive(Debug, Default, Clone)]
+pub struct CallSlots {
+    /// (chat index, id, number) of every call so far.
+    calls: Vec<(u32, String, u32)>,
+}
+
+impl CallSlots {
+    /// The number of the call the fragment at `index` with `id` belongs to.
+    pub fn slot(&mut self, index: u32, id: Option<&str>) -> u32 {
+        let id = id.filter(|id| !id.is_empty());
+        if let Some(at) = self.calls.iter().rposition(|(i, _, _)| *i == index) {
+            let (_, known, number) = &mut self.calls[at];
+            match id {
+                None => return *number,
+                // An id may come in a later fragment than the first.
+                Some(id) if known.is_empty() => {
+                    id.clone_into(known);
+                    return *number;
+                }
+                Some(id) if known == id => return *number,
+                Some(_) => {}
+            }
+        }
+        let number = u32::try_from(self.calls.len()).unwrap_or(u32::MAX);
+        self.calls
+            .push((index, id.unwrap_or_default().to_owned(), number));
+        number
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

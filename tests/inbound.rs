@@ -333,6 +333,101 @@ async fn a_responses_stream_of_a_tool_call_is_the_typed_event_sequence() {
     );
 }
 
+/// Parallel calls that a server numbers all 0, told apart by their ids
+/// (Ollama, some vLLM builds), with a text delta between a call's fragments:
+/// two whole calls for a Messages and a Responses client, the text after them.
+#[tokio::test]
+async fn parallel_calls_on_one_index_stay_apart_for_messages_and_responses_clients() {
+    let call = |id: Option<&str>, name: &str, args: &str| {
+        let mut tc = json!({"index": 0, "function": {"arguments": args}});
+        if let Some(id) = id {
+            tc = json!({"index": 0, "id": id, "type": "function",
+                        "function": {"name": name, "arguments": args}});
+        }
+        fake::chunk_event("m", json!({"tool_calls": [tc]}), None)
+    };
+    let pieces = vec![
+        fake::chunk_event("m", json!({"role": "assistant", "content": null}), None),
+        call(Some("c1"), "a", "{\"x\""),
+        fake::chunk_event("m", json!({"content": "\n"}), None),
+        call(None, "", ":1}"),
+        call(Some("c2"), "b", "{\"y\":2}"),
+        fake::chunk_event("m", json!({}), Some("tool_calls")),
+        fake::SSE_DONE.to_owned(),
+    ];
+    let a = Fake::always(Reply::Stream {
+        pieces,
+        delay: std::time::Duration::ZERO,
+        cut: false,
+    })
+    .await;
+    let gw = gateway(&routes(&[hop("a", &a.url())], "", "")).await;
+
+    let ans = messages(&gw, hello_messages(true)).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let events = named_events(&ans.text());
+    let mut blocks: Vec<(Value, String)> = Vec::new();
+    for (name, data) in &events {
+        match name.as_str() {
+            "content_block_start" => blocks.push((data["content_block"].clone(), String::new())),
+            "content_block_delta" => {
+                let delta = &data["delta"];
+                let piece = delta["partial_json"].as_str().or(delta["text"].as_str());
+                blocks
+                    .last_mut()
+                    .unwrap()
+                    .1
+                    .push_str(piece.unwrap_or_default());
+            }
+            _ => {}
+        }
+    }
+    let seen: Vec<(&str, &str, &str)> = blocks
+        .iter()
+        .map(|(b, got)| {
+            (
+                b["type"].as_str().unwrap(),
+                b["id"].as_str().unwrap_or(""),
+                got.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("tool_use", "c1", "{\"x\":1}"),
+            ("tool_use", "c2", "{\"y\":2}"),
+            ("text", "", "\n")
+        ],
+        "{}",
+        ans.text()
+    );
+
+    let body = json!({"model": "gpt-4o", "input": "go", "stream": true});
+    let ans = responses(&gw, body).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let events = named_events(&ans.text());
+    let (_, completed) = events.last().unwrap();
+    let calls: Vec<(&str, &str)> = completed["response"]["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|item| item["type"] == "function_call")
+        .map(|item| {
+            (
+                item["call_id"].as_str().unwrap(),
+                item["arguments"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        [("c1", "{\"x\":1}"), ("c2", "{\"y\":2}")],
+        "{}",
+        ans.text()
+    );
+}
+
 #[tokio::test]
 async fn malformed_messages_requests_are_anthropic_400s_naming_the_field_with_no_upstream_call() {
     let a = Fake::always(fake::completion("model-a", "a")).await;

@@ -28,6 +28,8 @@ struct Choice {
     /// The reasoning some servers stream beside the answer (`reasoning_content`).
     reasoning: Option<String>,
     calls: BTreeMap<u64, Call>,
+    /// Which call each fragment belongs to.
+    slots: crate::sse::CallSlots,
     finish: Option<Value>,
 }
 
@@ -131,6 +133,9 @@ impl Choice {
                 .get("index")
                 .and_then(Value::as_u64)
                 .unwrap_or(position as u64);
+            let id = call.get("id").and_then(Value::as_str);
+            let index = u32::try_from(index).unwrap_or(u32::MAX);
+            let index = u64::from(self.slots.slot(index, id));
             let slot = self.calls.entry(index).or_default();
             if let Some(id) = call.get("id").filter(|v| !v.is_null()) {
                 slot.id = Some(id.clone());

@@ -893,6 +893,8 @@ impl Reply {
             ended: false,
             native_index: None,
             delta_sent: false,
+            slots: crate::sse::CallSlots::default(),
+            held_text: String::new(),
         }
     }
 }
@@ -954,6 +956,11 @@ pub struct StreamReply {
     native_index: Option<u64>,
     /// The upstream's own `message_delta` went out.
     delta_sent: bool,
+    /// Which call each tool-call fragment belongs to.
+    slots: crate::sse::CallSlots,
+    /// Text that came while a call's block was open: a Messages block once
+    /// closed takes no more, so it waits for the calls to end.
+    held_text: String,
 }
 
 /// A tool call kept until its block can go out whole.
@@ -1139,8 +1146,12 @@ impl StreamReply {
         }
         let text = delta.content.as_deref().or(delta.refusal.as_deref());
         if let Some(t) = text.filter(|t| !t.is_empty()) {
-            self.open(Open::Text, json!({"type": "text", "text": ""}), out);
-            self.delta(json!({"type": "text_delta", "text": t}), out);
+            if matches!(self.open, Some(Open::Tool(_))) {
+                self.held_text.push_str(t);
+            } else {
+                self.open(Open::Text, json!({"type": "text", "text": ""}), out);
+                self.delta(json!({"type": "text_delta", "text": t}), out);
+            }
         }
         for call in &delta.tool_calls {
             self.tool_fragment(call, out);
@@ -1155,7 +1166,8 @@ impl StreamReply {
     /// once its name is known and no block of another call is open.
     fn tool_fragment(&mut self, call: &super::ToolCallDelta, out: &mut BytesMut) {
         let args = call.function.arguments.as_deref().unwrap_or_default();
-        if self.live == Some(call.index) && self.open == Some(Open::Tool(call.index)) {
+        let index = self.slots.slot(call.index, call.id.as_deref());
+        if self.live == Some(index) && self.open == Some(Open::Tool(index)) {
             if !args.is_empty() {
                 self.delta(
                     json!({"type": "input_json_delta", "partial_json": args}),
@@ -1164,11 +1176,11 @@ impl StreamReply {
             }
             return;
         }
-        let held = match self.held.iter().position(|h| h.index == call.index) {
+        let held = match self.held.iter().position(|h| h.index == index) {
             Some(at) => &mut self.held[at],
             None => {
                 self.held.push(HeldCall {
-                    index: call.index,
+                    index,
                     id: None,
                     name: None,
                     arguments: String::new(),
@@ -1210,11 +1222,18 @@ impl StreamReply {
         }
     }
 
-    /// The calls kept back, each as a whole block, after the open one.
+    /// The calls kept back, each as a whole block, after the open one; then
+    /// the text that came while a call's block was open.
     fn send_held(&mut self, out: &mut BytesMut) {
         self.close(out);
         for call in std::mem::take(&mut self.held) {
             self.send_call(call, true, out);
+        }
+        if !self.held_text.is_empty() {
+            let text = std::mem::take(&mut self.held_text);
+            self.open(Open::Text, json!({"type": "text", "text": ""}), out);
+            self.delta(json!({"type": "text_delta", "text": text}), out);
+            self.close(out);
         }
     }
 

@@ -1083,6 +1083,7 @@ impl Reply {
             reasoning: None,
             text: None,
             calls: Vec::new(),
+            slots: crate::sse::CallSlots::default(),
             output: Vec::new(),
             finish: None,
             usage: None,
@@ -1148,6 +1149,8 @@ pub struct StreamReply {
     reasoning: Option<TextItem>,
     text: Option<TextItem>,
     calls: Vec<CallItem>,
+    /// Which call each chat tool-call fragment belongs to.
+    slots: crate::sse::CallSlots,
     /// The finished output items, by output index.
     output: Vec<Option<Output>>,
     finish: Option<Finish>,
@@ -1549,11 +1552,12 @@ impl StreamReply {
     /// name is known (a server may send the name, or the id, in a later
     /// fragment than the first); the arguments that came before go out then.
     fn call_delta(&mut self, call: &super::ToolCallDelta, out: &mut BytesMut) {
-        let at = match self.calls.iter().position(|c| c.chat_index == call.index) {
+        let number = self.slots.slot(call.index, call.id.as_deref());
+        let at = match self.calls.iter().position(|c| c.chat_index == number) {
             Some(at) => at,
             None => {
                 self.calls.push(CallItem {
-                    chat_index: call.index,
+                    chat_index: number,
                     id: fresh_id("fc_"),
                     announced: false,
                     output_index: 0,
