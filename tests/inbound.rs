@@ -428,6 +428,43 @@ async fn parallel_calls_on_one_index_stay_apart_for_messages_and_responses_clien
     );
 }
 
+/// Codex's and the Agents SDK's input reaches a chat target in the shape
+/// strict chat servers take: `developer` as `system`, and an assistant turn's
+/// text and its calls as one message.
+#[tokio::test]
+async fn responses_input_reaches_a_chat_target_as_strict_templates_take_it() {
+    let a = Fake::always(fake::completion("m", "done")).await;
+    let gw = gateway(&routes(&[hop("a", &a.url())], "", "")).await;
+    let body = json!({"model": "gpt-4o", "input": [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": "list files"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me look."}]},
+        {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "pwd", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "a.txt"},
+        {"type": "function_call_output", "call_id": "c2", "output": "/"}]});
+    let ans = responses(&gw, body).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let sent = &a.seen()[0].body["messages"];
+    let roles: Vec<&str> = sent
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        ["system", "user", "assistant", "tool", "tool"],
+        "{sent}"
+    );
+    assert_eq!(sent[2]["content"], "Let me look.", "{sent}");
+    assert_eq!(
+        sent[2]["tool_calls"].as_array().map(Vec::len),
+        Some(2),
+        "{sent}"
+    );
+}
+
 #[tokio::test]
 async fn malformed_messages_requests_are_anthropic_400s_naming_the_field_with_no_upstream_call() {
     let a = Fake::always(fake::completion("model-a", "a")).await;

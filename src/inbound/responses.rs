@@ -498,10 +498,15 @@ fn input_items(items: &[Item], out: &mut Vec<Value>) -> Result<Option<Untranslat
                         "arguments": item.arguments.clone().unwrap_or_default(),
                     },
                 });
-                match out.last_mut() {
-                    Some(last) if last["role"] == "assistant" && last["tool_calls"].is_array() => {
-                        if let Some(calls) = last["tool_calls"].as_array_mut() {
-                            calls.push(call);
+                // The calls of a turn join its text: two assistant messages
+                // in a row are refused by strict chat templates (Mistral, Kimi).
+                match out.last_mut().and_then(Value::as_object_mut) {
+                    Some(last) if last.get("role").is_some_and(|r| r == "assistant") => {
+                        match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                            Some(calls) => calls.push(call),
+                            None => {
+                                last.insert("tool_calls".into(), json!([call]));
+                            }
                         }
                     }
                     Some(_) | None => out
@@ -612,6 +617,9 @@ fn message_item(
             Value::Array(chat)
         }
     };
+    // Chat servers that know no `developer` (vLLM, SGLang) refuse it; every
+    // chat target reads its instructions as `system`.
+    let role = if role == "developer" { "system" } else { role };
     Ok(json!({"role": role, "content": content}))
 }
 
