@@ -1251,6 +1251,57 @@ fn responses_hop(name: &str, url: &str) -> Hop {
 /// read and a built-in tool only a Responses target runs.
 const RESPONSES_REQUEST: &str = r#"{"model":"gpt-4o","input":[{"role":"user","content":[{"type":"input_text","text":"How should I retry?"}]}],"include":["reasoning.encrypted_content"],"reasoning":{"effort":"low"},"tools":[{"type":"web_search"}],"text":{"verbosity":"medium"},"store":true}"#;
 
+/// A reasoning item switchyard made from a chat fallback's reasoning, sent
+/// back by a stateless client (`store: false`, the last output as input),
+/// is left out for a Responses target, which would refuse an id it never
+/// made; the target's own reasoning items go up as sent.
+#[tokio::test]
+async fn reasoning_items_switchyard_made_never_reach_a_responses_target() {
+    let chat = Fake::always(fake::json(
+        200,
+        &json!({"id": "c", "object": "chat.completion",
+        "created": 1, "model": "m", "choices": [{"index": 0, "finish_reason": "stop",
+        "message": {"role": "assistant", "content": "42", "reasoning_content": "thinking"}}]})
+        .to_string(),
+    ))
+    .await;
+    let target = Fake::always(fake::json(200, RESPONSES_ANSWER)).await;
+    let gw = tool_gateway(vec![hop("c", &chat.url())], "").await;
+    let first = json!({"model": "gpt-4o", "store": false, "input": "6 times 7?"});
+    let ans = responses(&gw, first).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let output = ans.json()["output"].as_array().unwrap().clone();
+    assert_eq!(output[0]["type"], "reasoning", "{}", ans.text());
+
+    let gw = tool_gateway(vec![responses_hop("r", &target.url())], "").await;
+    let own = json!({"type": "reasoning", "id": "rs_68af0c1e2b5c8190", "summary": [],
+        "encrypted_content": "gAAAA"});
+    let mut input = vec![json!({"role": "user", "content": "6 times 7?"})];
+    input.extend(output);
+    input.push(own.clone());
+    input.push(json!({"role": "user", "content": "and 6 times 8?"}));
+    let ans = responses(
+        &gw,
+        json!({"model": "gpt-4o", "store": false, "input": input}),
+    )
+    .await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let sent = &target.seen()[0].body;
+    let kinds: Vec<&str> = sent["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["type"].as_str().unwrap_or("message"))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["message", "message", "reasoning", "message"],
+        "{sent}"
+    );
+    assert_eq!(sent["input"][2], own, "{sent}");
+    assert_eq!(sent["model"], "upstream-r", "{sent}");
+}
+
 #[tokio::test]
 async fn a_responses_client_is_served_by_a_responses_target_as_sent() {
     let a = Fake::start(|_, seen| match seen.body["stream"].as_bool() {

@@ -236,10 +236,15 @@ pub fn translate(body: &[u8], store: &ResponseStore) -> Result<Translated, Inval
     let echo = Echo::of(&request);
     // A target of the client's own protocol gets the conversation whole: a
     // response switchyard keeps is no id that target knows.
-    let native = request
-        .previous_response_id
-        .as_ref()
-        .and_then(|_| native_body(body, &conversation[..earlier]));
+    // Reasoning items switchyard made from a chat target's reasoning, sent
+    // back, are no items it knows either: they are left out for it.
+    let native = match &request.previous_response_id {
+        Some(_) => native_body(body, &conversation[..earlier]),
+        None if memchr::memmem::find(body, MINTED_REASONING.as_bytes()).is_some() => {
+            native_body(body, &[])
+        }
+        None => None,
+    };
     let model_at = match native {
         Some(_) => crate::native::ModelAt::Unread,
         None => crate::request::model_at(body, request.model),
@@ -277,8 +282,23 @@ fn native_body(body: &[u8], earlier: &[Value]) -> Option<Bytes> {
         Some(Value::Array(items)) => input.extend(items),
         Some(_) | None => {}
     }
+    input.retain(|item| !minted_reasoning(item));
     object.insert("input".into(), Value::Array(input));
     Some(Bytes::from(Value::Object(object).to_string()))
+}
+
+/// The id prefix of the reasoning items switchyard makes from a chat
+/// target's reasoning (OpenAI's own ids are `rs_` and hex digits).
+const MINTED_REASONING: &str = "rs_sy_";
+
+/// A reasoning item switchyard made: no Responses target knows its id, and
+/// it carries no `encrypted_content` to stand for itself.
+fn minted_reasoning(item: &Value) -> bool {
+    item["type"] == "reasoning"
+        && item["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with(MINTED_REASONING))
+        && item["encrypted_content"].is_null()
 }
 
 /// Chat messages (a stored conversation) as Responses input items.
@@ -1045,7 +1065,7 @@ impl Reply {
         let mut output = Vec::new();
         if let Some(message) = choice.map(|c| &c.message) {
             if let Some(r) = message.reasoning() {
-                output.push(reasoning_item(&fresh_id("rs_"), r));
+                output.push(reasoning_item(&fresh_id(MINTED_REASONING), r));
             }
             let text = message.content.as_deref().or(message.refusal.as_deref());
             if let Some(text) = text.filter(|t| !t.is_empty()) {
@@ -1433,7 +1453,7 @@ impl StreamReply {
     fn reasoning_delta(&mut self, delta: &str, out: &mut BytesMut) {
         if self.reasoning.is_none() {
             self.close_text(out);
-            let item = self.next_item("rs_");
+            let item = self.next_item(MINTED_REASONING);
             let (id, index) = (item.id.clone(), item.output_index);
             self.reasoning = Some(item);
             let added = json!({"type": "reasoning", "id": id, "summary": []});
