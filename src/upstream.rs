@@ -333,6 +333,12 @@ pub trait StreamTranslator: Send + std::fmt::Debug {
     /// # Errors
     /// The data is not an event of this protocol.
     fn on_event(&mut self, data: &str) -> Result<Vec<chunk::Frame>, Malformed>;
+
+    /// The upstream's body ended: what the translation held for the end (a
+    /// protocol whose stream has no end event of its own).
+    fn on_end(&mut self) -> Vec<chunk::Frame> {
+        Vec::new()
+    }
 }
 
 /// What a request asks of a provider.
@@ -678,6 +684,8 @@ pub struct Events {
     chunks: crate::sse::ChunkReader,
     /// For a request of several choices, those finished so far.
     choices: Option<Choices>,
+    /// The translator was told the body ended.
+    ended: bool,
 }
 
 /// The choices of a several-choice stream (`n > 1`) that have finished: a
@@ -788,6 +796,7 @@ impl Events {
                 asked: choices as usize,
                 finished: std::collections::BTreeSet::new(),
             }),
+            ended: false,
         })
     }
 
@@ -847,7 +856,10 @@ impl Events {
             if let Some(e) = self.ready.pop_front() {
                 return Some(e);
             }
-            let mut event = self.framer.next_event(eof)?;
+            let Some(mut event) = self.framer.next_event(eof) else {
+                self.end_translation(eof);
+                return self.ready.pop_front();
+            };
             let Some(translator) = &mut self.translator else {
                 // Chat chunks as they came: read here, once, for every reader.
                 if let (false, Some(data)) = (event.malformed, &event.data) {
@@ -905,6 +917,30 @@ impl Events {
                     upstream: std::mem::replace(&mut upstream, covered),
                 });
             }
+        }
+    }
+}
+
+impl Events {
+    /// At the body's end, once: the frames the translator held for it.
+    fn end_translation(&mut self, eof: bool) {
+        let Some(translator) = self.translator.as_mut().filter(|_| eof && !self.ended) else {
+            return;
+        };
+        self.ended = true;
+        let upstream = if self.native {
+            Upstream::Covered
+        } else {
+            Upstream::Chat
+        };
+        for f in translator.on_end() {
+            self.ready.push_back(crate::sse::Event {
+                data: Some(f.data().to_owned()),
+                raw: f.raw,
+                malformed: false,
+                reading: Some(f.reading),
+                upstream: upstream.clone(),
+            });
         }
     }
 }

@@ -575,3 +575,35 @@ async fn a_whole_completion_where_a_stream_was_asked_for_fails_over() {
     let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
     assert_eq!(ans.status, 502, "{}", ans.text());
 }
+
+/// A Gemini stream whose counts come in an event of their own after the
+/// finish (as Gemini 3 sends them): the client's usage chunk has them, and
+/// the stream still ends with `[DONE]` when the body ends.
+#[tokio::test]
+async fn a_gemini_streams_usage_after_its_finish_reaches_the_client() {
+    let events = [
+        r#"{"candidates":[{"content":{"parts":[{"text":"Hi there"}],"role":"model"}}]}"#,
+        r#"{"candidates":[{"content":{"parts":[],"role":"model"},"finishReason":"STOP"}]}"#,
+        r#"{"usageMetadata":{"promptTokenCount":11,"candidatesTokenCount":2,"totalTokenCount":13}}"#,
+    ];
+    let g = Fake::always(fake::Reply::Stream {
+        pieces: events.iter().map(|e| format!("data: {e}\n\n")).collect(),
+        delay: std::time::Duration::ZERO,
+        cut: false,
+    })
+    .await;
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("gemini.key");
+    std::fs::write(&key, "gemini-test-key-0123456789").unwrap();
+    let provider = format!("protocol: gemini\napi_key_file: {}\n", key.display());
+    let gw = gateway(&routes(&[hop("g", &g.url()).provider(&provider)], "", "")).await;
+    let body = serde_json::json!({"model": "gpt-4o", "stream": true,
+        "stream_options": {"include_usage": true},
+        "messages": [{"role": "user", "content": "hi"}]});
+    let ans = chat(gw.addr, body).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let text = ans.text();
+    assert_eq!(stream_text(&text), "Hi there", "{text}");
+    assert!(text.contains(r#""prompt_tokens":11"#), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+}

@@ -1393,13 +1393,28 @@ pub struct GeminiStream {
     calls: usize,
     /// The latest usage counts (Gemini repeats them, cumulative, per event).
     usage: Option<chunk::Usage>,
-    /// `[DONE]` went out: what follows is ignored.
+    /// The finish chunk went out: later events may only bring the usage
+    /// (Gemini 3 sends it in an event of its own), then the body ends.
     finished: bool,
+    /// `[DONE]` went out.
+    done: bool,
 }
 
 impl super::StreamTranslator for GeminiStream {
     fn on_event(&mut self, data: &str) -> Result<Vec<Frame>, Malformed> {
         GeminiStream::on_event(self, data).map_err(|e| Malformed(e.to_string()))
+    }
+
+    fn on_end(&mut self) -> Vec<Frame> {
+        let mut out = Vec::new();
+        if self.finished && !self.done {
+            self.done = true;
+            if let Some(usage) = self.usage.filter(|_| self.include_usage) {
+                out.push(self.head.usage(usage));
+            }
+            out.push(Frame::DONE);
+        }
+        out
     }
 }
 
@@ -1420,6 +1435,7 @@ impl GeminiStream {
             calls: 0,
             usage: None,
             finished: false,
+            done: false,
         }
     }
 
@@ -1433,10 +1449,17 @@ impl GeminiStream {
     /// # Errors
     /// The data is not JSON, or not a `GenerateContentResponse`.
     pub fn on_event(&mut self, data: &str) -> Result<Vec<Frame>, TranslateError> {
-        if self.finished {
+        if self.done {
             return Ok(Vec::new());
         }
         let reply = read_reply(data.as_bytes())?;
+        if self.finished {
+            // Past the finish, only the usage counts (sent with [DONE] at the end).
+            if let Some(usage) = reply.usage_metadata.and_then(UsageMetadata::to_openai) {
+                self.usage = Some(usage);
+            }
+            return Ok(Vec::new());
+        }
         if let Some(error) = &reply.error {
             return Ok(vec![Frame::read(&in_band_error(error))]);
         }
@@ -1502,13 +1525,11 @@ impl GeminiStream {
     }
 
     /// The end: the finish chunk, the usage chunk if asked (and known), `[DONE]`.
+    /// The finish chunk; the usage and `[DONE]` wait for the body's end
+    /// ([`super::StreamTranslator::on_end`]), as usage may still come.
     fn finish(&mut self, reason: &str, out: &mut Vec<Frame>) {
         self.finished = true;
         out.push(self.head.delta(Delta::default(), Some(reason)));
-        if let Some(usage) = self.usage.filter(|_| self.include_usage) {
-            out.push(self.head.usage(usage));
-        }
-        out.push(Frame::DONE);
     }
 }
 
@@ -2264,11 +2285,35 @@ mod tests {
         ));
     }
 
+    /// The frames of `events`, then of the body's end.
     fn run(stream: &mut GeminiStream, events: &[&str]) -> Vec<Frame> {
-        events
+        let mut frames: Vec<Frame> = events
             .iter()
             .flat_map(|e| GeminiStream::on_event(stream, e).unwrap())
-            .collect()
+            .collect();
+        frames.extend(crate::upstream::StreamTranslator::on_end(stream));
+        frames
+    }
+
+    /// Gemini 3 sends the counts in an event of their own after the finish:
+    /// they are the usage chunk, before `[DONE]`.
+    #[test]
+    fn usage_sent_after_the_finish_is_the_usage_chunk() {
+        let mut stream = GeminiStream::new(true, "gemini-target");
+        let frames = run(
+            &mut stream,
+            &[
+                r#"{"candidates":[{"content":{"parts":[{"text":"Hi"}],"role":"model"}}]}"#,
+                r#"{"candidates":[{"content":{"parts":[],"role":"model"},"finishReason":"STOP"}]}"#,
+                r#"{"usageMetadata":{"promptTokenCount":5,"candidatesTokenCount":1,"totalTokenCount":6}}"#,
+            ],
+        );
+        let json: Vec<Value> = frames[..frames.len() - 1].iter().map(frame_json).collect();
+        assert_eq!(json[2]["choices"][0]["finish_reason"], "stop", "{json:#?}");
+        assert_eq!(json[3]["usage"]["prompt_tokens"], 5, "{json:#?}");
+        assert_eq!(json[3]["usage"]["completion_tokens"], 1, "{json:#?}");
+        assert_eq!(frames.last(), Some(&Frame::DONE));
+        assert_eq!(frames.len(), 5);
     }
 
     /// Events in the shape `streamGenerateContent?alt=sse` sends: usage on
