@@ -1084,12 +1084,21 @@ pub fn from_gemini_response(body: &[u8], model: &str) -> Result<Bytes, Translate
             "not a GenerateContentResponse: no `candidates` or `promptFeedback`".into(),
         ));
     }
-    if reply
+    if let Some(error) = reply
         .candidates
         .iter()
-        .any(|c| c.finish_reason.as_deref() == Some(MALFORMED_CALL))
+        .find_map(|c| botched(c.finish_reason.as_deref()))
     {
-        return Ok(Bytes::from(malformed_call().to_string()));
+        return Ok(Bytes::from(error.to_string()));
+    }
+    let plain_stop = |c: &Candidate| c.finish_reason.as_deref().is_none_or(|r| r == "STOP");
+    if !reply.candidates.is_empty()
+        && reply
+            .candidates
+            .iter()
+            .all(|c| plain_stop(c) && !says_something(c))
+    {
+        return Ok(Bytes::from(empty_answer().to_string()));
     }
     // Without a candidate, only a blocked prompt is an answer (an empty one
     // that says so); usage alone is none, as it is in a stream.
@@ -1327,6 +1336,34 @@ fn malformed_call() -> Value {
         "type": "upstream_error", "code": "malformed_function_call", "param": null, "status": 502}})
 }
 
+/// Finishes that leave no answer, whatever the candidate holds: a call the
+/// model botched, or a call of a tool the request did not declare.
+fn botched(reason: Option<&str>) -> Option<Value> {
+    match reason? {
+        MALFORMED_CALL => Some(malformed_call()),
+        "UNEXPECTED_TOOL_CALL" => Some(json!({"error": {
+            "message": "the model called a tool the request did not declare (finishReason UNEXPECTED_TOOL_CALL)",
+            "type": "upstream_error", "code": "unexpected_tool_call", "param": null, "status": 502}})),
+        _ => None,
+    }
+}
+
+/// A plain finish with nothing in it (no text, no call: Gemini's known empty
+/// answer) is no answer either: a 502 of the upstream's, failed over.
+fn empty_answer() -> Value {
+    json!({"error": {"message": "the model finished without an answer (no text, no tool call)",
+        "type": "upstream_error", "code": "empty_answer", "param": null, "status": 502}})
+}
+
+/// Whether a candidate holds anything for the client: text or a call.
+fn says_something(candidate: &Candidate) -> bool {
+    let parts = candidate.content.as_ref().map_or(&[][..], |c| &c.parts);
+    parts.iter().any(|p| {
+        p.function_call.is_some()
+            || (!p.thought && p.text.as_deref().is_some_and(|t| !t.is_empty()))
+    })
+}
+
 /// A Google error that came in-band (a 2xx body or a stream event): OpenAI's
 /// shape and string code, with the status (which classifies it) beside them.
 fn in_band_error(error: &GoogleError) -> Value {
@@ -1393,6 +1430,8 @@ pub struct GeminiStream {
     calls: usize,
     /// The latest usage counts (Gemini repeats them, cumulative, per event).
     usage: Option<chunk::Usage>,
+    /// Text or a call came (a plain finish before either is no answer).
+    said: bool,
     /// The finish chunk went out: later events may only bring the usage
     /// (Gemini 3 sends it in an event of its own), then the body ends.
     finished: bool,
@@ -1434,6 +1473,7 @@ impl GeminiStream {
             started: false,
             calls: 0,
             usage: None,
+            said: false,
             finished: false,
             done: false,
         }
@@ -1481,9 +1521,16 @@ impl GeminiStream {
             self.usage = Some(usage);
         }
         let first = reply.candidates.iter().find(|c| c.index.unwrap_or(0) == 0);
-        if first.is_some_and(|c| c.finish_reason.as_deref() == Some(MALFORMED_CALL)) {
-            out.push(Frame::read(&malformed_call()));
+        if let Some(error) = first.and_then(|c| botched(c.finish_reason.as_deref())) {
+            out.push(Frame::read(&error));
             return Ok(out);
+        }
+        if let Some(candidate) = first {
+            self.said |= says_something(candidate);
+            if candidate.finish_reason.as_deref() == Some("STOP") && !self.said {
+                out.push(Frame::read(&empty_answer()));
+                return Ok(out);
+            }
         }
         let mut reason = reply.blocked().map(|_| "content_filter");
         if let Some(candidate) = first {
@@ -2185,6 +2232,34 @@ mod tests {
         let frames = stream.on_event(&body.to_string()).unwrap();
         let last = frame_json(frames.last().unwrap());
         assert_eq!(last["error"]["code"], "malformed_function_call", "{last}");
+        // So is a call of a tool never declared, and a plain finish with
+        // nothing for the client in it (reasoning alone included).
+        for (body, code) in [
+            (
+                json!({ "candidates": [{ "finishReason": "UNEXPECTED_TOOL_CALL", "index": 0 }] }),
+                "unexpected_tool_call",
+            ),
+            (
+                json!({ "candidates": [{ "content": { "role": "model" }, "finishReason": "STOP", "index": 0 }] }),
+                "empty_answer",
+            ),
+            (
+                json!({ "candidates": [{ "content": { "parts": [{ "text": "hm", "thought": true }], "role": "model" },
+                    "finishReason": "STOP", "index": 0 }] }),
+                "empty_answer",
+            ),
+        ] {
+            let got: Value = serde_json::from_slice(
+                &from_gemini_response(body.to_string().as_bytes(), "gemini-target").unwrap(),
+            )
+            .unwrap();
+            assert_eq!(got["error"]["code"], code, "{got}");
+            assert_eq!(got["error"]["status"], 502, "{got}");
+            let mut stream = GeminiStream::new(false, "gemini-target");
+            let frames = stream.on_event(&body.to_string()).unwrap();
+            let last = frame_json(frames.last().unwrap());
+            assert_eq!(last["error"]["code"], code, "{last}");
+        }
         // A candidate cut by safety carries no content at all.
         let cut = answer(&json!({ "candidates": [{ "finishReason": "SAFETY", "index": 0 }] }));
         assert_eq!(cut["choices"][0]["message"]["content"], "");
