@@ -720,6 +720,21 @@ impl TokenUsage {
 /// no word for them, and the content is what it is. An answer that `called`
 /// a tool says `tool_calls` whatever stop its model named (some say
 /// `end_turn`): agent loops look for the call by that finish.
+/// Stop reasons that leave no answer: the model's output or its tool call
+/// could not be read (an in-band 502 of the upstream's, failed over), not a
+/// `stop` with whatever came before.
+fn botched(stop_reason: Option<&str>) -> Option<Value> {
+    let (code, what) = match stop_reason? {
+        "malformed_tool_use" => ("malformed_tool_use", "the model's tool call was malformed"),
+        "malformed_model_output" => ("malformed_model_output", "the model's output was malformed"),
+        _ => return None,
+    };
+    Some(
+        json!({"error": {"message": format!("{what} (stopReason {code})"),
+        "type": "upstream_error", "code": code, "param": null, "status": 502}}),
+    )
+}
+
 fn finish_reason(stop_reason: &str, called: bool) -> &'static str {
     match stop_reason {
         "max_tokens" | "model_context_window_exceeded" => "length",
@@ -808,6 +823,9 @@ pub fn from_converse_response(body: &[u8], model: &str) -> Result<Bytes, Transla
         | serde_json::error::Category::Syntax
         | serde_json::error::Category::Eof => TranslateError::Json(e),
     })?;
+    if let Some(error) = botched(reply.stop_reason.as_deref()) {
+        return Ok(Bytes::from(error.to_string()));
+    }
     let Some(message) = reply.output.and_then(|o| o.message) else {
         return Err(TranslateError::InvalidResponse(match reply.message {
             Some(m) => format!("an error body: {m}"),
@@ -1262,6 +1280,9 @@ impl ConverseStream {
             "contentBlockStop" => self.block_stop(&serde_json::from_str(payload)?),
             "messageStop" => {
                 let stop: MessageStopEvent<'_> = serde_json::from_str(payload)?;
+                if let Some(error) = botched(stop.stop_reason.as_deref()) {
+                    return Ok(vec![Frame::read(&error)]);
+                }
                 let stop_reason = stop.stop_reason.as_deref().unwrap_or_default();
                 let reason = finish_reason(stop_reason, !self.tools.is_empty());
                 let frame = self.head.delta(Delta::default(), Some(reason));
@@ -1884,8 +1905,6 @@ mod tests {
             ("model_context_window_exceeded", "length"),
             ("guardrail_intervened", "content_filter"),
             ("content_filtered", "content_filter"),
-            ("malformed_model_output", "stop"),
-            ("malformed_tool_use", "stop"),
             ("a_future_reason", "stop"),
         ] {
             let got = answer(&converse_answer(json!([{ "text": "x" }]), stop));
@@ -1901,6 +1920,29 @@ mod tests {
                 got["choices"][0]["finish_reason"], with_call,
                 "{stop} with a call"
             );
+        }
+    }
+
+    /// Output or a call the model botched is no answer (an in-band 502,
+    /// failed over), whatever came before it, plain and streamed.
+    #[test]
+    fn malformed_stop_reasons_are_no_answer() {
+        for stop in ["malformed_model_output", "malformed_tool_use"] {
+            let call = json!([{ "text": "x" }, { "toolUse": { "toolUseId": "t1", "name": "f", "input": {} } }]);
+            let got = answer(&converse_answer(call, stop));
+            assert_eq!(got["error"]["code"], stop, "{got}");
+            assert_eq!(got["error"]["status"], 502, "{got}");
+            let mut t = ConverseStream::new(false, "m");
+            let frames = run(
+                &mut t,
+                &[
+                    json!({ "messageStart": { "role": "assistant" } }),
+                    json!({ "contentBlockDelta": { "contentBlockIndex": 0, "delta": { "text": "x" } } }),
+                    json!({ "messageStop": { "stopReason": stop } }),
+                ],
+            );
+            let last = frames.last().unwrap();
+            assert_eq!(last["error"]["code"], stop, "{frames:?}");
         }
     }
 
