@@ -765,7 +765,12 @@ impl KeyState {
 
 #[derive(Debug, Default)]
 struct KeyInner {
+    /// A cooldown of the whole key (a rule's, not a rate limit's).
     cooldown_until: Option<Instant>,
+    /// Rate limits' cooldowns, by model: providers count their limits per
+    /// model (OpenAI, Anthropic, Gemini, Bedrock), so a 429 for one model
+    /// leaves the key to the others.
+    limited: Vec<(Box<str>, Instant)>,
     dead: bool,
     /// When `dead` last changed (the later of two replicas' verdicts wins).
     dead_changed: Option<Instant>,
@@ -779,6 +784,16 @@ struct KeyInner {
 }
 
 impl KeyInner {
+    /// Holds the key back for `model` until `until` (the later end wins);
+    /// ended cooldowns are let go.
+    pub(crate) fn limit(&mut self, model: &str, until: Instant, now: Instant) {
+        self.limited.retain(|(_, end)| *end > now);
+        match self.limited.iter_mut().find(|(m, _)| &**m == model) {
+            Some((_, end)) => *end = (*end).max(until),
+            None => self.limited.push((model.into(), until)),
+        }
+    }
+
     /// Sets the verdict; a key that is no longer revoked forgets its re-probes.
     fn set_dead(&mut self, dead: bool, at: Instant) {
         self.dead = dead;
@@ -798,14 +813,28 @@ pub struct KeyHealth {
 }
 
 impl KeyHealth {
-    /// Whether the key can serve at `now`.
+    /// Whether the key can serve at `now`, any model (cooling down while a
+    /// cooldown of any model lasts; for its gauge and `/admin`).
     #[must_use]
     pub fn state(&self, now: Instant) -> KeyState {
         let inner = self.inner.lock();
+        let latest = inner.limited.iter().map(|(_, until)| *until).max();
+        Self::state_of(&inner, now, latest)
+    }
+
+    /// Whether the key can serve `model` at `now`.
+    #[must_use]
+    pub fn state_for(&self, now: Instant, model: &str) -> KeyState {
+        let inner = self.inner.lock();
+        let limited = inner.limited.iter().find(|(m, _)| &**m == model);
+        Self::state_of(&inner, now, limited.map(|(_, until)| *until))
+    }
+
+    fn state_of(inner: &KeyInner, now: Instant, limited: Option<Instant>) -> KeyState {
         if inner.dead {
             return KeyState::Dead;
         }
-        match inner.cooldown_until.filter(|t| now < *t) {
+        match inner.cooldown_until.max(limited).filter(|t| now < *t) {
             Some(until) => KeyState::CoolingDown(until),
             None => KeyState::Usable,
         }
@@ -817,18 +846,24 @@ impl KeyHealth {
         self.inner.lock().last_limited
     }
 
-    /// Records a key-scoped failure: a cooldown, a revocation, or both.
+    /// Records a key-scoped failure: a cooldown, a revocation, or both. A
+    /// rate limit's cooldown holds the key back for `model` only.
     pub fn record(
         &self,
         now: Instant,
         cooldown: Option<Duration>,
         revoked: bool,
         rate_limited: bool,
+        model: &str,
     ) {
         let mut inner = self.inner.lock();
         if let Some(cd) = cooldown {
             let until = now + cd;
-            inner.cooldown_until = Some(inner.cooldown_until.map_or(until, |t| t.max(until)));
+            if rate_limited {
+                inner.limit(model, until, now);
+            } else {
+                inner.cooldown_until = Some(inner.cooldown_until.map_or(until, |t| t.max(until)));
+            }
         }
         if rate_limited {
             inner.last_limited = Some(now);
@@ -1293,7 +1328,7 @@ mod tests {
         let (first, max) = (Duration::from_secs(60), Duration::from_secs(1800));
         let k = KeyHealth::default();
         assert!(!k.claim_reprobe(Instant::now(), first, max), "a usable key");
-        k.record(Instant::now(), None, true, false);
+        k.record(Instant::now(), None, true, false, "m");
         assert!(!k.claim_reprobe(Instant::now(), first, max), "scheduled");
         let mut waits = Vec::new();
         let mut last = Instant::now();
@@ -1322,7 +1357,7 @@ mod tests {
         assert_eq!(k.state(Instant::now()), KeyState::Usable);
         assert!(k.shared_view().since > since, "a newer verdict, to share");
         // Revoked again, it starts over at the first wait.
-        k.record(Instant::now(), None, true, false);
+        k.record(Instant::now(), None, true, false, "m");
         assert!(!k.claim_reprobe(Instant::now(), first, max));
         tokio::time::advance(first).await;
         assert!(k.claim_reprobe(Instant::now(), first, max));

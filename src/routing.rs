@@ -830,10 +830,12 @@ impl<'a> Admission<'a> {
     /// of `tried`), if one can serve now: the cheapest recovery, same model.
     pub fn next_key(&mut self, target: &Target, tried: KeySet) -> Option<usize> {
         let tokens = self.needs.total_tokens(target);
-        match target
-            .provider
-            .pick_key(Instant::now(), tokens, tried, self.critical())
-        {
+        match target.provider.pick_key(
+            Instant::now(),
+            (&target.model, tokens),
+            tried,
+            self.critical(),
+        ) {
             Ok(Some(key)) => Some(key),
             Ok(None) | Err(NoKey::Revoked | NoKey::Exhausted | NoKey::Unreadable) => None,
             Err(NoKey::Limited(until)) => {
@@ -854,7 +856,7 @@ impl<'a> Admission<'a> {
         let tokens = self.needs.total_tokens(target);
         let why = match target.provider.pick_key(
             Instant::now(),
-            tokens,
+            (&target.model, tokens),
             KeySet::default(),
             self.critical(),
         ) {

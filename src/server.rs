@@ -1218,7 +1218,7 @@ fn targets(s: &Snapshot) -> serde_json::Value {
                 .provider
                 .keys
                 .iter()
-                .map(|k| key_view(k, now))
+                .map(|k| key_view(k, &t.model, now))
                 .collect();
             serde_json::json!({
                 "target": t.name,
@@ -1240,14 +1240,16 @@ fn targets(s: &Snapshot) -> serde_json::Value {
     serde_json::json!({"targets": list})
 }
 
-/// A key as `/admin/targets` shows it: its name and state, never the key.
-fn key_view(key: &crate::snapshot::ApiKey, now: Instant) -> serde_json::Value {
+/// A key as `/admin/targets` shows it under a target (its state for the
+/// target's model): its name and state, never the key.
+fn key_view(key: &crate::snapshot::ApiKey, model: &str, now: Instant) -> serde_json::Value {
+    let key_state = key.health.state_for(now, model);
     let state = if key.credential.is_none() {
         "unreadable"
     } else {
-        key.health.state(now).as_str()
+        key_state.as_str()
     };
-    let left = match key.health.state(now) {
+    let left = match key_state {
         crate::health::KeyState::CoolingDown(until) => {
             Some(until.saturating_duration_since(now).as_secs_f64())
         }

@@ -353,7 +353,7 @@ impl Provider {
         })
     }
 
-    /// The key for a request of `tokens`, not one of `tried`, by the pool's
+    /// The key for a request of `tokens` to `model`, not one of `tried`, by the pool's
     /// selection policy: `Ok(None)` when the provider names no key (a keyless
     /// upstream). Unreadable keys are skipped like revoked ones. Checks the
     /// key's own bucket, taking nothing: the call is charged when it is sent
@@ -365,7 +365,7 @@ impl Provider {
     pub fn pick_key(
         &self,
         now: Instant,
-        tokens: u64,
+        (model, tokens): (&str, u64),
         tried: KeySet,
         critical: bool,
     ) -> Result<Option<usize>, NoKey> {
@@ -401,7 +401,7 @@ impl Provider {
                 if passed.contains(i) || !readable(i) {
                     continue;
                 }
-                match self.keys[i].health.state(now) {
+                match self.keys[i].health.state_for(now, model) {
                     KeyState::Usable => {}
                     KeyState::CoolingDown(until) => {
                         note_limited(until, false);

@@ -737,6 +737,62 @@ tasks:
     assert_eq!(vendor.calls(), 4, "a once, then b each time");
 }
 
+/// Providers count rate limits per model: a 429 for the big model leaves the
+/// key to the small one, which serves (the common "pro, then flash" chain on
+/// one key), and the big model is skipped on that key for the wait.
+#[tokio::test]
+async fn a_rate_limit_for_one_model_leaves_the_key_to_the_others() {
+    let vendor = Fake::start(move |_, seen| match seen.body["model"].as_str() {
+        Some("m-big") => limited("30"),
+        _ => fake::completion("m-small", "from the small model"),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = key_files(dir.path(), &[("only", "sk-only-key")], "");
+    let keys: String = keys.lines().map(|l| format!("    {l}\n")).collect();
+    let yaml = format!(
+        "version: 1
+providers:
+  vendor:
+    base_url: '{}'
+{keys}targets:
+  big: {{ provider: vendor, model: m-big }}
+  small: {{ provider: vendor, model: m-small }}
+tasks:
+  chat: {{ aliases: [gpt-4o], chain: [big, small] }}
+",
+        vendor.url()
+    );
+    let gw = gateway(&yaml).await;
+    for _ in 0..2 {
+        let ans = chat(gw.addr, hello("gpt-4o")).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert_eq!(ans.header("x-switchyard-target"), "small");
+    }
+    let big_calls = vendor
+        .seen()
+        .iter()
+        .filter(|s| s.body["model"] == "m-big")
+        .count();
+    assert_eq!(
+        big_calls, 1,
+        "the big model is held back on the key for its wait"
+    );
+    let targets = get(gw.addr, "/admin/targets").await.json();
+    let state = |name: &str| {
+        let t = targets["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["target"] == name)
+            .unwrap()
+            .clone();
+        t["keys"][0]["state"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(state("big"), "cooling_down", "{targets}");
+    assert_eq!(state("small"), "usable", "{targets}");
+}
+
 #[tokio::test]
 async fn a_provider_whose_key_file_cannot_be_read_is_skipped_never_called_keyless() {
     let keys = tempfile::tempdir().unwrap();

@@ -563,6 +563,63 @@ async fn a_revoked_keys_recovery_reaches_the_replicas_that_do_not_reprobe() {
     assert_eq!(ans.header("x-switchyard-target"), "a", "{}", ans.text());
 }
 
+/// A 429 for one model on one replica holds that model back on the key on
+/// every replica, and only that model: the key still serves the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_rate_limit_for_one_model_reaches_every_replica_for_that_model_only() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    std::fs::write(&key, "sk-shared-0123456789").unwrap();
+    let a = Fake::start(|_, seen| match seen.body["model"].as_str() {
+        Some("ma") => fake::Reply::Json {
+            status: 429,
+            body: r#"{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}"#.into(),
+            headers: vec![("retry-after".into(), "30".into())],
+        },
+        _ => fake::completion("model-a0", "a0"),
+    })
+    .await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let yaml = keyed_config(&a, &b, &redis, &key, None, "").replace(
+        "targets:\n",
+        "targets:\n  a0: { provider: pa, model: m0 }\n",
+    );
+    let yaml = yaml.replace("tasks:\n", "tasks:\n  t0: { chain: [a0, b] }\n");
+    let one = gateway(&yaml).await;
+    let other = gateway(&yaml).await;
+    let ans = chat(one.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
+    let state = |gw: &Gw, model: &str| {
+        let snapshot = gw.app.snapshot.load();
+        let key = &snapshot.providers["pa"].keys[0];
+        key.health.state_for(Instant::now(), model)
+    };
+    let cooling = |s| matches!(s, switchyard::health::KeyState::CoolingDown(_));
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            cooling(state(&other, "ma"))
+        })
+        .await,
+        "the rate limit did not reach the other replica"
+    );
+    assert_eq!(state(&other, "m0"), switchyard::health::KeyState::Usable);
+    let ans = chat(other.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
+    let ans = chat(
+        other.addr,
+        serde_json::json!({"model": "t0",
+        "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(ans.header("x-switchyard-target"), "a0", "{}", ans.text());
+    let limited_calls = a.seen().iter().filter(|s| s.body["model"] == "ma").count();
+    assert_eq!(
+        limited_calls, 1,
+        "the limited model was called once, on one replica"
+    );
+}
+
 /// A `revoke: until_rotation` revocation is shared as such: no replica
 /// re-probes the key, so none revives it for the others (issue 21 item 5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

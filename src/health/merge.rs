@@ -156,10 +156,12 @@ fn view(inner: &super::Inner) -> TargetView {
 }
 
 /// What a replica shares of an API key.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyView {
-    /// A cooldown (429) ends then.
+    /// A cooldown of the whole key ends then.
     pub cooldown_until: Option<Instant>,
+    /// Rate limits' cooldowns (429s), by model, and when each ends.
+    pub limited: Vec<(Box<str>, Instant)>,
     /// Revoked (401/403).
     pub dead: bool,
     /// When `dead` last changed (`None`: never revoked).
@@ -175,6 +177,7 @@ impl KeyHealth {
         let inner = self.inner.lock();
         KeyView {
             cooldown_until: inner.cooldown_until,
+            limited: inner.limited.clone(),
             dead: inner.dead,
             since: inner.dead_changed,
             pinned: inner.pinned,
@@ -188,6 +191,9 @@ impl KeyHealth {
         {
             let mut inner = self.inner.lock();
             later(&mut inner.cooldown_until, remote.cooldown_until);
+            for (model, until) in &remote.limited {
+                inner.limit(model, *until, now);
+            }
             if let Some(at) = remote.since.map(|at| at.min(now)) {
                 if remote.dead != inner.dead && inner.dead_changed.is_none_or(|d| at > d) {
                     inner.set_dead(remote.dead, at);
@@ -379,7 +385,7 @@ mod tests {
     async fn keys_and_providers_merge_by_their_later_verdict() {
         let now = Instant::now();
         let dead = KeyHealth::default();
-        dead.record(now, None, true, false);
+        dead.record(now, None, true, false, "m");
         let k = KeyHealth::default();
         tokio::time::advance(Duration::from_millis(5)).await;
         k.merge(&dead.shared_view(), Instant::now());

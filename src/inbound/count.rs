@@ -51,7 +51,7 @@ pub async fn at_provider(
     })?;
     let provider = &target.provider;
     let key = provider
-        .pick_key(Instant::now(), 0, KeySet::default(), false)
+        .pick_key(Instant::now(), (&target.model, 0), KeySet::default(), false)
         .ok()?;
     let credential = key
         .and_then(|i| provider.keys.get(i))

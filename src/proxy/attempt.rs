@@ -272,7 +272,7 @@ pub fn record(
     let used = key.and_then(|i| provider.keys.get(i));
     let (counted, cooldown) = match (decision.scope, used) {
         (Scope::Key, Some(api_key)) => {
-            record_on_key(provider, api_key, decision, now);
+            record_on_key(target, api_key, decision, now);
             (false, None)
         }
         (Scope::Provider, _) => {
@@ -326,12 +326,14 @@ pub fn book_violation(cfg: &HealthConfig, target: &Target, permit: Permit) {
     );
 }
 
-fn record_on_key(provider: &Provider, key: &ApiKey, decision: &Decision, now: Instant) {
+fn record_on_key(target: &Target, key: &ApiKey, decision: &Decision, now: Instant) {
+    let provider = &target.provider;
     key.health.record(
         now,
         decision.cooldown,
         decision.until_reload,
         decision.rate_limited,
+        &target.model,
     );
     if decision.until_rotation {
         key.health.pin_revocation();

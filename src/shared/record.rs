@@ -102,8 +102,12 @@ pub enum Record {
     Key {
         /// [`Names::key_id`].
         id: String,
-        /// A cooldown ends then.
+        /// A cooldown of the whole key ends then.
         cooldown_until: Option<u64>,
+        /// Rate limits' cooldowns by model, and their ends (absent in older
+        /// records).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        limited: Vec<(String, u64)>,
         /// Revoked.
         dead: bool,
         /// When `dead` last changed.
@@ -156,6 +160,9 @@ impl Record {
         Record::Key {
             id,
             cooldown_until: v.cooldown_until.map(|t| c.to_ms(t)),
+            limited: (v.limited.iter())
+                .map(|(model, until)| (model.to_string(), c.to_ms(*until)))
+                .collect(),
             dead: v.dead,
             since: v.since.map(|t| c.to_ms(t)),
             pinned: v.pinned,
@@ -185,7 +192,13 @@ impl Record {
                 ..
             } => vec![*reopen_at, *limited_until, *paused_until],
             Record::Key { dead: true, .. } => return DEAD_KEY_TTL,
-            Record::Key { cooldown_until, .. } => vec![*cooldown_until],
+            Record::Key {
+                cooldown_until,
+                limited,
+                ..
+            } => (limited.iter().map(|(_, until)| Some(*until)))
+                .chain([*cooldown_until])
+                .collect(),
             Record::Provider {
                 until, shed_until, ..
             } => vec![*until, *shed_until],
@@ -223,12 +236,15 @@ pub fn target_view(
 #[must_use]
 pub fn key_view(
     c: &Clock,
-    cooldown_until: Option<u64>,
+    (cooldown_until, limited): (Option<u64>, &[(String, u64)]),
     (dead, pinned): (bool, bool),
     since: Option<u64>,
 ) -> KeyView {
     KeyView {
         cooldown_until: at(c, cooldown_until),
+        limited: (limited.iter())
+            .filter_map(|(model, ms)| Some((model.as_str().into(), at(c, Some(*ms))?)))
+            .collect(),
         dead,
         since: at(c, since),
         pinned,
@@ -365,6 +381,7 @@ mod tests {
         let dead = Record::Key {
             id: "k".into(),
             cooldown_until: None,
+            limited: Vec::new(),
             dead: true,
             since: Some(c.wall_ms),
             pinned: false,
@@ -385,6 +402,7 @@ mod tests {
         let r = Record::Key {
             id,
             cooldown_until: None,
+            limited: Vec::new(),
             dead: false,
             since: None,
             pinned: false,

@@ -236,9 +236,11 @@ impl Replica {
         }
         for (id, e) in &self.index.keys {
             let v = e.health.shared_view();
-            if self.keys.get(id).copied().unwrap_or_default() != v {
-                self.keys.insert(id.clone(), v);
+            if self.keys.get(id) != Some(&v)
+                && (self.keys.contains_key(id) || v != KeyView::default())
+            {
                 out.push(Record::key(id.clone(), &v, c));
+                self.keys.insert(id.clone(), v);
             }
         }
         for (id, h) in &self.index.providers {
@@ -282,12 +284,13 @@ impl Replica {
             Record::Key {
                 id,
                 cooldown_until,
+                limited,
                 dead,
                 since,
                 pinned,
             } => self.apply_key(
                 &id,
-                &record::key_view(c, cooldown_until, (dead, pinned), since),
+                &record::key_view(c, (cooldown_until, &limited), (dead, pinned), since),
                 c.now,
             ),
             Record::Provider {
@@ -328,7 +331,8 @@ impl Replica {
             return false;
         };
         let merged = e.health.merge(remote, now);
-        if self.keys.get(id).copied().unwrap_or_default() == merged.before {
+        let published = self.keys.get(id).cloned().unwrap_or_default();
+        if published == merged.before {
             self.keys.insert(id.to_owned(), merged.after);
         }
         let gauge = e.health.state(now).gauge();
