@@ -374,6 +374,13 @@ impl native::StreamRender for Renderer {
             Renderer::Responses(r) => r.done(out),
         }
     }
+
+    fn prompt_estimate(&mut self, tokens: u64) {
+        match self {
+            Renderer::Messages(r) => r.prompt_estimate = tokens,
+            Renderer::Responses(_) => {}
+        }
+    }
 }
 
 /// One server-sent event, `event:` line and JSON data, appended to `out`.

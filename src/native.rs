@@ -279,6 +279,10 @@ pub trait StreamRender: Send + Sync + std::fmt::Debug {
 
     /// The end of the chat stream (`[DONE]` seen or not).
     fn done(&mut self, out: &mut BytesMut);
+
+    /// switchyard's estimate of the prompt's tokens, for a protocol that
+    /// says them before the answer (Anthropic's `message_start`).
+    fn prompt_estimate(&mut self, _tokens: u64) {}
 }
 
 /// Renders every event of `raw` (chat SSE bytes) into `out`.

@@ -204,6 +204,9 @@ async fn serve(
         return resp;
     }
     let mut render = shape.render;
+    if let Some(render) = &mut render {
+        render.prompt_estimate(needs.prompt_tokens);
+    }
     let mut cached = cached::Cached::of(task, x.headers, &shape.payload, needs.prompt_tokens);
     let reply = cached::Reply {
         stream: shape.stream,

@@ -872,6 +872,11 @@ async fn a_claude_code_request_is_translated_for_an_openai_target_after_a_529() 
     assert_eq!(names.last().map(String::as_str), Some("message_stop"));
     assert_eq!(names.iter().filter(|n| *n == "message_delta").count(), 1);
     assert_eq!(messages_text(&body), "It is in proxy.rs");
+    // The prompt's size comes first, as Anthropic says it (an estimate here:
+    // the chat target counts it at the end), for Claude Code's context meter.
+    let (_, start) = &named_events(&body)[0];
+    let said = start["message"]["usage"]["input_tokens"].as_u64().unwrap();
+    assert!(said > 1000, "{start}");
     // The Anthropic target had the client's bytes; the chat one a chat body
     // with every tool, and the tool round trip as chat messages.
     let sent = with_model(CLAUDE_CODE, "claude-sonnet-4-5-20250929", "upstream-a");

@@ -895,6 +895,7 @@ impl Reply {
             delta_sent: false,
             slots: crate::sse::CallSlots::default(),
             held_text: String::new(),
+            prompt_estimate: 0,
         }
     }
 }
@@ -961,6 +962,10 @@ pub struct StreamReply {
     /// Text that came while a call's block was open: a Messages block once
     /// closed takes no more, so it waits for the calls to end.
     held_text: String,
+    /// The prompt's tokens as switchyard estimates them: `message_start`
+    /// says them before the answer (clients show a context meter with
+    /// them); the upstream's count follows in `message_delta`.
+    pub(super) prompt_estimate: u64,
 }
 
 /// A tool call kept until its block can go out whole.
@@ -1080,7 +1085,7 @@ impl StreamReply {
             "id": message_id(&chunk.id), "type": "message", "role": "assistant",
             "model": self.reply.model_of(&chunk.model), "content": [],
             "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": {"input_tokens": self.prompt_estimate, "output_tokens": 0},
         });
         write_event(
             out,
