@@ -65,6 +65,20 @@ impl Auth {
         }
     }
 
+    /// The upstream refused what `ready` gave (a 401): the cached token or
+    /// credentials are let go, so the next request fetches them anew rather
+    /// than sending the refused ones until they would have expired.
+    pub fn refused(&self) {
+        match self {
+            Auth::Google(google) => google.state.lock().value = None,
+            Auth::SigV4(signer) => {
+                if let Ok(mut current) = signer.current.try_lock() {
+                    current.value = None;
+                }
+            }
+        }
+    }
+
     /// Puts `ready` on a built request: its header, or its signature (over
     /// the method, the URL, every header set so far and the body).
     pub fn apply(&self, ready: &Ready, request: &mut Request<Full<Bytes>>, body: &[u8]) {

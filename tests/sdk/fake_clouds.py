@@ -70,7 +70,9 @@ What it serves, by path:
                                       {"mds_hang": N}: the next N metadata token requests hang:
                                       the connection is held, never answered, for `mds_hang_seconds`
                                       (default 60; sooner if the client hangs up), then closed
-                                      (recorded as mds:token-hang), then it heals. Answers the switches.
+                                      (recorded as mds:token-hang), then it heals;
+                                      {"revoke_google_tokens": true}: every Google token issued so
+                                      far is refused (401) from now on. Answers the switches.
   GET  /_health                       200 ok
 
 Behaviour by model name / model id (a substring anywhere in it):
@@ -533,6 +535,10 @@ class Handler(BaseHTTPRequestHandler):
             if path == "/_control" and method == "POST":
                 change = json.loads(raw or b"{}")
                 with self.state.lock:
+                    if change.pop("revoke_google_tokens", None):
+                        # Every Google token issued so far is refused from now on.
+                        for life in self.state.google_token_life.values():
+                            life["retired"] = time.time() - 1
                     fail = dict(self.state.control.get("fail") or {})
                     for road, status in (change.pop("fail", None) or {}).items():
                         if status is None:

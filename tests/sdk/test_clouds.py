@@ -912,6 +912,35 @@ class VertexMetadataServerHeals(Scenario):
         self.assertLess(healed, 10, f"healed after {healed:.1f} s and {failures} failed requests")
 
 
+class VertexRefusedTokenIsFetchedAnew(Scenario):
+    """Google refuses a cached access token before it expires (revoked, rotated): the request
+    it failed is the only one; the next fetches a new token instead of sending the refused one
+    until its hour is up."""
+
+    MODEL = "gemini-2.0-flash-refused"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.start(
+            providers={"vtx-ref": vertex_provider()},
+            targets={"vtx-ref-gemini": {"provider": "vtx-ref", "model": cls.MODEL}},
+            tasks={"vtx-ref": {"chain": ["vtx-ref-gemini"]}},
+            env={"GCE_METADATA_HOST": FAKE_HOSTPORT},
+        )
+
+    def test_a_refused_token_is_never_sent_again(self):
+        self.assertText(self.chat("vtx-ref"), f"Hello from vertex {self.MODEL}")
+        first = last_call("vertex", self.MODEL)["headers"]["authorization"]
+        control(revoke_google_tokens=True)
+        client = self.sy.client(timeout=10.0)
+        ask = dict(model="vtx-ref", messages=[{"role": "user", "content": "hi"}])
+        with self.assertRaises(openai.APIStatusError):
+            client.chat.completions.create(**ask)
+        self.assertText(self.chat("vtx-ref"), f"Hello from vertex {self.MODEL}")
+        last = last_call("vertex", self.MODEL)["headers"]["authorization"]
+        self.assertNotEqual(last, first, "a new token after the refusal" + self.explain())
+
+
 class VertexMetadataServerHangHeals(Scenario):
     """The metadata server HANGS on the first token request (reads it, never answers; the fake
     holds it 60 s) and then heals, while the Vertex provider's own `timeout` (3 s) is shorter
