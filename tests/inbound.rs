@@ -465,6 +465,31 @@ async fn responses_input_reaches_a_chat_target_as_strict_templates_take_it() {
     );
 }
 
+/// An answer the token limit cut is an `incomplete` response whose cut item
+/// says so too, as OpenAI's own.
+#[tokio::test]
+async fn a_responses_answer_cut_by_its_limit_is_incomplete_to_its_last_item() {
+    let cut = fake::json(
+        200,
+        &json!({"id": "c", "object": "chat.completion", "created": 1,
+        "model": "m", "choices": [{"index": 0, "finish_reason": "length",
+        "message": {"role": "assistant", "content": "The answer is"}}]})
+        .to_string(),
+    );
+    let a = Fake::always(cut).await;
+    let gw = gateway(&routes(&[hop("a", &a.url())], "", "")).await;
+    let body = json!({"model": "gpt-4o", "input": "go", "max_output_tokens": 16});
+    let ans = responses(&gw, body).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let got = ans.json();
+    assert_eq!(got["status"], "incomplete", "{got}");
+    assert_eq!(
+        got["incomplete_details"]["reason"], "max_output_tokens",
+        "{got}"
+    );
+    assert_eq!(got["output"][0]["status"], "incomplete", "{got}");
+}
+
 #[tokio::test]
 async fn malformed_messages_requests_are_anthropic_400s_naming_the_field_with_no_upstream_call() {
     let a = Fake::always(fake::completion("model-a", "a")).await;

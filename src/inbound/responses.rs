@@ -1089,6 +1089,12 @@ impl Reply {
             }
         }
         let status = Status::of(Finish::of(choice.and_then(|c| c.finish_reason.as_deref())));
+        if let (Status::Incomplete(_), Some(last)) = (&status, output.last_mut()) {
+            // The item the limit cut is as incomplete as the response.
+            if last.get("status").is_some() {
+                last["status"] = "incomplete".into();
+            }
+        }
         let response = self.object(
             &completion.model,
             status,
