@@ -799,15 +799,19 @@ fn provider(
         limits,
         reserve,
         shed_after_429,
-        prefill: p
-            .prefill
-            .as_ref()
-            .map(|raw| Prefill {
-                message_fields: raw.message_fields.clone().into_iter().collect(),
-                body_fields: raw.body_fields.clone().into_iter().collect(),
-            })
-            .unwrap_or_default(),
+        prefill: prefill(p),
     })
+}
+
+/// The fields a provider's continuation prefill sets (`prefill`).
+fn prefill(p: &RawProvider) -> Prefill {
+    p.prefill
+        .as_ref()
+        .map(|raw| Prefill {
+            message_fields: raw.message_fields.clone().into_iter().collect(),
+            body_fields: raw.body_fields.clone().into_iter().collect(),
+        })
+        .unwrap_or_default()
 }
 
 /// Where a provider is, as its settings say.
@@ -1788,6 +1792,7 @@ fn task(
         }
     }
     requires(t, path, &chain, c);
+    let tool_schemas = Arc::new(tool_schemas(&t.tool_schemas, path, c));
     let fallback_budget = t.fallback_budget.as_ref().map(|b| {
         if !(b.usd_per_hour.is_finite() && b.usd_per_hour >= 0.0) {
             c.error(
@@ -1835,7 +1840,8 @@ fn task(
             }),
         },
         queue: queue(name, t, path, live, c),
-        tool_schemas: Arc::new(tool_schemas(&t.tool_schemas, path, c)),
+        bare_contract: Arc::new(crate::schema::Contract::bare(&tool_schemas)),
+        tool_schemas,
         routes: chain
             .iter()
             .map(|target| metrics.route(name, &target.name, chat))
