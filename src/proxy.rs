@@ -111,7 +111,8 @@ pub async fn chat_completions(mut x: Exchange<'_>) -> Response<Body> {
         );
         return refused(&x, &task, &GatewayError::bad_request(why));
     }
-    // Only a request with tools or a JSON format has a contract to read.
+    // Only a request with tools or a JSON format has a contract to read;
+    // any other's is the task's bare one: no call may come.
     let contract = match task.validate_tool_calls {
         ValidateMode::Never => None,
         ValidateMode::Degraded | ValidateMode::Always if facts.tools || facts.json_mode => {
@@ -121,7 +122,7 @@ pub async fn chat_completions(mut x: Exchange<'_>) -> Response<Body> {
             };
             contract.map(Arc::new)
         }
-        ValidateMode::Degraded | ValidateMode::Always => None,
+        ValidateMode::Degraded | ValidateMode::Always => Some(Arc::clone(&task.bare_contract)),
     };
     let shape = Shape {
         payload: Payload::Chat(&request),

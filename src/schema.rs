@@ -140,6 +140,8 @@ pub struct Contract {
     offered: HashMap<String, Option<Value>>,
     /// A call the request required: `Some(None)` any tool, `Some(Some(name))` that one.
     required: Option<Option<String>>,
+    /// `tool_choice: "none"`: no call may come.
+    no_calls: bool,
     overrides: Arc<Overrides>,
     /// The JSON an answer's text must be (`response_format`), if any.
     format: Option<Format>,
@@ -199,6 +201,19 @@ impl Format {
 }
 
 impl Contract {
+    /// The contract of a request that offers no tool and asks for no JSON:
+    /// an answer may not call a tool (it names none the request offered).
+    #[must_use]
+    pub fn bare(overrides: &Arc<Overrides>) -> Self {
+        Self {
+            offered: HashMap::new(),
+            required: None,
+            no_calls: false,
+            overrides: Arc::clone(overrides),
+            format: None,
+        }
+    }
+
     /// Reads the contract from a chat request: its tools, and the JSON its
     /// `response_format` asks for; `None` when it has neither.
     #[must_use]
@@ -227,6 +242,7 @@ impl Contract {
             Some(raw) => parse(Some(raw)),
             None => parse(request.function_call),
         };
+        let no_calls = choice == Value::String("none".into());
         let required = match choice {
             Value::String(s) if s == "required" => Some(None),
             Value::Object(o) => o
@@ -244,6 +260,7 @@ impl Contract {
         Some(Self {
             offered,
             required,
+            no_calls,
             overrides: Arc::clone(overrides),
             format,
         })
@@ -298,6 +315,12 @@ impl Contract {
                 ));
             }
             _ => {}
+        }
+        if let (true, Some((name, _))) = (self.no_calls, calls.first()) {
+            return Err(violation(
+                Some(name),
+                "the request's `tool_choice` was none and the answer called a tool",
+            ));
         }
         for (name, arguments) in calls {
             let Some(parameters) = self.offered.get(name) else {

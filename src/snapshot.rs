@@ -560,6 +560,9 @@ pub struct Task {
     pub repair_targets: Vec<Arc<Target>>,
     /// Schema overrides by function name, compiled once per snapshot.
     pub tool_schemas: Arc<crate::schema::Overrides>,
+    /// The contract of a request without tools or a JSON format (no call
+    /// may come), made once per snapshot.
+    pub bare_contract: Arc<crate::schema::Contract>,
     /// Series per chain position (same order as `chain`).
     pub routes: Vec<RouteMetrics>,
     /// Series for answers no target served (`target="none"`).

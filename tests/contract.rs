@@ -112,6 +112,42 @@ async fn a_degraded_call_to_an_unoffered_tool_fails_over_once() {
     );
 }
 
+/// A request that offers no tool (or says `tool_choice: "none"`) holds a
+/// degraded answer to that: a call in it is a violation, plain or streamed,
+/// and the next target serves.
+#[tokio::test]
+async fn a_degraded_call_when_none_was_offered_or_allowed_is_a_violation() {
+    let bare = serde_json::json!({"model": "gpt-4o",
+        "messages": [{"role": "user", "content": "hi"}]});
+    let mut none = weather_request(serde_json::json!({}));
+    none["tool_choice"] = "none".into();
+    for (request, stream) in [(bare.clone(), false), (bare, true), (none, false)] {
+        let b_reply = if stream {
+            tool_stream("model-b", "rm_rf", &["{}"], None)
+        } else {
+            tool_answer("model-b", "rm_rf", "not json")
+        };
+        let c_reply = if stream {
+            fake::stream("model-c", &["fine"])
+        } else {
+            fake::completion("model-c", "fine")
+        };
+        let (_a, b, c, gw) = three(fake::error(503, "down"), b_reply, c_reply, "").await;
+        let mut request = request;
+        request["stream"] = stream.into();
+        let ans = chat(gw.addr, request.clone()).await;
+        assert_eq!(ans.status, 200, "{request}: {}", ans.text());
+        assert_eq!(
+            ans.header("x-switchyard-target"),
+            "c",
+            "{request}: {}",
+            ans.text()
+        );
+        assert!(!ans.text().contains("rm_rf"), "{}", ans.text());
+        assert_eq!((b.calls(), c.calls()), (1, 1), "{request}");
+    }
+}
+
 #[tokio::test]
 async fn two_violations_answer_502_naming_tool_and_schema_path() {
     let (_a, b, c, gw) = three(
