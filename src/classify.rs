@@ -327,6 +327,9 @@ pub struct Decision {
     pub out_of_credit: bool,
     /// Name of the rule that decided (for the per-attempt log line).
     pub rule: Arc<str>,
+    /// The wait the answer's headers advertise (`Retry-After` and its
+    /// kin), whatever the rule does with it: a returned answer keeps it.
+    pub advertised: Option<Duration>,
 }
 
 impl Decision {
@@ -344,6 +347,7 @@ impl Decision {
             until_rotation: false,
             out_of_credit: false,
             rule: Arc::from(rule),
+            advertised: None,
         }
     }
 }
@@ -389,6 +393,7 @@ impl ErrorTable {
                     .filter(|(limit, wait)| rate_limited && wait <= limit)
                     .map(|(_, wait)| wait),
                 rule: Arc::clone(&rule.name),
+                advertised,
             });
         }
         match outcome {

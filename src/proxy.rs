@@ -938,7 +938,9 @@ impl Walk<'_> {
                 if decision.context_window {
                     self.context_error(target, answer.as_ref(), admission);
                 }
-                let for_caller = (step == Step::Return).then(|| self.returned(target, answer));
+                let wait = decision.advertised;
+                let for_caller =
+                    (step == Step::Return).then(|| self.returned(target, answer, wait));
                 (outcome.label(), for_caller)
             }
             Attempt::Violated(v) => {
@@ -978,14 +980,22 @@ impl Walk<'_> {
         }
     }
 
-    /// The upstream's own error, for the caller (the table said `return`).
+    /// The upstream's own error, for the caller (the table said `return`),
+    /// with the wait it advertised when it is a 429 or a 503: the client's
+    /// SDK waits that long rather than by its own backoff.
     fn returned(
         &mut self,
         target: &Arc<Target>,
         answer: Option<(StatusCode, Bytes)>,
+        advertised: Option<Duration>,
     ) -> Response<Body> {
         let (status, bytes) = answer.unwrap_or((StatusCode::BAD_GATEWAY, Bytes::new()));
-        let resp = respond::upstream_error(self.snapshot, status, &bytes, target);
+        let mut resp = respond::upstream_error(self.snapshot, status, &bytes, target);
+        if let (429 | 503, Some(wait)) = (status.as_u16(), advertised) {
+            let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            resp.headers_mut()
+                .insert(http::header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         self.serve(resp, target)
     }
 
@@ -1146,7 +1156,7 @@ impl Walk<'_> {
             self.context_error(target, answer.as_ref(), admission);
         }
         match step {
-            Step::Return => Next::Return(self.returned(target, answer)),
+            Step::Return => Next::Return(self.returned(target, answer, decision.advertised)),
             Step::Retry(pause) => {
                 tries.take(&decision, pause);
                 Next::Retry

@@ -519,3 +519,23 @@ async fn in_band_429_in_a_200_fails_over_like_a_429() {
     assert_eq!(ans.json()["model"], "model-b");
     assert_eq!((a.calls(), b.calls()), (1, 2));
 }
+
+/// A 429 the table returns (README's "Conservative" table) reaches the client
+/// with the wait the upstream advertised, so its SDK waits that long.
+#[tokio::test]
+async fn a_returned_429_keeps_its_retry_after() {
+    let limited = Reply::Json {
+        status: 429,
+        body: r#"{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}"#.into(),
+        headers: vec![("retry-after".into(), "7".into())],
+    };
+    let a = Fake::always(limited).await;
+    let b = Fake::always(fake::completion("model-b", "b")).await;
+    let rule =
+        "error_classes:\n  - match: { status: 429 }\n    action: return\n    health: false\n";
+    let gw = gateway(&chain_config(&[("a", &a.url()), ("b", &b.url())], "", rule)).await;
+    let ans = chat(gw.addr, hello("gpt-4o")).await;
+    assert_eq!(ans.status, 429, "{}", ans.text());
+    assert_eq!(ans.header("retry-after"), "7");
+    assert_eq!(b.calls(), 0);
+}

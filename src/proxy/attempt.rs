@@ -1328,6 +1328,7 @@ mod step_tests {
             until_rotation: false,
             out_of_credit: false,
             rule: Arc::from("test"),
+            advertised: None,
         }
     }
 
