@@ -55,7 +55,7 @@ use crate::upstream::{self, Operation};
 use account::{Account, CancelGuard};
 use attempt::{Attempt, Call, Failed, Step};
 use continuation::{Origin, Recovery};
-use respond::{Tally, H_TASK_TYPE};
+use respond::Tally;
 use stream::Relay;
 
 /// Longest backoff between two retries of one target.
@@ -307,7 +307,7 @@ fn worth_waiting(resp: &Response<Body>) -> Option<Duration> {
 /// # Errors
 /// 404 for a name no task answers to, 400 when nothing names a task.
 fn route(x: &Exchange<'_>, model: Option<&str>) -> Result<Arc<Task>, GatewayError> {
-    let task_header = x.headers.get(H_TASK_TYPE).and_then(|v| v.to_str().ok());
+    let task_header = respond::task_header(x.headers);
     x.snapshot
         .route(task_header, model)
         .cloned()

@@ -811,10 +811,7 @@ async fn count_tokens(
         }
     };
     let snapshot = app.snapshot.load();
-    let task_header = parts
-        .headers
-        .get(respond::H_TASK_TYPE)
-        .and_then(|v| v.to_str().ok());
+    let task_header = respond::task_header(&parts.headers);
     let Some(task) = snapshot.route(task_header, request.model.as_deref()) else {
         // As `/v1/messages` answers the same body.
         let e = match task_header.or(request.model.as_deref()) {
@@ -1035,10 +1032,7 @@ fn explain(
             return respond::plain_error(&e, request_id);
         }
     };
-    let task_header = asked
-        .headers
-        .get(respond::H_TASK_TYPE)
-        .and_then(|v| v.to_str().ok());
+    let task_header = respond::task_header(asked.headers);
     let model = request.model.as_deref();
     let Some(task) = s.route(task_header, model) else {
         let asked = task_header.or(model).unwrap_or("(none)");

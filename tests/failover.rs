@@ -195,6 +195,16 @@ async fn task_header_selects_the_task() {
     .await;
     assert_eq!(ans.status, 200);
     assert_eq!(a.calls(), 1);
+    // An empty header names no task: `model` routes.
+    let ans = post_raw(
+        gw.addr,
+        "/v1/chat/completions",
+        hello("gpt-4o").to_string(),
+        &[("x-task-type", " ")],
+    )
+    .await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(a.calls(), 2);
 }
 
 #[tokio::test]

@@ -24,6 +24,17 @@ pub const H_DEGRADED: &str = "x-switchyard-degraded";
 pub const H_REQUEST_ID: &str = "x-request-id";
 /// Request header: choose a task by name.
 pub const H_TASK_TYPE: &str = "x-task-type";
+
+/// The task a request's `x-task-type` names; an empty one names none (the
+/// request is routed by its `model`).
+#[must_use]
+pub fn task_header(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(H_TASK_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+}
 /// Response header: how a hedged request went (`won`: the hedge answered,
 /// `lost`: the first attempt did, `cancelled`: neither).
 pub const H_HEDGE: &str = "x-switchyard-hedge";
