@@ -205,12 +205,14 @@ impl Sanitizer {
 /// The error of a server that answers in the shape vLLM and sglang use
 /// (`{"object": "error", "message", "type", "param", "code": 400}`), Hugging
 /// Face TGI's (`{"error": "...", "error_type"}`) or FastAPI's (`{"detail":
-/// "..."}`), in OpenAI's envelope; `None` for a body with no such text.
+/// "..."}`, or its validation list `{"detail": [{"loc", "msg"}]}`), in
+/// OpenAI's envelope; `None` for a body with no such text.
 fn openai_envelope(mut v: Value, status: u16) -> Option<Value> {
     let message = ["message", "error", "detail"]
         .iter()
-        .find_map(|key| v.get(*key).filter(|m| m.is_string()))?
-        .clone();
+        .find_map(|key| v.get(*key).filter(|m| m.is_string()))
+        .cloned()
+        .or_else(|| validation_list(v.get("detail")?).map(Value::String))?;
     let text = |key: &str, v: &mut Value| {
         v.get_mut(key)
             .map(Value::take)
@@ -224,6 +226,31 @@ fn openai_envelope(mut v: Value, status: u16) -> Option<Value> {
     Some(
         serde_json::json!({"error": {"message": message, "type": kind, "param": param, "code": code}}),
     )
+}
+
+/// FastAPI's (pydantic's) validation errors as one line: each `msg`, after
+/// the place its `loc` names (`body.messages.0.content: Field required`).
+fn validation_list(detail: &Value) -> Option<String> {
+    let said: Vec<String> = detail
+        .as_array()?
+        .iter()
+        .filter_map(|item| {
+            let msg = item.get("msg")?.as_str()?;
+            let loc: Vec<String> = (item.get("loc").and_then(Value::as_array))
+                .into_iter()
+                .flatten()
+                .map(|part| {
+                    part.as_str()
+                        .map_or_else(|| part.to_string(), str::to_owned)
+                })
+                .collect();
+            Some(match loc.is_empty() {
+                true => msg.to_owned(),
+                false => format!("{}: {msg}", loc.join(".")),
+            })
+        })
+        .collect();
+    (!said.is_empty()).then(|| said.join("; "))
 }
 
 /// OpenAI's error `type` for a status.

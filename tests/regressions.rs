@@ -312,6 +312,12 @@ async fn a_vllm_context_length_error_reaches_the_caller_as_openais_context_lengt
             r#"{"detail":"stop must have at most 4 items"}"#,
             "stop must have at most 4 items",
         ),
+        // FastAPI's own 422: pydantic's list of what failed, and where.
+        (
+            422,
+            r#"{"detail":[{"type":"missing","loc":["body","messages",0,"content"],"msg":"Field required","input":{}}]}"#,
+            "body.messages.0.content: Field required",
+        ),
     ] {
         let c = Fake::always(fake::json(status, body)).await;
         let gw = gateway(&routes(&[hop("c", &c.url())], "", "")).await;
