@@ -287,7 +287,15 @@ impl Contract {
             self.check_calls(&calls)?;
             if let (Some(format), true) = (&self.format, calls.is_empty()) {
                 let text = message.get("content").and_then(Value::as_str).unwrap_or("");
-                format.check(text)?;
+                // A refusal is structured outputs' own answer for a request the
+                // model declines: no JSON is owed, and the client's SDK shows it.
+                let refused = message
+                    .get("refusal")
+                    .and_then(Value::as_str)
+                    .is_some_and(|r| !r.is_empty());
+                if !(refused && text.is_empty()) {
+                    format.check(text)?;
+                }
             }
         }
         if choices.is_empty() {

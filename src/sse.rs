@@ -679,19 +679,23 @@ pub fn completion_of_events(raw: &[u8]) -> Option<Bytes> {
     use serde_json::Value;
     let chunks = chunks_of(raw);
     let first = chunks.first()?;
-    // By choice index: its text and its finish.
-    let mut by_choice: std::collections::BTreeMap<u64, (String, Value)> =
+    // By choice index: its text, its refusal and its finish.
+    let mut by_choice: std::collections::BTreeMap<u64, (String, String, Value)> =
         std::collections::BTreeMap::new();
     let mut usage = Value::Null;
     for chunk in &chunks {
         let choices = chunk.get("choices").and_then(Value::as_array);
         for choice in choices.into_iter().flatten() {
             let index = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
-            let (text, finish) = by_choice
-                .entry(index)
-                .or_insert((String::new(), Value::Null));
+            let (text, refusal, finish) =
+                by_choice
+                    .entry(index)
+                    .or_insert((String::new(), String::new(), Value::Null));
             if let Some(piece) = choice.pointer("/delta/content").and_then(Value::as_str) {
                 text.push_str(piece);
+            }
+            if let Some(piece) = choice.pointer("/delta/refusal").and_then(Value::as_str) {
+                refusal.push_str(piece);
             }
             if let Some(f) = choice.get("finish_reason").filter(|f| !f.is_null()) {
                 *finish = f.clone();
@@ -706,11 +710,13 @@ pub fn completion_of_events(raw: &[u8]) -> Option<Bytes> {
         "object": "chat.completion",
         "created": first.get("created").cloned().unwrap_or(Value::Null),
         "model": first.get("model").cloned().unwrap_or(Value::Null),
-        "choices": by_choice.into_iter().map(|(index, (text, finish))| serde_json::json!({
-            "index": index,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": finish,
-        })).collect::<Vec<_>>(),
+        "choices": by_choice.into_iter().map(|(index, (text, refusal, finish))| {
+            let mut message = serde_json::json!({"role": "assistant", "content": text});
+            if !refusal.is_empty() {
+                message["refusal"] = refusal.into();
+            }
+            serde_json::json!({"index": index, "message": message, "finish_reason": finish})
+        }).collect::<Vec<_>>(),
     });
     if !usage.is_null() {
         completion["usage"] = usage;

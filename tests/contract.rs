@@ -1085,6 +1085,50 @@ fn weather_schema() -> serde_json::Value {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})
 }
 
+/// A refusal is structured outputs' own answer: a degraded target that
+/// declines a JSON request is served as it answered, plain and streamed.
+#[tokio::test]
+async fn a_refusal_to_a_json_request_is_an_answer_not_a_violation() {
+    let refusal = fake::json(
+        200,
+        &serde_json::json!({"id": "r", "object": "chat.completion",
+        "created": 1, "model": "model-b", "choices": [{"index": 0, "finish_reason": "stop",
+        "message": {"role": "assistant", "content": null, "refusal": "I can't help with that."}}]})
+        .to_string(),
+    );
+    let streamed = Reply::Stream {
+        pieces: vec![
+            raw_event(
+                &serde_json::json!({"id": "r", "object": "chat.completion.chunk", "created": 1,
+                "model": "model-b", "choices": [{"index": 0, "delta": {"role": "assistant", "refusal": "I can't"}}]}),
+            ),
+            raw_event(
+                &serde_json::json!({"id": "r", "object": "chat.completion.chunk", "created": 1,
+                "model": "model-b", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+            ),
+            fake::SSE_DONE.to_owned(),
+        ],
+        delay: Duration::ZERO,
+        cut: false,
+    };
+    for (reply, stream) in [(refusal, false), (streamed, true)] {
+        let (_a, b, c, gw) = three(
+            fake::error(503, "down"),
+            reply,
+            fake::completion("model-c", r#"{"city": "Oslo"}"#),
+            "",
+        )
+        .await;
+        let mut request = json_request(weather_schema());
+        request["stream"] = stream.into();
+        let ans = chat(gw.addr, request).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
+        assert!(ans.text().contains("I can't"), "{}", ans.text());
+        assert_eq!((b.calls(), c.calls()), (1, 0));
+    }
+}
+
 /// A degraded answer to a request for JSON (`json_object`, `json_schema`)
 /// is held to it: text that is not that JSON fails over (never a 200), and
 /// the repairs fix what they can.
