@@ -457,6 +457,11 @@ impl Contract {
         let mut v: Value = serde_json::from_slice(body).ok()?;
         let mut changed = false;
         for choice in v.get_mut("choices")?.as_array_mut()? {
+            if choice.get("finish_reason").is_some_and(|f| f == "length") {
+                // Cut by the token limit: closing its brackets would make a
+                // plausible call of what the model never finished saying.
+                continue;
+            }
             let Some(message) = choice.get_mut("message") else {
                 continue;
             };
@@ -491,6 +496,19 @@ impl Contract {
                 .then(|| repaired.into()),
         )
     }
+}
+
+/// Whether a `chat.completion` was cut by the token limit (a choice whose
+/// `finish_reason` is `length`): its broken JSON is unfinished, not mistyped.
+#[must_use]
+pub fn cut_by_limit(body: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| {
+            let choices = v.get("choices")?.as_array()?.clone();
+            Some(choices.iter().any(|c| c["finish_reason"] == "length"))
+        })
+        .unwrap_or(false)
 }
 
 /// Repairs the `arguments` of one `function` object in place; whether it did.

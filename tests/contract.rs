@@ -356,6 +356,51 @@ fn call_arguments(ans: &Answer) -> serde_json::Value {
     serde_json::from_str(&args).unwrap_or_else(|e| panic!("{args}: {e}"))
 }
 
+/// Arguments the token limit cut (`finish_reason: length`) are unfinished,
+/// not mistyped: `syntax` does not close them into a plausible call; the
+/// answer fails over, plain and streamed.
+#[tokio::test]
+async fn arguments_cut_by_the_token_limit_are_never_repaired_into_a_call() {
+    let cut_answer =
+        |reply: String| fake::json(200, &reply.replace("\"tool_calls\",", "\"length\","));
+    let plain = serde_json::json!({"id": "x", "object": "chat.completion", "created": 1, "model": "model-b",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Par"}}]}}]})
+        .to_string();
+    let Reply::Stream { mut pieces, .. } =
+        tool_stream("model-b", "get_weather", &["{\"city\": \"Par"], None)
+    else {
+        unreachable!()
+    };
+    let finish = pieces.len() - 2;
+    pieces[finish] = fake::chunk_event("model-b", serde_json::json!({}), Some("length"));
+    let streamed = Reply::Stream {
+        pieces,
+        delay: Duration::ZERO,
+        cut: false,
+    };
+    for (reply, stream) in [(cut_answer(plain), false), (streamed, true)] {
+        let c_reply = if stream {
+            tool_stream("model-c", "get_weather", &[r#"{"city":"Paris"}"#], None)
+        } else {
+            tool_answer("model-c", "get_weather", r#"{"city":"Paris"}"#)
+        };
+        let (_a, b, c, gw) = three(fake::error(503, "down"), reply, c_reply, REPAIR).await;
+        let mut request = weather_request(serde_json::json!({}));
+        request["stream"] = stream.into();
+        let ans = chat(gw.addr, request).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert_eq!(
+            ans.header("x-switchyard-target"),
+            "c",
+            "stream {stream}: {}",
+            ans.text()
+        );
+        assert_eq!(ans.header("x-switchyard-repaired"), "");
+        assert_eq!((b.calls(), c.calls()), (1, 1));
+    }
+}
+
 /// A fallback's call whose arguments are fenced, with a trailing comma and
 /// single quotes, is repaired in place without another call, says so, and is
 /// counted; the same answer without `contract.repair` still fails over.

@@ -1280,7 +1280,14 @@ fn repair_held(
     violation: &Violation,
 ) -> Option<Repair> {
     let calls = held.calls.calls();
+    let cut = held
+        .completion()
+        .is_some_and(|c| crate::schema::cut_by_limit(&c));
     let (method, events) = try_repairs(call.task, call.target, violation, |_| {
+        if cut {
+            // Arguments the token limit cut are unfinished: nothing to fix.
+            return None;
+        }
         let fixed = contract.repair_calls(&calls)?;
         let Some(fixed) = fixed else {
             return Some(None);
