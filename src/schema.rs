@@ -224,7 +224,8 @@ impl Contract {
         };
         let mut offered = HashMap::new();
         for t in parse(request.tools).as_array().into_iter().flatten() {
-            let f = t.get("function").unwrap_or(t);
+            // A function tool, or a custom (freeform) one: no JSON arguments.
+            let f = t.get("function").or_else(|| t.get("custom")).unwrap_or(t);
             if let Some(name) = f.get("name").and_then(Value::as_str) {
                 offered.insert(name.to_owned(), f.get("parameters").cloned());
             }
@@ -617,13 +618,21 @@ fn functions(message: &Value) -> impl Iterator<Item = &Value> {
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .map(|c| c.get("function").unwrap_or(&Value::Null))
+        .map(|c| {
+            c.get("function")
+                .or_else(|| c.get("custom"))
+                .unwrap_or(&Value::Null)
+        })
         .chain(message.get("function_call"))
 }
 
 /// A call's `arguments` must be JSON text (a string), as every client parses it.
 fn string_arguments(f: &Value) -> Result<(), Violation> {
     let name = f.get("name").and_then(Value::as_str);
+    if f.get("input").is_some_and(Value::is_string) {
+        // A custom tool's call: its input is free text, not JSON.
+        return Ok(());
+    }
     match f.get("arguments") {
         Some(Value::String(_)) => Ok(()),
         None | Some(Value::Null) => Err(violation(name, "the call has no `arguments`")),
@@ -705,7 +714,9 @@ impl CallAssembler {
                     self.ids.entry((at, index)).or_insert_with(|| id.to_owned());
                 }
                 let entry = self.calls.entry((at, index)).or_default();
-                if let Some(f) = call.get("function") {
+                // A custom tool's call streams its name the same way; its
+                // free-text `input` is no JSON to hold to a schema.
+                if let Some(f) = call.get("function").or_else(|| call.get("custom")) {
                     if let Some(name) = f.get("name").and_then(Value::as_str) {
                         entry.0.push_str(name);
                     }

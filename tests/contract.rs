@@ -356,6 +356,36 @@ fn call_arguments(ans: &Answer) -> serde_json::Value {
     serde_json::from_str(&args).unwrap_or_else(|e| panic!("{args}: {e}"))
 }
 
+/// A custom (freeform) tool's call carries free text as its `input`, not
+/// JSON `arguments`: a degraded answer that calls it keeps the contract.
+#[tokio::test]
+async fn a_call_of_an_offered_custom_tool_keeps_the_contract() {
+    let custom = fake::json(
+        200,
+        &serde_json::json!({"id": "x", "object": "chat.completion",
+        "created": 1, "model": "model-b", "choices": [{"index": 0, "finish_reason": "tool_calls",
+        "message": {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+            "type": "custom", "custom": {"name": "py", "input": "print(1)"}}]}}]})
+        .to_string(),
+    );
+    let (_a, b, c, gw) = three(
+        fake::error(503, "down"),
+        custom,
+        fake::completion("model-c", "never"),
+        "",
+    )
+    .await;
+    let mut request = weather_request(serde_json::json!({}));
+    request["tools"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"type": "custom", "custom": {"name": "py"}}));
+    let ans = chat(gw.addr, request).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    assert_eq!(ans.header("x-switchyard-target"), "b", "{}", ans.text());
+    assert_eq!((b.calls(), c.calls()), (1, 0));
+}
+
 /// Arguments the token limit cut (`finish_reason: length`) are unfinished,
 /// not mistyped: `syntax` does not close them into a plausible call; the
 /// answer fails over, plain and streamed.
