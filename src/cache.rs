@@ -133,14 +133,12 @@ pub struct Entry {
 }
 
 impl Entry {
-    /// A whole completion as an entry; `None` for a body that is not one
-    /// (no choice, or a choice without its finish).
+    /// A whole completion as an entry; `None` for a body that is not one (no
+    /// choice, a choice without its finish), or that is no answer to replay:
+    /// a choice a content filter stopped, or one with nothing in it.
     fn of(mut completion: Value, usd: f64, stored_at: u64) -> Option<Self> {
         let choices = completion.get("choices")?.as_array()?;
-        let whole = !choices.is_empty()
-            && choices
-                .iter()
-                .all(|c| c.get("finish_reason").is_some_and(|f| !f.is_null()));
+        let whole = !choices.is_empty() && choices.iter().all(replayable);
         if !whole || completion.get("error").is_some() {
             return None;
         }
@@ -652,6 +650,25 @@ impl Fill {
     }
 }
 
+/// Whether a choice is an answer worth replaying: finished, not by a content
+/// filter, and with text, a refusal or a tool call in it.
+fn replayable(choice: &Value) -> bool {
+    let finish = choice.get("finish_reason").and_then(Value::as_str);
+    let message = choice.get("message").unwrap_or(&Value::Null);
+    let said = |field: &str| {
+        message
+            .get(field)
+            .and_then(Value::as_str)
+            .is_some_and(|t| !t.is_empty())
+    };
+    let called = message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .is_some_and(|calls| !calls.is_empty())
+        || message.get("function_call").is_some_and(Value::is_object);
+    finish.is_some_and(|f| f != "content_filter") && (said("content") || said("refusal") || called)
+}
+
 /// The completion tokens of an answer's text and tool call arguments, estimated.
 fn estimated_completion(completion: &Value) -> u64 {
     let choices = completion.get("choices").and_then(Value::as_array);
@@ -763,6 +780,10 @@ mod tests {
             r#"{"error":{"message":"overloaded"}}"#,
             r#"{"id":"x","choices":[]}"#,
             r#"{"id":"x","choices":[{"index":0,"message":{"content":"hal"},"finish_reason":null}]}"#,
+            // No answer to replay: a filter stopped it, or nothing is in it.
+            r#"{"id":"x","choices":[{"index":0,"message":{"content":"par"},"finish_reason":"content_filter"}]}"#,
+            r#"{"id":"x","choices":[{"index":0,"message":{"content":""},"finish_reason":"stop"}]}"#,
+            r#"{"id":"x","choices":[{"index":0,"message":{"content":null,"tool_calls":[]},"finish_reason":"stop"}]}"#,
             "not json",
         ] {
             cache

@@ -282,6 +282,8 @@ impl Relay {
                         |s| debug!(target = %s.state.target.name, "dropping malformed event"),
                     );
                     self.state.target.metrics.malformed.increment(1);
+                    // What went out lacks that event: no whole answer to keep.
+                    self.kept = None;
                     continue;
                 }
                 Chunk::Error { code } => {
