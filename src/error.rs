@@ -77,9 +77,16 @@ pub enum GatewayError {
         retry_after: Option<std::time::Duration>,
     },
     /// No target of the task can take this request (a capability it lacks, a
-    /// context window too small). 400.
-    #[error("no target of this task can serve the request: {0}")]
-    NoEligibleTarget(String),
+    /// context window too small). 400; a prompt too long for every window is
+    /// `context_length_exceeded` (param `messages`), as an upstream says it,
+    /// so that agents trim on it.
+    #[error("no target of this task can serve the request: {why}")]
+    NoEligibleTarget {
+        /// The rule that left the targets out, in words.
+        why: String,
+        /// It was the context window: the prompt is too long for every target.
+        too_long: bool,
+    },
     /// A rate limit stands in the way: the task's (or the caller's) bucket is
     /// empty, or every target that could serve is rate-limited upstream. 429,
     /// with `Retry-After`.
@@ -119,7 +126,7 @@ impl GatewayError {
     #[must_use]
     pub fn status(&self) -> StatusCode {
         match self {
-            GatewayError::BadRequest { .. } | GatewayError::NoEligibleTarget(_) => {
+            GatewayError::BadRequest { .. } | GatewayError::NoEligibleTarget { .. } => {
                 StatusCode::BAD_REQUEST
             }
             GatewayError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -145,7 +152,7 @@ impl GatewayError {
     pub fn culprit(&self) -> Culprit {
         match self {
             GatewayError::BadRequest { .. }
-            | GatewayError::NoEligibleTarget(_)
+            | GatewayError::NoEligibleTarget { .. }
             | GatewayError::RateLimited(_)
             | GatewayError::Unauthorized
             | GatewayError::UnknownModel(_)
@@ -185,7 +192,7 @@ impl GatewayError {
             | GatewayError::ClientGone
             | GatewayError::UnsupportedMediaType(_)
             | GatewayError::AllTargetsFailed { .. }
-            | GatewayError::NoEligibleTarget(_)
+            | GatewayError::NoEligibleTarget { .. }
             | GatewayError::Unauthorized
             | GatewayError::ContractViolation(_)
             | GatewayError::DeadlineExceeded(_) => false,
@@ -210,7 +217,7 @@ impl GatewayError {
             | GatewayError::ClientGone
             | GatewayError::UnsupportedMediaType(_)
             | GatewayError::AllTargetsFailed { .. }
-            | GatewayError::NoEligibleTarget(_)
+            | GatewayError::NoEligibleTarget { .. }
             | GatewayError::Unauthorized
             | GatewayError::ContractViolation(_)
             | GatewayError::DeadlineExceeded(_) => None,
@@ -234,6 +241,7 @@ impl GatewayError {
     pub fn param(&self) -> Option<&str> {
         match self {
             GatewayError::BadRequest { param, .. } => param.as_deref(),
+            GatewayError::NoEligibleTarget { too_long: true, .. } => Some("messages"),
             GatewayError::UnknownModel(_)
             | GatewayError::RateLimited(_)
             | GatewayError::NotFound(_)
@@ -244,7 +252,7 @@ impl GatewayError {
             | GatewayError::UnsupportedMediaType(_)
             | GatewayError::AllTargetsFailed { .. }
             | GatewayError::NoTargetAvailable { .. }
-            | GatewayError::NoEligibleTarget(_)
+            | GatewayError::NoEligibleTarget { .. }
             | GatewayError::Overloaded
             | GatewayError::LocalResources(_)
             | GatewayError::Unauthorized
@@ -258,7 +266,8 @@ impl GatewayError {
     pub fn code(&self) -> &'static str {
         match self {
             GatewayError::BadRequest { .. } => "invalid_request",
-            GatewayError::NoEligibleTarget(_) => "no_eligible_target",
+            GatewayError::NoEligibleTarget { too_long: true, .. } => "context_length_exceeded",
+            GatewayError::NoEligibleTarget { .. } => "no_eligible_target",
             GatewayError::RateLimited(_) => "rate_limit_exceeded",
             GatewayError::UnknownModel(_) => "model_not_found",
             GatewayError::NotFound(_) => "not_found",
@@ -360,7 +369,10 @@ mod tests {
             GatewayError::PayloadTooLarge(1),
             GatewayError::AllTargetsFailed { last_status: None },
             GatewayError::NoTargetAvailable { retry_after: None },
-            GatewayError::NoEligibleTarget(String::new()),
+            GatewayError::NoEligibleTarget {
+                why: String::new(),
+                too_long: false,
+            },
             GatewayError::RateLimited(d),
             GatewayError::Overloaded,
             GatewayError::LocalResources(String::new()),
@@ -380,7 +392,7 @@ mod tests {
                 | GatewayError::PayloadTooLarge(_)
                 | GatewayError::AllTargetsFailed { .. }
                 | GatewayError::NoTargetAvailable { .. }
-                | GatewayError::NoEligibleTarget(_)
+                | GatewayError::NoEligibleTarget { .. }
                 | GatewayError::RateLimited(_)
                 | GatewayError::Overloaded
                 | GatewayError::LocalResources(_)

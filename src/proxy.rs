@@ -443,7 +443,10 @@ impl Walk<'_> {
         payload: Payload<'_>,
     ) -> Response<Body> {
         if let Some(why) = plan.ineligible() {
-            return self.error(&GatewayError::NoEligibleTarget(why.describe()));
+            return self.error(&GatewayError::NoEligibleTarget {
+                why: why.describe(),
+                too_long: matches!(why, routing::Exclusion::ContextWindow { .. }),
+            });
         }
         let mut admission = Admission::new(self.snapshot, self.task, plan, needs, payload);
         let first = self.run(&mut admission).await;

@@ -196,6 +196,26 @@ impl Exclusion {
         }
     }
 
+    /// The window of a target the prompt was too long for.
+    #[must_use]
+    pub fn max_context(&self) -> Option<u64> {
+        match self {
+            Exclusion::ContextWindow { max_context, .. } => Some(*max_context),
+            Exclusion::MissingCapability(_)
+            | Exclusion::Down
+            | Exclusion::CoolingDown
+            | Exclusion::ProviderRateLimited
+            | Exclusion::ProviderCoolingDown
+            | Exclusion::KeysLimited
+            | Exclusion::KeysRevoked
+            | Exclusion::KeysUnreadable
+            | Exclusion::FallbackBudget
+            | Exclusion::Reserved
+            | Exclusion::SmallerContext
+            | Exclusion::Unsupported(_) => None,
+        }
+    }
+
     /// Whether the exclusion is about the request itself (no target of the
     /// chain could ever take it), not about the targets' state.
     #[must_use]
@@ -248,10 +268,23 @@ impl Plan {
         if !self.candidates.is_empty() || stateful {
             return None;
         }
-        self.excluded
-            .iter()
-            .map(|(_, why)| why)
-            .find(|why| why.is_about_the_request())
+        let mut about =
+            (self.excluded.iter().map(|(_, why)| why)).filter(|why| why.is_about_the_request());
+        let first = about.next()?;
+        // Every window too small: the largest says how far the prompt is over.
+        let window = Exclusion::max_context;
+        if window(first).is_none() {
+            return Some(first);
+        }
+        let mut largest = first;
+        for why in about {
+            match (window(why), window(largest)) {
+                (Some(w), Some(l)) if w > l => largest = why,
+                (Some(_), _) => {}
+                (None, _) => return Some(first),
+            }
+        }
+        Some(largest)
     }
 
     /// The plan as JSON (for `POST /admin/explain`).

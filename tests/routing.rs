@@ -86,6 +86,23 @@ async fn prompts_too_long_for_a_window_skip_that_target() {
             .header("x-switchyard-target"),
         "a"
     );
+    // Too long for every window: a 400 an agent trims on, as an upstream's
+    // own, naming the largest window, and nothing goes up.
+    let longer = "word ".repeat(120_000);
+    let body = serde_json::json!({"model": "gpt-4o", "max_tokens": 50, "messages": [{"role": "user", "content": longer}]});
+    let ans = chat(gw.addr, body).await;
+    assert_eq!(ans.status, 400, "{}", ans.text());
+    let err = &ans.json()["error"];
+    assert_eq!(err["code"], "context_length_exceeded", "{err}");
+    assert_eq!(err["param"], "messages", "{err}");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_context is 100000"),
+        "{err}"
+    );
+    assert_eq!((a.calls(), b.calls()), (1, 1));
 }
 
 #[tokio::test]
