@@ -607,3 +607,23 @@ async fn a_gemini_streams_usage_after_its_finish_reaches_the_client() {
     assert!(text.contains(r#""prompt_tokens":11"#), "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
 }
+
+/// A stream without usage is booked by its content chunks, the first ones
+/// (held at the commit point) included.
+#[tokio::test]
+async fn a_stream_without_usage_books_every_content_chunk() {
+    let a = Fake::always(fake::stream("model-a", &["one", " two", " three"])).await;
+    let gw = gateway(&chain_config(&[("a", &a.url())], "", "")).await;
+    let ans = chat(gw.addr, hello_stream("gpt-4o")).await;
+    assert_eq!(stream_text(&ans.text()), "one two three");
+    let booked = eventually(Duration::from_secs(3), || async {
+        metric(
+            &gw,
+            r#"switchyard_tokens_total{target="a",kind="completion"}"#,
+        )
+        .await
+            == 3.0
+    })
+    .await;
+    assert!(booked, "{}", metrics_page(&gw).await);
+}

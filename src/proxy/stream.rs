@@ -107,6 +107,10 @@ impl Relay {
             kept: fill.map(|fill| (fill, cache::Collector::default())),
         };
         for event in &commit.held {
+            // What the commit point held went out too: its tokens count.
+            if matches!(sse::classify_event(event), Chunk::Content { .. }) {
+                relay.content_chunks += 1;
+            }
             relay.write_event(event);
             if let (Some(recovery), Some(data)) = (&mut relay.recovery, &event.data) {
                 recovery.observe(data);
