@@ -142,6 +142,8 @@ pub struct Contract {
     required: Option<Option<String>>,
     /// `tool_choice: "none"`: no call may come.
     no_calls: bool,
+    /// `parallel_tool_calls: false`: one call at most.
+    single_call: bool,
     overrides: Arc<Overrides>,
     /// The JSON an answer's text must be (`response_format`), if any.
     format: Option<Format>,
@@ -209,6 +211,7 @@ impl Contract {
             offered: HashMap::new(),
             required: None,
             no_calls: false,
+            single_call: false,
             overrides: Arc::clone(overrides),
             format: None,
         }
@@ -262,6 +265,7 @@ impl Contract {
             offered,
             required,
             no_calls,
+            single_call: single_call(request.body()),
             overrides: Arc::clone(overrides),
             format,
         })
@@ -330,6 +334,20 @@ impl Contract {
                 Some(name),
                 "the request's `tool_choice` was none and the answer called a tool",
             ));
+        }
+        if let (true, Some((name, _))) = (self.single_call, calls.get(1)) {
+            return Err(violation(
+                Some(name),
+                "the request's `parallel_tool_calls` was false and the answer made several calls",
+            ));
+        }
+        if let Some(Some(named)) = &self.required {
+            if let Some((other, _)) = calls.iter().find(|(n, _)| n != named) {
+                return Err(violation(
+                    Some(other),
+                    "the request's `tool_choice` named another tool",
+                ));
+            }
         }
         for (name, arguments) in calls {
             let Some(parameters) = self.offered.get(name) else {
@@ -496,6 +514,19 @@ impl Contract {
                 .is_ok()
                 .then(|| repaired.into()),
         )
+    }
+}
+
+/// Whether a request said `parallel_tool_calls: false` (one call at most).
+fn single_call(body: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(body) else {
+        return false;
+    };
+    match crate::sse::scan::fields(text, ["parallel_tool_calls"]) {
+        Some([said]) => said == Some("false"),
+        // An escaped key or a repeated one: serde reads it.
+        None => serde_json::from_str::<Value>(text)
+            .is_ok_and(|v| v.get("parallel_tool_calls") == Some(&Value::Bool(false))),
     }
 }
 

@@ -356,6 +356,50 @@ fn call_arguments(ans: &Answer) -> serde_json::Value {
     serde_json::from_str(&args).unwrap_or_else(|e| panic!("{args}: {e}"))
 }
 
+/// `parallel_tool_calls: false` allows one call, and a named `tool_choice`
+/// that tool only: a degraded answer that makes more, or another, fails over.
+#[tokio::test]
+async fn a_degraded_answer_keeps_to_one_call_and_to_the_named_tool() {
+    let two_calls = fake::json(200, &serde_json::json!({"id": "x", "object": "chat.completion",
+        "created": 1, "model": "model-b", "choices": [{"index": 0, "finish_reason": "tool_calls",
+        "message": {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": r#"{"city":"Oslo"}"#}},
+            {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]}}]}).to_string());
+    let time_tool = serde_json::json!({"type": "function", "function": {"name": "get_time",
+        "parameters": {"type": "object"}}});
+    let with_time = |extra: serde_json::Value| {
+        let mut request = weather_request(extra);
+        request["tools"]
+            .as_array_mut()
+            .unwrap()
+            .push(time_tool.clone());
+        request
+    };
+    for request in [
+        with_time(serde_json::json!({"parallel_tool_calls": false})),
+        with_time(
+            serde_json::json!({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+        ),
+    ] {
+        let (_a, b, c, gw) = three(
+            fake::error(503, "down"),
+            two_calls.clone(),
+            tool_answer("model-c", "get_weather", r#"{"city":"Oslo"}"#),
+            "",
+        )
+        .await;
+        let ans = chat(gw.addr, request.clone()).await;
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert_eq!(
+            ans.header("x-switchyard-target"),
+            "c",
+            "{request}: {}",
+            ans.text()
+        );
+        assert_eq!((b.calls(), c.calls()), (1, 1));
+    }
+}
+
 /// A custom (freeform) tool's call carries free text as its `input`, not
 /// JSON `arguments`: a degraded answer that calls it keeps the contract.
 #[tokio::test]
