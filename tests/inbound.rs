@@ -465,6 +465,26 @@ async fn responses_input_reaches_a_chat_target_as_strict_templates_take_it() {
     );
 }
 
+/// A chat target's refusal is a `refusal` content part for a Responses
+/// client, as OpenAI's own answer holds it, not text.
+#[tokio::test]
+async fn a_refusal_is_a_refusal_part_for_a_responses_client() {
+    let refused = fake::json(
+        200,
+        &json!({"id": "c", "object": "chat.completion", "created": 1,
+        "model": "m", "choices": [{"index": 0, "finish_reason": "stop",
+        "message": {"role": "assistant", "content": null, "refusal": "I can't help with that."}}]})
+        .to_string(),
+    );
+    let a = Fake::always(refused).await;
+    let gw = gateway(&routes(&[hop("a", &a.url())], "", "")).await;
+    let ans = responses(&gw, json!({"model": "gpt-4o", "input": "go"})).await;
+    assert_eq!(ans.status, 200, "{}", ans.text());
+    let part = &ans.json()["output"][0]["content"][0];
+    assert_eq!(part["type"], "refusal", "{}", ans.text());
+    assert_eq!(part["refusal"], "I can't help with that.");
+}
+
 /// An answer the token limit cut is an `incomplete` response whose cut item
 /// says so too, as OpenAI's own.
 #[tokio::test]

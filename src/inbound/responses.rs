@@ -1067,9 +1067,17 @@ impl Reply {
             if let Some(r) = message.reasoning() {
                 output.push(reasoning_item(&fresh_id(MINTED_REASONING), r));
             }
-            let text = message.content.as_deref().or(message.refusal.as_deref());
-            if let Some(text) = text.filter(|t| !t.is_empty()) {
-                output.push(message_item_out(&fresh_id("msg_"), text, "completed"));
+            let text = message.content.as_deref().filter(|t| !t.is_empty());
+            let refusal = message.refusal.as_deref().filter(|r| !r.is_empty());
+            match (text, refusal) {
+                (Some(text), _) => {
+                    output.push(message_item_out(&fresh_id("msg_"), text, "completed"))
+                }
+                // A refusal is its own content part, as OpenAI's SDKs read it.
+                (None, Some(refusal)) => output.push(json!({"type": "message",
+                    "id": fresh_id("msg_"), "status": "completed", "role": "assistant",
+                    "content": [{"type": "refusal", "refusal": refusal}]})),
+                (None, None) => {}
             }
             for call in &message.tool_calls {
                 let f = &call.function;
