@@ -873,7 +873,6 @@ impl Walk<'_> {
                 None => {
                     // Cancelled before it answered: no one's failure; its prompt was still sent.
                     telemetry::attempt_abandoned(racer.span, "cancelled", "hedge");
-                    racer.target.metrics.attempts.increment("cancelled", 1);
                     self.account.settle_abandoned(racer.target);
                 }
             }
