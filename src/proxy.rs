@@ -1108,10 +1108,6 @@ impl Walk<'_> {
         );
         let now = Instant::now();
         self.held_back_by(status, &decision, now);
-        if let (Some(401), None, Some(auth)) = (status, tries.key, &target.provider.endpoint.auth) {
-            // A token the upstream refused is never sent again.
-            auth.refused();
-        }
         self.credit_answer = answer
             .as_ref()
             .filter(|_| decision.out_of_credit)

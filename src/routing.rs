@@ -196,26 +196,6 @@ impl Exclusion {
         }
     }
 
-    /// The window of a target the prompt was too long for.
-    #[must_use]
-    pub fn max_context(&self) -> Option<u64> {
-        match self {
-            Exclusion::ContextWindow { max_context, .. } => Some(*max_context),
-            Exclusion::MissingCapability(_)
-            | Exclusion::Down
-            | Exclusion::CoolingDown
-            | Exclusion::ProviderRateLimited
-            | Exclusion::ProviderCoolingDown
-            | Exclusion::KeysLimited
-            | Exclusion::KeysRevoked
-            | Exclusion::KeysUnreadable
-            | Exclusion::FallbackBudget
-            | Exclusion::Reserved
-            | Exclusion::SmallerContext
-            | Exclusion::Unsupported(_) => None,
-        }
-    }
-
     /// Whether the exclusion is about the request itself (no target of the
     /// chain could ever take it), not about the targets' state.
     #[must_use]
@@ -272,7 +252,13 @@ impl Plan {
             (self.excluded.iter().map(|(_, why)| why)).filter(|why| why.is_about_the_request());
         let first = about.next()?;
         // Every window too small: the largest says how far the prompt is over.
-        let window = Exclusion::max_context;
+        let window = |why: &Exclusion| {
+            if let Exclusion::ContextWindow { max_context, .. } = why {
+                Some(*max_context)
+            } else {
+                None
+            }
+        };
         if window(first).is_none() {
             return Some(first);
         }

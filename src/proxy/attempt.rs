@@ -270,6 +270,11 @@ pub fn record(
         provider.health.shed_until(now + window);
     }
     let used = key.and_then(|i| provider.keys.get(i));
+    if let (true, None, Some(auth)) = (decision.until_reload, used, &provider.endpoint.auth) {
+        // The identity the upstream refused (a Google token, AWS
+        // credentials) is let go: the next call fetches it anew.
+        auth.refused();
+    }
     let (counted, cooldown) = match (decision.scope, used) {
         (Scope::Key, Some(api_key)) => {
             record_on_key(target, api_key, decision, now);
